@@ -1,0 +1,22 @@
+# Everything runs from a virtual environment this file creates; only Python 3.11+ is needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+READY  := $(VENV)/.ready
+
+.PHONY: demo test clean
+
+$(READY): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(READY)
+
+demo: $(READY)
+	$(BIN)/ezat-gateway serve
+
+test: $(READY)
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

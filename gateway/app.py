@@ -1,0 +1,63 @@
+"""The application: the chain of stages, in order, around the proxy handler."""
+
+from __future__ import annotations
+
+from functools import partial, update_wrapper
+
+from aiohttp import web
+
+from gateway.catalog import catalog_handlers
+from gateway.config import Config
+from gateway.context import request_id
+from gateway.errors import error_envelope
+from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
+from gateway.upstream import UpstreamClient
+from middlewares.auth import auth_middleware, static_keys
+from middlewares.size_limit import size_limit_middleware
+from middlewares.translator import translator_middleware
+
+
+def chain(middlewares, handler):
+    """`handler` behind `middlewares`, the first one outermost, exactly as an aiohttp app would
+    run them; each route gets the chain its API needs."""
+    for middleware in reversed(middlewares):
+        handler = update_wrapper(partial(middleware, handler=handler), handler)
+    return handler
+
+
+def build_app(
+    config: Config,
+    *,
+    non_streaming_deadline: float = NON_STREAMING_DEADLINE,
+    ping_interval: float = 15.0,
+) -> web.Application:
+    upstream = UpstreamClient()
+    auth = auth_middleware(static_keys(config.keys))
+
+    openai_chain = [
+        auth,
+        size_limit_middleware(),
+        translator_middleware(config.model),
+    ]
+    proxy = proxy_handler(
+        config, upstream, non_streaming_deadline=non_streaming_deadline, ping_interval=ping_interval
+    )
+    chat_completions = chain(openai_chain, proxy)
+    healthz, list_models, model_catalog = catalog_handlers(config)
+
+    app = web.Application(middlewares=[error_envelope])
+    app.cleanup_ctx.append(upstream.lifespan)
+    app.on_response_prepare.append(_request_id_headers)
+    app.router.add_post("/openai/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/openai/v1/models", chain([auth], list_models))
+    app.router.add_get("/v1/models", chain([auth], list_models))
+    app.router.add_get("/api/models", model_catalog)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:
+    rid = request_id(request)
+    response.headers["request-id"] = rid
+    response.headers["x-request-id"] = rid

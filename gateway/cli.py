@@ -1,0 +1,140 @@
+"""`ezat-gateway`: serve, check-config, mock-upstream."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import signal
+import sys
+from dataclasses import replace
+from decimal import Decimal
+
+from aiohttp import web
+
+from gateway.app import build_app
+from gateway.config import Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config
+
+log = logging.getLogger("ezat")
+
+DEFAULT_MODEL = Model(
+    id="anthropic/claude-sonnet-5-5",
+    upstream_model="claude-sonnet-5-5",
+    deployments=("anthropic",),
+    max_output_tokens=64000,
+    pricing=Pricing(Decimal("3"), Decimal("15"), Decimal("3.75"), Decimal("0.30")),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ezat-gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", default=os.environ.get("EZAT_CONFIG"), help="TOML config file")
+    serve.add_argument("--host", help="override [server] host")
+    serve.add_argument("--port", type=int, help="override [server] port")
+
+    check = commands.add_parser("check-config", help="validate a config file and list its problems")
+    check.add_argument("file")
+
+    mock = commands.add_parser("mock-upstream", help="run the mock Anthropic Messages upstream")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=8081)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "check-config":
+        return check_config(args.file)
+    if args.command == "mock-upstream":
+        from gateway.mock_upstream import run
+
+        run(args.host, args.port)
+        return 0
+    try:
+        asyncio.run(serve_forever(args.config, args.host, args.port))
+    except ConfigError as exc:
+        print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_config(path: str) -> int:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem)
+        return 1
+    print(
+        f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
+        f"{len(config.keys)} keys)"
+    )
+    return 0
+
+
+async def serve_forever(config_path: str | None, host: str | None, port: int | None) -> None:
+    mock = None
+    if config_path:
+        config = load_config(config_path)
+        demo_key = None
+    else:
+        config, demo_key, mock = await embedded_config()
+    server = replace(config.server, host=host or config.server.host, port=port or config.server.port)
+
+    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, server.host, server.port).start()
+    log.info("ezat-gateway listening on http://%s:%d", server.host, server.port)
+    if demo_key:
+        print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    if mock is not None:
+        await mock.close()
+
+
+async def embedded_config():
+    """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
+    the built-in mock upstream otherwise, and a local key (EZAT_API_KEY, or a new one)."""
+    mock = None
+    api_key = os.environ.get("ANTHROPIC_API_KEY")
+    if api_key:
+        deployment = Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key=api_key)
+    else:
+        from gateway.mock_upstream import MockUpstream
+
+        mock = MockUpstream()
+        url = await mock.start()
+        log.info("no ANTHROPIC_API_KEY: answering with the built-in mock upstream at %s", url)
+        deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
+    demo_key = os.environ.get("EZAT_API_KEY") or "sk-ezat-" + secrets.token_urlsafe(24)
+    key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
+    return Config(deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,)), demo_key, mock
+
+
+def _quickstart(base: str, key: str) -> str:
+    model = DEFAULT_MODEL.id
+    return f"""
+Your local key: {key}
+
+  curl {base}/openai/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "content-type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/openai/v1", api_key="{key}")
+  reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello!"}}])
+  print(reply.choices[0].message.content)
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Load and validate the gateway's TOML config file.
+
+Validation is driven by the dataclasses below: a field's type says what the file
+may hold there, and optional field metadata adds a check or a normalisation.
+Every problem is collected, each prefixed with its key path (`models[1].pricing.input`),
+so an operator can fix the whole file in one pass.
+"""
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from functools import cached_property
+from pathlib import Path
+from typing import Any, get_args, get_origin
+from urllib.parse import urlsplit
+
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+class ConfigError(Exception):
+    """The config is unusable; `problems` holds every reason, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# Stands in for a value whose problem is already reported, so it is not reported twice.
+_INVALID: Any = object()
+
+
+# --- Field checks: each takes a converted value and returns a problem message, or None if fine.
+
+def _rule(is_fine: Callable[[Any], bool], problem: str) -> Callable[[Any], str | None]:
+    return lambda value: None if is_fine(value) else problem
+
+
+_port = _rule(lambda v: 1 <= v <= 65535, "expected an integer from 1 to 65535")
+_positive = _rule(lambda v: v > 0, "expected a positive integer")
+_non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
+_non_empty = _rule(bool, "expected a non-empty string")
+_some_deployments = _rule(bool, "expected at least one deployment name")
+_effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
+_sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
+_storage_url = _rule(lambda v: v.startswith(("sqlite:///", "postgresql://", "postgres://")),
+                     "expected a sqlite:///, postgresql:// or postgres:// URL")
+
+
+def _http_url(value: str) -> str | None:
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+    except ValueError:
+        host = None
+    if not host or parts.scheme not in ("http", "https"):
+        return "expected an http(s) URL with a host"
+    return None
+
+
+def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, fallback=None,
+           repr=True) -> Any:
+    """A dataclass field whose file value is checked (whole, or item by item) and then cleaned.
+
+    `fallback(values_so_far)` gives the value when the file omits a field that has no default.
+    """
+    metadata = {"check": check, "check_each": check_each, "clean": clean, "fallback": fallback}
+    return field(default=default, repr=repr, metadata=metadata)
+
+
+# --- The config itself.
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = _field("127.0.0.1", check=_non_empty)
+    port: int = _field(8080, check=_port)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    url: str = _field("sqlite:///ezat-gateway.db", check=_storage_url)
+
+
+@dataclass(frozen=True)
+class ImagesConfig:
+    allow_private_hosts: bool = False
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One Anthropic-format upstream; the gateway POSTs {base_url}/v1/messages."""
+
+    name: str = _field(check=_non_empty)
+    base_url: str = _field(check=_http_url, clean=lambda url: url.rstrip("/"))
+    api_key: str = _field("", repr=False)  # keep the secret out of logs and tracebacks
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """USD per million tokens."""
+
+    input: Decimal = _field(Decimal(0), check=_non_negative)
+    output: Decimal = _field(Decimal(0), check=_non_negative)
+    cache_write: Decimal = _field(Decimal(0), check=_non_negative)
+    cache_read: Decimal = _field(Decimal(0), check=_non_negative)
+
+
+@dataclass(frozen=True)
+class Model:
+    id: str = _field(check=_non_empty)  # what clients send
+    upstream_model: str = _field(check=_non_empty, fallback=lambda values: values["id"])  # sent upstream
+    deployments: tuple[str, ...] = _field(check=_some_deployments)  # in preference order
+    max_output_tokens: int = _field(64000, check=_positive)
+    sampling: bool = False
+    efforts: tuple[str, ...] = _field(EFFORTS, check_each=_effort)
+    forced_tool_choice: bool = True
+    min_cache_tokens: int = _field(1024, check=_positive)
+    pricing: Pricing = Pricing()
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    name: str = _field(fallback=lambda values: "")
+    key_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the plaintext key is never kept
+    models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
+    spend_limit_usd: Decimal | None = _field(None, check=_non_negative)
+    expires_at: datetime | None = None  # always timezone-aware (UTC)
+    revoked: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = ServerConfig()
+    storage: StorageConfig = StorageConfig()
+    images: ImagesConfig = ImagesConfig()
+    deployments: tuple[Deployment, ...] = ()
+    models: tuple[Model, ...] = ()
+    keys: tuple[KeyConfig, ...] = ()
+
+    def model(self, model_id: str) -> Model | None:
+        return self._models_by_id.get(model_id)
+
+    def deployment(self, name: str) -> Deployment | None:
+        return self._deployments_by_name.get(name)
+
+    # cached_property writes to the instance __dict__ directly, so it works on a frozen dataclass.
+    @cached_property
+    def _models_by_id(self) -> dict[str, Model]:
+        return {model.id: model for model in self.models}
+
+    @cached_property
+    def _deployments_by_name(self) -> dict[str, Deployment]:
+        return {deployment.name: deployment for deployment in self.deployments}
+
+
+# --- Loading.
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError([f"{path}: cannot read file: {reason}"]) from None
+    return _config_from_toml(text, os.environ, source=f"{path}: ")
+
+
+def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:
+    return _config_from_toml(text, os.environ if env is None else env, source="")
+
+
+def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError([f"{source}invalid TOML: {error}"]) from None
+    problems: list[str] = []  # "path: message" lines
+    data = _interpolate(data, "", env, problems)
+    config = _build(Config, data, "", problems)
+    _check_across_entries(data, problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# --- ${ENV_VAR} interpolation, applied to every string before validation.
+
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _interpolate(value: Any, path: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    if isinstance(value, dict):
+        return {key: _interpolate(item, _join(path, key), env, problems) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(item, f"{path}[{i}]", env, problems) for i, item in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+    missing = [name for name in _ENV_REFERENCE.findall(value) if name not in env]
+    for name in dict.fromkeys(missing):
+        problems.append(f"{path}: environment variable {name} is not set")
+    # A "${" left after removing the well-formed references is a typo, not literal text.
+    if "${" in _ENV_REFERENCE.sub("", value):
+        problems.append(f"{path}: malformed ${{...}}; expected ${{NAME}} with letters, digits and _")
+    elif not missing:
+        # One pass, so a variable's value is never itself expanded.
+        return _ENV_REFERENCE.sub(lambda match: env[match.group(1)], value)
+    return _INVALID
+
+
+# --- The dataclass-driven validator.
+
+# How a TOML value becomes each scalar field type: (accepts, convert, problem when not accepted).
+_SCALARS: dict[type, tuple[Callable[[Any], bool], Callable[[Any], Any], str]] = {
+    str: (lambda v: isinstance(v, str), lambda v: v, "expected a string"),
+    bool: (lambda v: isinstance(v, bool), lambda v: v, "expected true or false"),
+    # bool is a subclass of int in Python, but `port = true` is a mistake.
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: v, "expected an integer"),
+    # Via str() so that 0.30 becomes Decimal("0.30"), not the float's binary expansion.
+    Decimal: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+              lambda v: Decimal(str(v)), "expected a number"),
+    # TOML also has bare dates and times, but an expiry needs both; no offset means UTC.
+    datetime: (lambda v: isinstance(v, datetime),
+               lambda v: v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v.astimezone(timezone.utc),
+               "expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
+}
+
+
+def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
+    """Turn a TOML value into `kind` (a scalar, a dataclass or a tuple of either)."""
+    if value is _INVALID:
+        return _INVALID
+    if type(None) in get_args(kind):  # `X | None`: TOML has no null, so the file gives an X
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, path, problems)
+    if get_origin(kind) is tuple:
+        item_kind = get_args(kind)[0]
+        if not isinstance(value, list):
+            tables = dataclasses.is_dataclass(item_kind)
+            problems.append(f"{path}: expected {'an array of tables' if tables else 'a list of strings'}")
+            return _INVALID
+        items = [_convert(item_kind, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
+        return _INVALID if any(item is _INVALID for item in items) else tuple(items)
+    accepts, convert, expected = _SCALARS[kind]
+    if not accepts(value):
+        problems.append(f"{path}: {expected}")
+        return _INVALID
+    return convert(value)
+
+
+def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
+    """Make a `cls` from a TOML table, or report every reason why not and return _INVALID."""
+    if not isinstance(raw, dict):
+        problems.append(f"{path}: expected a table")
+        return _INVALID
+    if cls is KeyConfig:
+        raw = _key_as_digest(dict(raw), path, problems)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [key for key in raw if key not in fields]
+    problems.extend(f"{_join(path, key)}: unknown key" for key in unknown)
+    values = {}
+    for f in fields.values():
+        field_path = _join(path, f.name)
+        if f.name not in raw:
+            if fallback := f.metadata.get("fallback"):
+                values[f.name] = fallback(values)  # _INVALID when what it derives from is
+            elif f.default is MISSING:
+                problems.append(f"{field_path}: required")
+                values[f.name] = _INVALID
+            continue
+        value = _convert(f.type, raw[f.name], field_path, problems)
+        if value is not _INVALID:
+            found = _field_problems(f, value)
+            problems.extend(f"{field_path}{suffix}: {problem}" for suffix, problem in found)
+            clean = f.metadata.get("clean")
+            value = _INVALID if found else clean(value) if clean else value
+        values[f.name] = value
+    if unknown or any(value is _INVALID for value in values.values()):
+        return _INVALID
+    return cls(**values)
+
+
+def _field_problems(f: dataclasses.Field, value: Any) -> list[tuple[str, str]]:
+    """(path suffix, problem) pairs from running a field's checks on its converted value."""
+    found = []
+    if (check := f.metadata.get("check")) and (problem := check(value)):
+        found.append(("", problem))
+    if check_each := f.metadata.get("check_each"):
+        found += [(f"[{i}]", problem) for i, item in enumerate(value) if (problem := check_each(item))]
+    return found
+
+
+def _key_as_digest(raw: dict[str, Any], path: str, problems: list[str]) -> dict[str, Any]:
+    """Turn a [[keys]] entry's `key` into `key_sha256`, so the plaintext never outlives loading."""
+    if ("key" in raw) == ("key_sha256" in raw):
+        problems.append(f"{path}: expected exactly one of key or key_sha256")
+        raw.pop("key", None)
+        raw["key_sha256"] = _INVALID
+    elif "key" in raw:
+        key = raw.pop("key")
+        usable = isinstance(key, str) and key != ""
+        if not usable and key is not _INVALID:
+            problems.append(f"{path}.key: expected a non-empty string")
+        raw["key_sha256"] = hashlib.sha256(key.encode()).hexdigest() if usable else _INVALID
+    return raw
+
+
+# --- Checks across entries, run on the raw tables so that an entry with an
+# unrelated problem is still checked.
+
+def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
+    deployment_names = _report_duplicates(data, "deployments", "name", "deployment name", problems)
+    _report_duplicates(data, "models", "id", "model id", problems)
+    # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
+    if deployment_names is None:
+        return
+    models = data.get("models")
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        references = model.get("deployments") if isinstance(model, dict) else None
+        for j, name in enumerate(references if isinstance(references, list) else []):
+            if isinstance(name, str) and name not in deployment_names:
+                problems.append(f'models[{i}].deployments[{j}]: no deployment named "{name}"')
+
+
+def _report_duplicates(data: dict[str, Any], section: str, key: str, what: str,
+                       problems: list[str]) -> set[str] | None:
+    """Report repeated `key` values in an array of tables; return them, or None if any is unusable."""
+    entries = data.get(section, [])
+    complete = isinstance(entries, list)
+    seen: set[str] = set()
+    for i, entry in enumerate(entries if complete else []):
+        value = entry.get(key) if isinstance(entry, dict) else None
+        if not isinstance(value, str):
+            complete = False
+        elif value in seen:
+            problems.append(f'{section}[{i}].{key}: duplicate {what} "{value}"')
+        else:
+            seen.add(value)
+    return seen if complete else None

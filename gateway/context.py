@@ -1,0 +1,31 @@
+"""What one request carries from stage to stage: typed keys on the aiohttp request.
+
+Every stage names here what it reads and writes, so the chain's data flow is in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import KeyConfig
+
+# The parsed JSON body. size_limit sets it; translator replaces the OpenAI request with the
+# Anthropic one; the proxy handler sends it.
+BODY = web.RequestKey("ezat.body", dict[str, Any])
+# The caller's key, set by auth.
+API_KEY = web.RequestKey("ezat.api_key", KeyConfig)
+# The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
+REQUEST_ID = web.RequestKey("ezat.request_id", str)
+# The deployment the proxy handler sent the request to.
+DEPLOYMENT = web.RequestKey("ezat.deployment", str)
+
+
+def request_id(request: web.Request) -> str:
+    """The request's id, made on first use."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        rid = request[REQUEST_ID] = os.urandom(12).hex()
+    return rid

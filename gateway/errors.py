@@ -1,0 +1,144 @@
+"""Errors in OpenAI's envelope, with the statuses and codes of the spec's "Errors" table.
+
+`GatewayError` is an aiohttp HTTP exception, so any stage can raise it and any aiohttp app that
+mounts the stage renders it, with no error middleware of ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+log = logging.getLogger("ezat.errors")
+
+
+class GatewayError(web.HTTPException):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.status_code = status  # per instance: one class serves every status
+        super().__init__(headers=headers, content_type="application/json")
+        self.message, self.type, self.code, self.param = message, type, code, param
+        self.body = orjson.dumps({"error": self.payload()})
+
+    def payload(self) -> dict[str, Any]:
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.message}"
+
+
+def invalid_request(message: str, param: str | None = None) -> GatewayError:
+    """A 400 for something the client sent; `message` starts with the field's path."""
+    return GatewayError(400, message, param=param)
+
+
+def model_not_found(name: object) -> GatewayError:
+    return GatewayError(
+        404,
+        f"The model `{name}` does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+# Anthropic error type → (status the client gets, OpenAI type, OpenAI code). The status is the
+# Anthropic API's own, except 529 → 503 (spec, "Errors").
+_BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
+    "invalid_request_error": (400, "invalid_request_error", None),
+    "billing_error": (402, "insufficient_quota", "insufficient_quota"),
+    "permission_error": (403, "permission_error", None),
+    "not_found_error": (404, "invalid_request_error", "model_not_found"),
+    "request_too_large": (413, "invalid_request_error", "request_too_large"),
+    "rate_limit_error": (429, "rate_limit_error", "rate_limit_exceeded"),
+    "api_error": (500, "server_error", None),
+    "timeout_error": (504, "server_error", "timeout"),
+    "overloaded_error": (503, "server_error", "overloaded"),
+}
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+# Upstream headers worth passing on: when to come back.
+_KEPT_HEADERS = ("retry-after", "retry-after-ms")
+
+
+def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
+    """Map an upstream's non-2xx answer to the error the client gets: the upstream's status
+    (529 becomes 503), OpenAI's type and code for it, the upstream's message."""
+    message = _read_anthropic_message(body)
+    if status == 401:
+        # The client's key passed auth: it is the gateway's upstream credential that failed.
+        # "invalid_api_key" would send the client after the wrong key.
+        log.error("upstream rejected the gateway's credentials: %s", message)
+        return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
+    anthropic_type = _TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    _, type_, code = _BY_ANTHROPIC_TYPE[anthropic_type]
+    if code is None and message.startswith("prompt is too long"):
+        code = "context_length_exceeded"
+    return GatewayError(
+        503 if status == 529 else status,
+        message,
+        type=type_,
+        code=code,
+        param="model" if code == "model_not_found" else None,
+        headers={name: headers[name] for name in _KEPT_HEADERS if name in headers},
+    )
+
+
+def stream_error(event: Mapping[str, Any]) -> GatewayError:
+    """An `error` event from an upstream stream, as the error the client gets."""
+    error = event.get("error") or {}
+    anthropic_type = error.get("type", "api_error")
+    status, type_, code = _BY_ANTHROPIC_TYPE.get(anthropic_type, _BY_ANTHROPIC_TYPE["api_error"])
+    return GatewayError(status, str(error.get("message") or "upstream error"), type=type_, code=code)
+
+
+def _read_anthropic_message(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace").strip() or "upstream error"
+
+
+@web.middleware
+async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
+    """Outermost guard: aiohttp's own errors (404, 405) and anything unexpected leave in the
+    OpenAI envelope, never as an HTML page or a traceback."""
+    try:
+        return await handler(request)
+    except GatewayError:
+        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        raise GatewayError(exc.status, exc.reason, type=_type_for(exc.status), headers=_allow(exc)) from None
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        raise GatewayError(500, "The gateway failed to handle the request.", type="server_error") from None
+
+
+def _type_for(status: int) -> str:
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str]:
+    return {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}

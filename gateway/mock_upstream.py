@@ -1,0 +1,354 @@
+"""A deterministic mock of Anthropic's Messages API (``POST /v1/messages``).
+
+Used by the gateway's tests, its benchmarks and its demo mode. It validates
+requests the way the real API does (so tests can prove the gateway never
+forwards OpenAI-only fields), replies with a scripted ``Scenario`` per request
+and streams Anthropic's exact SSE event sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+# 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
+ANTHROPIC_VERSIONS = frozenset({"2023-06-01", "2026-10-21"})
+
+ALLOWED_FIELDS = frozenset({
+    "model", "max_tokens", "messages", "system", "stop_sequences", "temperature",
+    "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "output_config",
+    "cache_control", "metadata", "service_tier",
+})
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+    429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
+
+@dataclass
+class Scenario:
+    """What the mock answers to one request."""
+
+    blocks: list[dict] | None = None  # None = the default echo reply
+    stop_reason: str | None = None  # default: "tool_use" if any tool_use block else "end_turn"
+    stop_sequence: str | None = None
+    stop_details: dict | None = None
+    usage: dict = field(default_factory=dict)  # overrides, plus "thinking_tokens"
+    status: int = 200  # non-200: Anthropic's error envelope for that status
+    error_message: str = "mock error"
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # before the response starts (status line included)
+    event_delay: float = 0.0  # between stream events
+    pings: int = 1  # sent right after the first content_block_start
+    chunk_size: int = 8  # characters per streamed delta
+    error_after: int | None = None  # stream: send `event: error` after N events
+    drop_after: int | None = None  # stream: close the connection after N events
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: dict
+
+
+class _Invalid(Exception):
+    """A request the real API would reject with 400 invalid_request_error."""
+
+
+def _sse(event: dict) -> bytes:
+    # The event name always equals the JSON `type`, as on the real API.
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def _text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
+
+
+def _validate(body: object) -> None:
+    if not isinstance(body, dict):
+        raise _Invalid("Input should be a valid dictionary")
+    for key in body:
+        if key not in ALLOWED_FIELDS:
+            raise _Invalid(f"{key}: Extra inputs are not permitted")
+    for key in ("model", "max_tokens", "messages"):
+        if key not in body:
+            raise _Invalid(f"{key}: Field required")
+    if not isinstance(body["model"], str) or not body["model"]:
+        raise _Invalid("model: Input should be a valid string")
+    max_tokens = body["max_tokens"]
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise _Invalid("max_tokens: Input should be a valid integer")
+    if max_tokens < 1:
+        raise _Invalid("max_tokens: Input should be greater than or equal to 1")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise _Invalid("messages: Input should be a valid list")
+    if not messages:
+        raise _Invalid("messages: at least one message is required")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise _Invalid(f"messages.{i}: Input should be a valid dictionary")
+        if msg.get("role") not in ("user", "assistant"):
+            raise _Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        content = msg.get("content")
+        if not isinstance(content, (str, list)):
+            raise _Invalid(f"messages.{i}.content: Input should be a valid string or list")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for block in blocks:
+            if isinstance(block, dict) and block.get("type") == "text" and not block.get("text"):
+                raise _Invalid("messages: text content blocks must be non-empty")
+
+
+class MockUpstream:
+    def __init__(self, *, api_key: str | None = None):
+        self.api_key = api_key
+        self.requests: list[RecordedRequest] = []
+        self.disconnects = 0
+        self._queue: deque[Scenario] = deque()
+        self.url: str | None = None  # set by start()
+        self._msg_ids = itertools.count(1)
+        self._req_ids = itertools.count(1)
+        self._seen_disconnects = 0
+        self._disconnected = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application()
+        self.app.router.add_post("/v1/messages", self._handle)
+        self.app.router.add_route("*", "/{tail:.*}", self._not_found)
+
+    def enqueue(self, *scenarios: Scenario) -> None:
+        self._queue.extend(scenarios)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        # handler_cancellation: a client disconnect cancels the handler, which we count.
+        self._runner = web.AppRunner(self.app, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        real_port = self._runner.addresses[0][1]  # port=0 picks a free one
+        self.url = f"http://{host}:{real_port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def wait_disconnect(self, timeout: float = 5.0) -> None:
+        """Wait for the next disconnect not yet awaited (earlier ones count too)."""
+
+        async def wait() -> None:
+            while self.disconnects <= self._seen_disconnects:
+                self._disconnected.clear()
+                await self._disconnected.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+        self._seen_disconnects += 1
+
+    # -- request handling ------------------------------------------------
+
+    def _request_id(self) -> str:
+        return f"req_mock_{next(self._req_ids):06d}"
+
+    def _error(self, status: int, message: str, headers: dict | None = None) -> web.Response:
+        request_id = self._request_id()
+        error = {"type": ERROR_TYPES.get(status, "api_error"), "message": message}
+        return web.Response(
+            status=status,
+            body=orjson.dumps({"type": "error", "error": error, "request_id": request_id}),
+            content_type="application/json",
+            headers={**(headers or {}), "request-id": request_id},
+        )
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return self._error(404, f"Not found: {request.method} {request.path}")
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        # Record before validating, so tests can inspect rejected requests too.
+        self.requests.append(RecordedRequest(request.path, headers, body if isinstance(body, dict) else {}))
+
+        if self.api_key is not None:
+            bearer = headers.get("authorization", "").removeprefix("Bearer ")
+            if self.api_key not in (headers.get("x-api-key"), bearer):
+                return self._error(401, "invalid x-api-key")
+        version = headers.get("anthropic-version")
+        if version is None:
+            return self._error(400, "anthropic-version: header is required")
+        if version not in ANTHROPIC_VERSIONS:
+            return self._error(400, f"anthropic-version: invalid version {version!r}")
+        if body is None:
+            return self._error(400, "There was an error parsing the body of your request as JSON")
+        try:
+            _validate(body)
+        except _Invalid as exc:
+            return self._error(400, str(exc))
+
+        # Only valid requests consume a scenario.
+        sc = self._queue.popleft() if self._queue else Scenario()
+        try:
+            if sc.delay:
+                await asyncio.sleep(sc.delay)
+            if sc.status != 200:
+                return self._error(sc.status, sc.error_message, sc.headers)
+            message = self._message(body, sc)
+            if body.get("stream"):
+                return await self._stream(request, message, sc)
+            return web.Response(
+                body=orjson.dumps(message),
+                content_type="application/json",
+                headers={**sc.headers, "request-id": self._request_id()},
+            )
+        except asyncio.CancelledError:
+            # handler_cancellation=True: the client went away while we were answering.
+            self._note_disconnect()
+            raise
+
+    def _note_disconnect(self) -> None:
+        self.disconnects += 1
+        self._disconnected.set()
+
+    def _message(self, body: dict, sc: Scenario) -> dict:
+        """The complete (non-stream) Message the scenario describes."""
+        blocks = sc.blocks
+        if blocks is None:
+            last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
+            echo = _text_of(last_user["content"])[:200] if last_user else ""
+            blocks = [{"type": "text", "text": "Hello from the mock upstream. You said: " + echo}]
+        system = body.get("system") or ""
+        prompt_chars = len(orjson.dumps(body["messages"])) + len(_text_of(system))
+        out_chars = sum(
+            len(b.get("text", "")) + len(b.get("thinking", ""))
+            + (len(orjson.dumps(b.get("input", {}))) if b.get("type") == "tool_use" else 0)
+            for b in blocks
+        )
+        overrides = sc.usage
+        usage = {
+            "input_tokens": overrides.get("input_tokens", max(1, prompt_chars // 4)),
+            "cache_creation_input_tokens": overrides.get("cache_creation_input_tokens", 0),
+            "cache_read_input_tokens": overrides.get("cache_read_input_tokens", 0),
+            "output_tokens": overrides.get("output_tokens", max(1, out_chars // 4)),
+            "service_tier": "standard",
+        }
+        if "thinking_tokens" in overrides:
+            usage["output_tokens_details"] = {"thinking_tokens": overrides["thinking_tokens"]}
+        has_tool = any(b.get("type") == "tool_use" for b in blocks)
+        return {
+            "id": f"msg_mock_{next(self._msg_ids):06d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": blocks,
+            "stop_reason": sc.stop_reason or ("tool_use" if has_tool else "end_turn"),
+            "stop_sequence": sc.stop_sequence,
+            "stop_details": sc.stop_details,
+            "usage": usage,
+        }
+
+    @staticmethod
+    def _events(message: dict, sc: Scenario) -> list[dict]:
+        """Anthropic's SSE event sequence for a complete message."""
+        usage = message["usage"]
+        start_usage = {k: v for k, v in usage.items() if k != "output_tokens_details"} | {"output_tokens": 1}
+        head = {k: message[k] for k in ("id", "type", "role", "model")}
+        events = [{"type": "message_start", "message": {
+            **head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}}]
+        pings = [{"type": "ping"}] * sc.pings
+        for i, block in enumerate(message["content"]):
+            kind = block.get("type")
+            deltas: list[dict] = []
+            if kind == "text":
+                start = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": t} for t in _chunks(block["text"], sc.chunk_size)]
+            elif kind == "tool_use":
+                start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+                # Like the real API: the first fragment is "", the placeholder input is not part of the JSON.
+                raw = orjson.dumps(block.get("input", {})).decode()
+                deltas = [{"type": "input_json_delta", "partial_json": p} for p in ["", *_chunks(raw, sc.chunk_size)]]
+            elif kind == "thinking":
+                start = {"type": "thinking", "thinking": "", "signature": ""}
+                deltas = [{"type": "thinking_delta", "thinking": t} for t in _chunks(block["thinking"], sc.chunk_size)]
+                deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+            else:  # redacted_thinking (and anything else) arrives whole
+                start = block
+            events.append({"type": "content_block_start", "index": i, "content_block": start})
+            if i == 0:
+                events += pings
+            events += [{"type": "content_block_delta", "index": i, "delta": d} for d in deltas]
+            events.append({"type": "content_block_stop", "index": i})
+        if not message["content"]:
+            events += pings
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+        if message["stop_details"] is not None:
+            delta["stop_details"] = message["stop_details"]
+        delta_usage = {"output_tokens": usage["output_tokens"]}
+        if "output_tokens_details" in usage:
+            delta_usage["output_tokens_details"] = usage["output_tokens_details"]
+        events.append({"type": "message_delta", "delta": delta, "usage": delta_usage})
+        events.append({"type": "message_stop"})
+        return events
+
+    async def _stream(self, request: web.Request, message: dict, sc: Scenario) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={
+            **sc.headers,
+            "content-type": "text/event-stream",
+            "cache-control": "no-cache",
+            "request-id": self._request_id(),
+        })
+        try:
+            await resp.prepare(request)
+            for n, event in enumerate(self._events(message, sc)):
+                if n and sc.event_delay:
+                    await asyncio.sleep(sc.event_delay)
+                if n == sc.drop_after:
+                    # Abrupt close: no terminating chunk, so the client sees a truncated body.
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                if n == sc.error_after:
+                    # The status is already 200, so the failure arrives as an event and the stream ends.
+                    error = {"type": "overloaded_error", "message": "Overloaded"}
+                    await resp.write(_sse({"type": "error", "error": error, "request_id": resp.headers["request-id"]}))
+                    break
+                await resp.write(_sse(event))
+            await resp.write_eof()
+        except ConnectionError:
+            # A write hit a closed socket (aiohttp's ClientConnectionResetError); not a server bug.
+            self._note_disconnect()
+        return resp
+
+
+def run(host: str, port: int) -> None:
+    """Serve the mock until Ctrl-C (the `ezat-gateway mock-upstream` command)."""
+
+    async def serve() -> None:
+        mock = MockUpstream()
+        url = await mock.start(host, port)
+        print(f"Mock Anthropic upstream listening on {url} (POST /v1/messages)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await mock.close()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass

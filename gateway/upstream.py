@@ -1,0 +1,165 @@
+"""The upstream side: one pooled HTTP client per process, and an upstream SSE body read as
+batches of Anthropic events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.config import Deployment
+from gateway.errors import GatewayError, stream_error, upstream_error
+
+log = logging.getLogger("ezat.upstream")
+
+ANTHROPIC_VERSION = "2023-06-01"
+# Events that mean the model has produced something (or finished): before one of them the
+# request can still fail cleanly, as an HTTP error.
+_FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
+_CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
+
+
+class UpstreamClient:
+    """Sends Anthropic Messages requests to deployments over one shared connection pool."""
+
+    def __init__(self, *, connect_timeout: float = 10.0) -> None:
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def lifespan(self, app: web.Application):
+        """aiohttp cleanup context: the pool lives as long as the app."""
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+            json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            skip_auto_headers=("User-Agent",),
+        )
+        yield
+        await self._session.close()
+
+    async def post(self, deployment: Deployment, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST {base_url}/v1/messages; a non-2xx answer is raised as the client's error."""
+        assert self._session is not None, "UpstreamClient.lifespan is not running"
+        headers = {
+            "x-api-key": deployment.api_key,
+            "anthropic-version": ANTHROPIC_VERSION,
+            "content-type": "application/json",
+        }
+        try:
+            response = await self._session.post(
+                deployment.base_url + "/v1/messages", data=orjson.dumps(body), headers=headers
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("deployment %s unreachable: %r", deployment.name, exc)
+            raise GatewayError(500, "Could not reach the upstream.", type="server_error") from None
+        if response.status >= 300:
+            try:
+                error_body = await response.content.read(65536)
+            except (aiohttp.ClientError, OSError):
+                error_body = b""
+            finally:
+                response.close()
+            raise upstream_error(response.status, error_body, response.headers)
+        return response
+
+
+class UpstreamEvents:
+    """An upstream SSE body as batches of parsed events: the events that arrived in one read.
+
+    A silence of `idle` seconds yields an empty batch (the writer may ping). The stream ends
+    after `message_stop` or `error`; a body that ends before either yields an `error` event,
+    so nothing downstream mistakes a cut stream for a finished one.
+    """
+
+    def __init__(self, response: aiohttp.ClientResponse, *, idle: float = 15.0) -> None:
+        self._response = response
+        self._content = response.content
+        self._idle = idle
+        self._buffer = b""
+        self._pending: deque[list[dict[str, Any]]] = deque()
+        self._finished = False
+
+    async def first_output(self) -> None:
+        """Read until the model has produced output, keeping what was read for the client.
+        An error before that is raised as an HTTP error: the client has seen nothing yet."""
+        while True:
+            batch = await self._read_batch()
+            if batch:
+                self._pending.append(batch)
+            for event in batch:
+                if event["type"] in _FIRST_OUTPUT:
+                    if event["type"] == "error":
+                        await self.aclose()
+                        raise stream_error(event)
+                    return
+
+    def __aiter__(self) -> UpstreamEvents:
+        return self
+
+    async def __anext__(self) -> list[dict[str, Any]]:
+        if self._pending:
+            return self._pending.popleft()
+        if self._finished:
+            raise StopAsyncIteration
+        return await self._read_batch()
+
+    async def aclose(self) -> None:
+        self._finished = True
+        # A finished body goes back to the pool; an unfinished one must not be reused.
+        if self._content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+    async def _read_batch(self) -> list[dict[str, Any]]:
+        if self._finished:
+            return []
+        try:
+            # What is already buffered needs no timer: bursts cost one read, not one per event.
+            chunk = self._content.read_nowait()
+            if not chunk:
+                async with asyncio.timeout(self._idle):
+                    chunk = await self._content.readany()
+        except TimeoutError:
+            return []
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("upstream stream broke: %r", exc)
+            chunk = b""
+        if not chunk:
+            await self.aclose()
+            return [_CUT_SHORT]
+        data = self._buffer + chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        *complete, self._buffer = data.split(b"\n\n")
+        batch = []
+        for raw in complete:
+            event = _parse_event(raw)
+            if event is None:
+                continue
+            batch.append(event)
+            if event["type"] in ("message_stop", "error"):
+                self._finished = True
+                break
+        if self._finished:
+            await self.aclose()
+        return batch
+
+
+def _parse_event(raw: bytes) -> dict[str, Any] | None:
+    """One SSE event's JSON data, or None for comments and events without data."""
+    data = [line[5:] for line in raw.split(b"\n") if line.startswith(b"data:")]
+    if not data:
+        return None
+    try:
+        event = orjson.loads(b"\n".join(data))
+    except orjson.JSONDecodeError:
+        log.warning("upstream sent an event that is not JSON: %r", raw[:200])
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None

@@ -1,0 +1,118 @@
+"""Anthropic stream events → OpenAI `chat.completion.chunk` SSE lines.
+
+Chunks are built from a prefix and suffix made once per stream, so a text delta costs one
+string encode; the text deltas of one batch leave as one chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import stream_error
+from middlewares.translator.response import finish_reason, openai_usage
+
+DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"
+
+
+class ChunkEncoder:
+    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+        head = orjson.dumps(
+            {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        )[:-1]
+        self._head = b"data: " + head
+        self._prefix = self._head + b',"choices":[{"index":0,"delta":'
+        usage = b',"usage":null' if include_usage else b""
+        self._suffix = b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n"
+        self._finish_suffix = b',"logprobs":null,"finish_reason":"%s"}]' + usage + b"}\n\n"
+        self._include_usage = include_usage
+        self._usage: dict[str, Any] = {}
+        self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
+        self._thinking_chars = 0
+        self._done = False
+
+    def encode(self, batch: list[dict[str, Any]]) -> bytes:
+        if self._done:
+            return b""
+        out: list[bytes] = []
+        text: list[str] = []
+        for event in batch:
+            kind = event["type"]
+            if kind == "content_block_delta":
+                delta = event["delta"]
+                dtype = delta.get("type")
+                if dtype == "text_delta":
+                    text.append(delta["text"])
+                    continue
+                if dtype == "input_json_delta":
+                    tool = self._tools.get(event["index"])
+                    if tool is not None and delta.get("partial_json"):
+                        tool[1] = True
+                        self._flush(out, text)
+                        out.append(self._tool_arguments(tool[0], delta["partial_json"]))
+                elif dtype == "thinking_delta":
+                    self._thinking_chars += len(delta.get("thinking", ""))
+                continue
+            self._flush(out, text)
+            if kind == "message_start":
+                self._usage.update(event["message"].get("usage") or {})
+                out.append(self._chunk(b'{"role":"assistant","content":""}'))
+            elif kind == "content_block_start":
+                self._start_block(event, out)
+            elif kind == "content_block_stop":
+                tool = self._tools.get(event["index"])
+                if tool is not None and not tool[1]:
+                    out.append(self._tool_arguments(tool[0], "{}"))  # a tool with no arguments
+            elif kind == "message_delta":
+                self._usage.update(event.get("usage") or {})
+                reason = finish_reason(event.get("delta", {}).get("stop_reason"))
+                out.append(self._prefix + b"{}" + self._finish_suffix % reason.encode())
+            elif kind == "message_stop":
+                if self._include_usage:
+                    usage = openai_usage(self._usage, self._thinking_chars)
+                    out.append(self._head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
+                out.append(DONE)
+                self._done = True
+                break
+            elif kind == "ping":
+                out.append(PING)
+            elif kind == "error":
+                out.append(b"data: " + orjson.dumps({"error": stream_error(event).payload()}) + b"\n\n" + DONE)
+                self._done = True
+                break
+        self._flush(out, text)
+        return b"".join(out)
+
+    def _start_block(self, event: dict[str, Any], out: list[bytes]) -> None:
+        block = event["content_block"]
+        kind = block.get("type")
+        if kind == "tool_use":
+            index = len(self._tools)
+            self._tools[event["index"]] = [index, False]
+            call = {
+                "index": index,
+                "id": block["id"],
+                "type": "function",
+                "function": {"name": block["name"], "arguments": ""},
+            }
+            out.append(self._chunk(b'{"tool_calls":[' + orjson.dumps(call) + b"]}"))
+        elif kind == "text" and block.get("text"):
+            out.append(self._content(block["text"]))
+
+    def _flush(self, out: list[bytes], text: list[str]) -> None:
+        if text:
+            out.append(self._content("".join(text)))
+            text.clear()
+
+    def _content(self, text: str) -> bytes:
+        return self._chunk(b'{"content":' + orjson.dumps(text) + b"}")
+
+    def _tool_arguments(self, index: int, arguments: str) -> bytes:
+        return self._chunk(
+            b'{"tool_calls":[{"index":%d,"function":{"arguments":' % index + orjson.dumps(arguments) + b"}}]}"
+        )
+
+    def _chunk(self, delta: bytes) -> bytes:
+        return self._prefix + delta + self._suffix

@@ -1,0 +1,559 @@
+import dataclasses
+import hashlib
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+
+from gateway.config import (
+    Config,
+    ConfigError,
+    Deployment,
+    ImagesConfig,
+    KeyConfig,
+    Model,
+    Pricing,
+    ServerConfig,
+    StorageConfig,
+    load_config,
+    parse_config,
+)
+
+EXAMPLE = """
+[server]
+host = "127.0.0.1"
+port = 8080
+
+[storage]
+url = "sqlite:///ezat-gateway.db"
+
+[images]
+allow_private_hosts = false
+
+[[deployments]]                      # one Anthropic-format upstream endpoint
+name = "anthropic"
+base_url = "https://api.anthropic.com"   # the gateway POSTs {base_url}/v1/messages
+api_key = "${ANTHROPIC_API_KEY}"
+
+[[models]]
+id = "anthropic/claude-sonnet-5-5"   # what clients send
+upstream_model = "claude-sonnet-5-5" # what the upstream is sent
+deployments = ["anthropic"]          # in preference order
+max_output_tokens = 64000
+sampling = false
+efforts = ["low", "medium", "high", "xhigh", "max"]
+forced_tool_choice = true
+min_cache_tokens = 1024
+pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }  # USD per million tokens
+
+[[keys]]                             # `key_sha256` instead of `key` also accepted
+key = "sk-local-example"
+name = "laptop"
+models = ["anthropic/*"]             # optional globs of model ids this key may use
+spend_limit_usd = 50.0               # optional
+expires_at = 2027-01-01T00:00:00Z    # optional TOML datetime
+revoked = false                      # optional
+"""
+
+ENV = {"ANTHROPIC_API_KEY": "sk-ant-secret"}
+
+# A valid deployment to hang models off in the smaller configs below.
+DEPLOYMENT = """
+[[deployments]]
+name = "a"
+base_url = "https://a.example"
+"""
+
+DIGEST = "ab" * 32
+
+
+def problems_of(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, env={} if env is None else env)
+    return caught.value.problems
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- Valid configs
+
+
+def test_full_example_parses_to_exact_values():
+    config = parse_config(EXAMPLE, env=ENV)
+
+    assert config.server == ServerConfig(host="127.0.0.1", port=8080)
+    assert config.storage == StorageConfig(url="sqlite:///ezat-gateway.db")
+    assert config.images == ImagesConfig(allow_private_hosts=False)
+    assert config.deployments == (
+        Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key="sk-ant-secret"),
+    )
+    assert config.models == (
+        Model(
+            id="anthropic/claude-sonnet-5-5",
+            upstream_model="claude-sonnet-5-5",
+            deployments=("anthropic",),
+            max_output_tokens=64000,
+            sampling=False,
+            efforts=("low", "medium", "high", "xhigh", "max"),
+            forced_tool_choice=True,
+            min_cache_tokens=1024,
+            pricing=Pricing(Decimal("3.0"), Decimal("15.0"), Decimal("3.75"), Decimal("0.30")),
+        ),
+    )
+    assert config.keys == (
+        KeyConfig(
+            name="laptop",
+            key_sha256=sha256("sk-local-example"),
+            models=("anthropic/*",),
+            spend_limit_usd=Decimal("50.0"),
+            expires_at=datetime(2027, 1, 1, tzinfo=timezone.utc),
+            revoked=False,
+        ),
+    )
+
+
+def test_prices_are_exact_decimals():
+    pricing = parse_config(EXAMPLE, env=ENV).models[0].pricing
+    assert all(type(price) is Decimal for price in dataclasses.astuple(pricing))
+    assert pricing.cache_read == Decimal("0.30")  # not 0.299999999999999988897769753748...
+    assert str(pricing.cache_write) == "3.75"
+
+
+def test_plaintext_key_and_api_key_are_not_kept_or_shown():
+    config = parse_config(EXAMPLE, env=ENV)
+    assert "sk-local-example" not in repr(config)
+    assert "sk-ant-secret" not in repr(config)
+    assert not hasattr(config.keys[0], "key")
+
+
+def test_empty_file_gives_all_defaults():
+    config = parse_config("", env={})
+    assert config == Config()
+    assert config.server == ServerConfig(host="127.0.0.1", port=8080)
+    assert config.storage.url == "sqlite:///ezat-gateway.db"
+    assert config.images.allow_private_hosts is False
+    assert (config.deployments, config.models, config.keys) == ((), (), ())
+
+
+def test_model_and_key_defaults_applied():
+    config = parse_config(DEPLOYMENT + f"""
+[[models]]
+id = "claude-x"
+deployments = ["a"]
+
+[[keys]]
+key_sha256 = "{DIGEST.upper()}"
+""")
+    assert config.deployments[0].api_key == ""
+    assert config.models[0] == Model(
+        id="claude-x",
+        upstream_model="claude-x",
+        deployments=("a",),
+        max_output_tokens=64000,
+        sampling=False,
+        efforts=("low", "medium", "high", "xhigh", "max"),
+        forced_tool_choice=True,
+        min_cache_tokens=1024,
+        pricing=Pricing(Decimal(0), Decimal(0), Decimal(0), Decimal(0)),
+    )
+    assert config.keys[0] == KeyConfig(
+        name="", key_sha256=DIGEST, models=("*",), spend_limit_usd=None, expires_at=None, revoked=False
+    )
+
+
+def test_integers_accepted_for_number_fields():
+    config = parse_config(DEPLOYMENT + """
+[[models]]
+id = "m"
+deployments = ["a"]
+pricing = { input = 3, output = 15 }
+
+[[keys]]
+key = "k"
+spend_limit_usd = 20
+""")
+    assert config.models[0].pricing == Pricing(Decimal(3), Decimal(15), Decimal(0), Decimal(0))
+    assert config.keys[0].spend_limit_usd == Decimal(20)
+
+
+def test_datetimes_are_utc():
+    config = parse_config("""
+[[keys]]
+key = "naive"
+expires_at = 2027-01-01T12:00:00
+
+[[keys]]
+key = "offset"
+expires_at = 2027-01-01T12:00:00+02:00
+""")
+    assert config.keys[0].expires_at == datetime(2027, 1, 1, 12, tzinfo=timezone.utc)
+    assert config.keys[1].expires_at == datetime(2027, 1, 1, 10, tzinfo=timezone.utc)
+    assert config.keys[1].expires_at.utcoffset() == timedelta(0)
+
+
+def test_base_url_trailing_slash_removed():
+    config = parse_config('[[deployments]]\nname = "a"\nbase_url = "http://localhost:9000/proxy/"\n')
+    assert config.deployments[0].base_url == "http://localhost:9000/proxy"
+
+
+@pytest.mark.parametrize("url", ["sqlite:///ezat.db", "postgresql://u:p@db/gw", "postgres://db/gw"])
+def test_storage_url_schemes_accepted(url):
+    assert parse_config(f'[storage]\nurl = "{url}"\n').storage.url == url
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_port_bounds_accepted(port):
+    assert parse_config(f"[server]\nport = {port}\n").server.port == port
+
+
+def test_lookups():
+    config = parse_config(EXAMPLE, env=ENV)
+    assert config.model("anthropic/claude-sonnet-5-5") is config.models[0]
+    assert config.model("claude-sonnet-5-5") is None
+    assert config.deployment("anthropic") is config.deployments[0]
+    assert config.deployment("other") is None
+
+
+def test_config_is_frozen():
+    config = parse_config(EXAMPLE, env=ENV)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.server = ServerConfig()  # type: ignore[misc]
+
+
+def test_load_config_reads_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "from-environ")
+    path = tmp_path / "gateway.toml"
+    path.write_text(EXAMPLE, encoding="utf-8")
+    assert load_config(path).deployments[0].api_key == "from-environ"
+    assert load_config(str(path)) == load_config(path)
+
+
+# --- ${ENV_VAR} interpolation
+
+
+def test_env_interpolated_in_nested_strings_lists_and_inline_tables():
+    config = parse_config(
+        """
+[storage]
+url = "postgresql://${DB_USER}:${DB_PASSWORD}@db/${DB_USER}"
+
+[[deployments]]
+name = "${DEPLOYMENT}"
+base_url = "https://${HOST}"
+
+[[models]]
+id = "m"
+deployments = ["${DEPLOYMENT}"]
+""",
+        env={"DB_USER": "gw", "DB_PASSWORD": "pw", "DEPLOYMENT": "d", "HOST": "h.example"},
+    )
+    assert config.storage.url == "postgresql://gw:pw@db/gw"
+    assert config.deployments[0] == Deployment(name="d", base_url="https://h.example")
+    assert config.models[0].deployments == ("d",)
+
+
+def test_env_value_is_not_expanded_again_and_plain_dollars_are_untouched():
+    config = parse_config(
+        '[[deployments]]\nname = "$HOME and $"\nbase_url = "https://x"\napi_key = "${KEY}"\n',
+        env={"KEY": "${OTHER}"},
+    )
+    assert config.deployments[0].name == "$HOME and $"
+    assert config.deployments[0].api_key == "${OTHER}"
+
+
+def test_env_defaults_to_os_environ(monkeypatch):
+    monkeypatch.setenv("EZAT_TEST_HOST", "0.0.0.0")
+    assert parse_config('[server]\nhost = "${EZAT_TEST_HOST}"\n').server.host == "0.0.0.0"
+
+
+def test_missing_env_var_reported_once_per_variable():
+    assert problems_of(EXAMPLE) == [
+        "deployments[0].api_key: environment variable ANTHROPIC_API_KEY is not set"
+    ]
+    assert problems_of('[server]\nhost = "${A}-${B}-${A}"\n', env={"B": "b"}) == [
+        "server.host: environment variable A is not set"
+    ]
+
+
+def test_missing_env_var_inside_list_and_inline_table():
+    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", "${D}"]\npricing = { input = "${P}" }\n'
+    assert problems_of(text) == [
+        "models[0].deployments[1]: environment variable D is not set",
+        "models[0].pricing.input: environment variable P is not set",
+    ]
+
+
+@pytest.mark.parametrize("host", ["${", "${1X}", "${A-B}", "x${A"])
+def test_malformed_env_reference(host):
+    assert problems_of(f'[server]\nhost = "{host}"\n', env={"A": "a"}) == [
+        "server.host: malformed ${...}; expected ${NAME} with letters, digits and _"
+    ]
+
+
+# --- Problems, each with its key path
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("bogus = 1", "bogus: unknown key"),
+        ("[server]\nprot = 8080", "server.prot: unknown key"),
+        ('[[deployments]]\nname = "a"\nbase_url = "https://a"\nregion = "eu"', "deployments[0].region: unknown key"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = 1, inptu = 2 }',
+         "models[0].pricing.inptu: unknown key"),
+        ('[[keys]]\nkey = "k"\nrevoke = true', "keys[0].revoke: unknown key"),
+    ],
+)
+def test_unknown_keys_rejected(text, problem):
+    assert problems_of(text) == [problem]
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('[server]\nport = "8080"', "server.port: expected an integer"),
+        ("[server]\nport = true", "server.port: expected an integer"),
+        ("[server]\nport = 80.0", "server.port: expected an integer"),
+        ("[server]\nhost = 1", "server.host: expected a string"),
+        ('[images]\nallow_private_hosts = "no"', "images.allow_private_hosts: expected true or false"),
+        ('server = "x"', "server: expected a table"),
+        ("[deployments]\nname = 'a'", "deployments: expected an array of tables"),
+        ("deployments = [1]", "deployments[0]: expected a table"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = "a"', "models[0].deployments: expected a list of strings"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", 2]', "models[0].deployments[1]: expected a string"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\nsampling = 0', "models[0].sampling: expected true or false"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = 3', "models[0].pricing: expected a table"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = "3" }',
+         "models[0].pricing.input: expected a number"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = true }',
+         "models[0].pricing.input: expected a number"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = nan }',
+         "models[0].pricing.input: expected a number"),
+        ('[[keys]]\nkey = "k"\nspend_limit_usd = "50"', "keys[0].spend_limit_usd: expected a number"),
+        ('[[keys]]\nkey = "k"\nexpires_at = "2027-01-01T00:00:00Z"',
+         "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
+        ('[[keys]]\nkey = "k"\nexpires_at = 2027-01-01',
+         "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
+        ('[[keys]]\nkey = "k"\nrevoked = "yes"', "keys[0].revoked: expected true or false"),
+        ('[[keys]]\nkey = "k"\nmodels = "*"', "keys[0].models: expected a list of strings"),
+        ("[[keys]]\nkey = 5", "keys[0].key: expected a non-empty string"),
+        ('[[keys]]\nkey = ""', "keys[0].key: expected a non-empty string"),
+        ("[[keys]]\nkey_sha256 = 5", "keys[0].key_sha256: expected a string"),
+    ],
+)
+def test_wrong_types(text, problem):
+    assert problems_of(text) == [problem]
+
+
+def test_required_fields():
+    assert problems_of("[[deployments]]\n[[models]]\n") == [
+        "deployments[0].name: required",
+        "deployments[0].base_url: required",
+        "models[0].id: required",
+        "models[0].deployments: required",
+    ]
+
+
+@pytest.mark.parametrize("port", [0, 65536, -1])
+def test_port_out_of_range(port):
+    assert problems_of(f"[server]\nport = {port}") == ["server.port: expected an integer from 1 to 65535"]
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://a.example", "api.anthropic.com", "https://", "https:///v1", "", "http://[::1"]
+)
+def test_base_url_must_be_http_with_host(url):
+    text = f'[[deployments]]\nname = "a"\nbase_url = "{url}"'
+    assert problems_of(text) == ["deployments[0].base_url: expected an http(s) URL with a host"]
+
+
+@pytest.mark.parametrize("url", ["mysql://db/gw", "sqlite://relative.db", "ezat.db", "postgresql:/x"])
+def test_storage_url_scheme(url):
+    assert problems_of(f'[storage]\nurl = "{url}"') == [
+        "storage.url: expected a sqlite:///, postgresql:// or postgres:// URL"
+    ]
+
+
+def test_empty_names_rejected():
+    text = '[server]\nhost = ""\n[[deployments]]\nname = ""\nbase_url = "https://a"\n'
+    text += '[[models]]\nid = ""\nupstream_model = ""\ndeployments = [""]\n'
+    assert problems_of(text) == [
+        "server.host: expected a non-empty string",
+        "deployments[0].name: expected a non-empty string",
+        "models[0].id: expected a non-empty string",
+        "models[0].upstream_model: expected a non-empty string",
+    ]
+
+
+def test_model_number_and_effort_checks():
+    text = DEPLOYMENT + """
+[[models]]
+id = "m"
+deployments = ["a"]
+max_output_tokens = 0
+min_cache_tokens = -5
+efforts = ["low", "ultra", "max", "High"]
+pricing = { input = -1, output = 15, cache_write = -0.01, cache_read = 0 }
+"""
+    assert problems_of(text) == [
+        "models[0].max_output_tokens: expected a positive integer",
+        "models[0].efforts[1]: expected one of low, medium, high, xhigh, max",
+        "models[0].efforts[3]: expected one of low, medium, high, xhigh, max",
+        "models[0].min_cache_tokens: expected a positive integer",
+        "models[0].pricing.input: expected a non-negative number",
+        "models[0].pricing.cache_write: expected a non-negative number",
+    ]
+
+
+def test_model_deployment_references():
+    text = DEPLOYMENT + """
+[[models]]
+id = "m1"
+deployments = ["a", "x"]
+
+[[models]]
+id = "m2"
+deployments = []
+"""
+    assert problems_of(text) == [
+        "models[1].deployments: expected at least one deployment name",
+        'models[0].deployments[1]: no deployment named "x"',
+    ]
+
+
+def test_references_checked_even_when_the_model_has_other_problems():
+    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["nope"]\nmax_output_tokens = 0\n'
+    assert problems_of(text) == [
+        "models[0].max_output_tokens: expected a positive integer",
+        'models[0].deployments[0]: no deployment named "nope"',
+    ]
+
+
+def test_duplicate_deployment_names_and_model_ids():
+    text = DEPLOYMENT + DEPLOYMENT + """
+[[models]]
+id = "m"
+deployments = ["a"]
+
+[[models]]
+id = "m"
+deployments = ["a"]
+"""
+    assert problems_of(text) == [
+        'deployments[1].name: duplicate deployment name "a"',
+        'models[1].id: duplicate model id "m"',
+    ]
+
+
+def test_key_and_key_sha256_exactly_one():
+    text = f'[[keys]]\nname = "neither"\n[[keys]]\nkey = "k"\nkey_sha256 = "{DIGEST}"\n'
+    assert problems_of(text) == [
+        "keys[0]: expected exactly one of key or key_sha256",
+        "keys[1]: expected exactly one of key or key_sha256",
+    ]
+
+
+@pytest.mark.parametrize("digest", ["abc", "g" * 64, DIGEST + "0", ""])
+def test_bad_key_sha256(digest):
+    assert problems_of(f'[[keys]]\nkey_sha256 = "{digest}"') == ["keys[0].key_sha256: expected 64 hex characters"]
+
+
+def test_negative_spend_limit():
+    assert problems_of('[[keys]]\nkey = "k"\nspend_limit_usd = -0.5') == [
+        "keys[0].spend_limit_usd: expected a non-negative number"
+    ]
+
+
+def test_all_problems_reported_together():
+    text = """
+[server]
+port = 0
+prot = 1
+
+[storage]
+url = "mysql://db"
+
+[[deployments]]
+name = "a"
+base_url = "ftp://a"
+api_key = "${MISSING_KEY}"
+
+[[models]]
+id = "m"
+deployments = ["a", "b"]
+max_output_tokens = -1
+pricing = { output = -15 }
+
+[[keys]]
+key_sha256 = "xyz"
+spend_limit_usd = -1
+"""
+    error = pytest.raises(ConfigError, parse_config, text, env={}).value
+    expected = [
+        "deployments[0].api_key: environment variable MISSING_KEY is not set",
+        "server.prot: unknown key",
+        "server.port: expected an integer from 1 to 65535",
+        "storage.url: expected a sqlite:///, postgresql:// or postgres:// URL",
+        "deployments[0].base_url: expected an http(s) URL with a host",
+        "models[0].max_output_tokens: expected a positive integer",
+        "models[0].pricing.output: expected a non-negative number",
+        "keys[0].key_sha256: expected 64 hex characters",
+        "keys[0].spend_limit_usd: expected a non-negative number",
+        'models[0].deployments[1]: no deployment named "b"',
+    ]
+    assert error.problems == expected
+    assert str(error) == "\n".join(expected)
+
+
+def test_a_bad_value_is_reported_once():
+    # A missing id is one problem, not also one for the upstream_model derived from it,
+    # and a missing env var is not also reported as a bad URL.
+    text = '[[deployments]]\nname = "a"\nbase_url = "${URL}"\n[[models]]\ndeployments = ["a"]\n'
+    assert problems_of(text) == [
+        "deployments[0].base_url: environment variable URL is not set",
+        "models[0].id: required",
+    ]
+
+
+# --- Reading files
+
+
+def test_toml_syntax_error_names_the_file(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[server]\nport = \n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.startswith(f"{path}: invalid TOML: ")
+    assert "line 2" in problem
+
+
+def test_toml_syntax_error_from_text():
+    [problem] = problems_of("[server\n")
+    assert problem.startswith("invalid TOML: ")
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.problems == [f"{path}: cannot read file: No such file or directory"]
+
+
+def test_undecodable_file_names_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[server]\nhost = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.startswith(f"{path}: cannot read file: ")
+
+
+def test_problems_in_a_file_use_key_paths(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text("[server]\nport = 70000\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.problems == ["server.port: expected an integer from 1 to 65535"]
