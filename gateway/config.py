@@ -1,9 +1,8 @@
 """Load and validate the gateway's TOML config file.
 
-Validation is driven by the dataclasses below: a field's type says what the file
-may hold there, and optional field metadata adds a check or a normalisation.
-Every problem is collected, each prefixed with its key path (`models[1].pricing.input`),
-so an operator can fix the whole file in one pass.
+The dataclasses below drive validation: a field's type says what the file may hold there, and
+field metadata adds checks. Every problem is collected, each prefixed with its key path
+(`models[1].pricing.input`), so an operator can fix the whole file in one pass.
 """
 
 import dataclasses
@@ -64,14 +63,11 @@ def _http_url(value: str) -> str | None:
     return None
 
 
-def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, fallback=None,
-           repr=True) -> Any:
-    """A dataclass field whose file value is checked (whole, or item by item) and then cleaned.
-
-    `fallback(values_so_far)` gives the value when the file omits a field that has no default.
-    """
+def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, fallback=None) -> Any:
+    """A field whose file value is checked (whole or item by item), then cleaned; when the file
+    omits a field with no default, `fallback(values_so_far)` gives its value."""
     metadata = {"check": check, "check_each": check_each, "clean": clean, "fallback": fallback}
-    return field(default=default, repr=repr, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 # --- The config itself.
@@ -93,18 +89,14 @@ class ImagesConfig:
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """One Anthropic-format upstream; the gateway POSTs {base_url}/v1/messages."""
-
+class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}/v1/messages
     name: str = _field(check=_non_empty)
     base_url: str = _field(check=_http_url, clean=lambda url: url.rstrip("/"))
-    api_key: str = _field("", repr=False)  # keep the secret out of logs and tracebacks
+    api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
 
 
 @dataclass(frozen=True)
-class Pricing:
-    """USD per million tokens."""
-
+class Pricing:  # USD per million tokens
     input: Decimal = _field(Decimal(0), check=_non_negative)
     output: Decimal = _field(Decimal(0), check=_non_negative)
     cache_write: Decimal = _field(Decimal(0), check=_non_negative)
@@ -314,10 +306,11 @@ def _key_as_digest(raw: dict[str, Any], path: str, problems: list[str]) -> dict[
     return raw
 
 
-# --- Checks across entries, run on the raw tables so that an entry with an
-# unrelated problem is still checked.
+# --- Checks across entries.
 
 def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
+    """Duplicates and dangling references, found in the raw tables so that an entry is
+    checked even when it has an unrelated problem."""
     deployment_names = _report_duplicates(data, "deployments", "name", "deployment name", problems)
     _report_duplicates(data, "models", "id", "model id", problems)
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.

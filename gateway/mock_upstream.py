@@ -25,6 +25,8 @@ ALLOWED_FIELDS = frozenset({
     "cache_control", "metadata", "service_tier",
 })
 
+MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API answers 413 above this
+
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -126,7 +128,7 @@ class MockUpstream:
         self._seen_disconnects = 0
         self._disconnected = asyncio.Event()
         self._runner: web.AppRunner | None = None
-        self.app = web.Application()
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/messages", self._handle)
         self.app.router.add_route("*", "/{tail:.*}", self._not_found)
 

@@ -8,6 +8,7 @@ own FileResponse.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -71,7 +72,7 @@ class EventStreamReply(web.StreamResponse):
 
     async def prepare(self, request: web.BaseRequest):
         writer = await super().prepare(request)
-        loop = request.loop
+        loop = asyncio.get_running_loop()
         encode = self.encoder.encode
         quiet_since = loop.time()
         try:

@@ -26,7 +26,7 @@ def size_limit_middleware(max_bytes: int = MAX_BODY_BYTES):
             if length > max_bytes:
                 raise refuse()
             try:
-                raw = await request.content.readexactly(length)
+                raw = await request.content.readexactly(length) if length else b""
             except asyncio.IncompleteReadError:
                 raise invalid_request("The request body ended before its Content-Length.") from None
         else:  # chunked: count as it arrives, stop at the limit

@@ -64,6 +64,9 @@ name = "a"
 base_url = "https://a.example"
 """
 
+# ...and a valid model using it, to append one more field to.
+MODEL = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\n'
+
 DIGEST = "ab" * 32
 
 
@@ -300,9 +303,8 @@ def test_malformed_env_reference(host):
     [
         ("bogus = 1", "bogus: unknown key"),
         ("[server]\nprot = 8080", "server.prot: unknown key"),
-        ('[[deployments]]\nname = "a"\nbase_url = "https://a"\nregion = "eu"', "deployments[0].region: unknown key"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = 1, inptu = 2 }',
-         "models[0].pricing.inptu: unknown key"),
+        (DEPLOYMENT + 'region = "eu"', "deployments[0].region: unknown key"),
+        (MODEL + "pricing = { input = 1, inptu = 2 }", "models[0].pricing.inptu: unknown key"),
         ('[[keys]]\nkey = "k"\nrevoke = true', "keys[0].revoke: unknown key"),
     ],
 )
@@ -321,16 +323,17 @@ def test_unknown_keys_rejected(text, problem):
         ('server = "x"', "server: expected a table"),
         ("[deployments]\nname = 'a'", "deployments: expected an array of tables"),
         ("deployments = [1]", "deployments[0]: expected a table"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = "a"', "models[0].deployments: expected a list of strings"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", 2]', "models[0].deployments[1]: expected a string"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\nsampling = 0', "models[0].sampling: expected true or false"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = 3', "models[0].pricing: expected a table"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = "3" }',
-         "models[0].pricing.input: expected a number"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = true }',
-         "models[0].pricing.input: expected a number"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\npricing = { input = nan }',
-         "models[0].pricing.input: expected a number"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = "a"',
+         "models[0].deployments: expected a list of strings"),
+        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", 2]',
+         "models[0].deployments[1]: expected a string"),
+        (MODEL + "sampling = 0", "models[0].sampling: expected true or false"),
+        (MODEL + "max_output_tokens = 1.5", "models[0].max_output_tokens: expected an integer"),
+        (MODEL + "efforts = 'high'", "models[0].efforts: expected a list of strings"),
+        (MODEL + "pricing = 3", "models[0].pricing: expected a table"),
+        (MODEL + 'pricing = { input = "3" }', "models[0].pricing.input: expected a number"),
+        (MODEL + "pricing = { input = true }", "models[0].pricing.input: expected a number"),
+        (MODEL + "pricing = { input = nan }", "models[0].pricing.input: expected a number"),
         ('[[keys]]\nkey = "k"\nspend_limit_usd = "50"', "keys[0].spend_limit_usd: expected a number"),
         ('[[keys]]\nkey = "k"\nexpires_at = "2027-01-01T00:00:00Z"',
          "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
@@ -424,11 +427,17 @@ deployments = []
 
 
 def test_references_checked_even_when_the_model_has_other_problems():
-    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["nope"]\nmax_output_tokens = 0\n'
+    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["nope"]\nmax_output_tokens = 0'
     assert problems_of(text) == [
         "models[0].max_output_tokens: expected a positive integer",
         'models[0].deployments[0]: no deployment named "nope"',
     ]
+
+
+def test_references_not_checked_against_a_deployment_whose_name_is_bad():
+    # The reference may well be to that deployment, so only its name is reported.
+    text = '[[deployments]]\nbase_url = "https://a"\n[[models]]\nid = "m"\ndeployments = ["a"]\n'
+    assert problems_of(text) == ["deployments[0].name: required"]
 
 
 def test_duplicate_deployment_names_and_model_ids():
@@ -457,7 +466,8 @@ def test_key_and_key_sha256_exactly_one():
 
 @pytest.mark.parametrize("digest", ["abc", "g" * 64, DIGEST + "0", ""])
 def test_bad_key_sha256(digest):
-    assert problems_of(f'[[keys]]\nkey_sha256 = "{digest}"') == ["keys[0].key_sha256: expected 64 hex characters"]
+    problems = problems_of(f'[[keys]]\nkey_sha256 = "{digest}"')
+    assert problems == ["keys[0].key_sha256: expected 64 hex characters"]
 
 
 def test_negative_spend_limit():

@@ -1,0 +1,234 @@
+"""Errors in OpenAI's envelope with the spec's statuses, types and codes; never a 500 with a
+traceback for anything a client can send."""
+
+from __future__ import annotations
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.mock_upstream import Scenario
+from tests.support import KEY, MODEL
+
+MESSAGES = [{"role": "user", "content": "x"}]
+
+
+async def post(gateway, body: bytes | dict, headers: dict | None = None, path="/openai/v1/chat/completions"):
+    headers = {"Authorization": f"Bearer {KEY}", **(headers or {})}
+    async with aiohttp.ClientSession() as http:
+        kwargs = {"json": body} if isinstance(body, dict) else {"data": body}
+        async with http.post(gateway.url + path, headers=headers, **kwargs) as response:
+            return response, await response.json()
+
+
+def envelope(body: dict) -> dict:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+# upstream status → (client status, OpenAI type, code)
+UPSTREAM_STATUSES = [
+    (400, 400, "invalid_request_error", None),
+    (402, 402, "insufficient_quota", "insufficient_quota"),
+    (403, 403, "permission_error", None),
+    (404, 404, "invalid_request_error", "model_not_found"),
+    (409, 409, "invalid_request_error", None),
+    (413, 413, "invalid_request_error", "request_too_large"),
+    (429, 429, "rate_limit_error", "rate_limit_exceeded"),
+    (500, 500, "server_error", None),
+    (502, 502, "server_error", None),
+    (504, 504, "server_error", "timeout"),
+    (529, 503, "server_error", "overloaded"),
+]
+
+
+@pytest.mark.parametrize(("upstream_status", "status", "type_", "code"), UPSTREAM_STATUSES)
+async def test_each_upstream_status(gateway, upstream, upstream_status, status, type_, code):
+    upstream.enqueue(Scenario(status=upstream_status, error_message=f"upstream says {upstream_status}"))
+    response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    assert response.status == status
+    error = envelope(body)
+    assert (error["type"], error["code"]) == (type_, code)
+    assert error["message"] == f"upstream says {upstream_status}"
+    assert response.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("upstream_status", [429, 529])
+async def test_retry_after_is_kept(client, upstream, upstream_status):
+    upstream.enqueue(Scenario(status=upstream_status, headers={"retry-after": "12"}))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.response.headers["retry-after"] == "12"
+
+
+async def test_upstream_rejecting_the_gateways_credentials_is_not_the_clients_key_problem(gateway, upstream):
+    upstream.enqueue(Scenario(status=401, error_message="invalid x-api-key"))
+    response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    assert response.status == 500
+    assert envelope(body)["type"] == "server_error"
+    assert envelope(body)["code"] is None
+
+
+async def test_prompt_too_long_gets_openais_code(gateway, upstream):
+    upstream.enqueue(Scenario(status=400, error_message="prompt is too long: 210000 tokens > 200000 maximum"))
+    response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    assert response.status == 400
+    assert envelope(body)["code"] == "context_length_exceeded"
+
+
+async def test_sdk_error_classes(client, upstream):
+    upstream.enqueue(Scenario(status=529, error_message="Overloaded"))
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.status_code == 503
+    assert caught.value.code == "overloaded"
+    assert caught.value.type == "server_error"
+
+
+async def test_unknown_model(client, upstream):
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+    assert caught.value.body == {
+        "message": "The model `gpt-9` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic abc"}, {"x-api-key": "sk-wrong"}],
+)
+async def test_missing_or_unknown_key(gateway, upstream, headers):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions", headers=headers, json={"model": MODEL, "messages": MESSAGES}
+        ) as response:
+            body = await response.json()
+    assert response.status == 401
+    error = envelope(body)
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+    assert upstream.requests == []
+
+
+async def test_sdk_with_a_wrong_key(gateway):
+    async with gateway.client(api_key="sk-nope") as wrong:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await wrong.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.code == "invalid_api_key"
+
+
+async def test_x_api_key_header_is_accepted(gateway, upstream):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"x-api-key": KEY},
+            json={"model": MODEL, "messages": MESSAGES},
+        ) as response:
+            assert response.status == 200
+
+
+async def test_body_over_32_mb_is_refused_before_it_is_read(gateway, upstream):
+    oversized = b" " * (32 * 1024 * 1024 + 1)
+    response, body = await post(gateway, oversized)
+    assert response.status == 413
+    assert envelope(body)["code"] == "request_too_large"
+    assert envelope(body)["type"] == "invalid_request_error"
+    assert upstream.requests == []
+
+
+async def test_chunked_body_over_32_mb_is_refused(gateway, upstream):
+    async def chunks():
+        for _ in range(33):
+            yield b" " * (1024 * 1024)
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            data=chunks(),
+        ) as response:
+            assert response.status == 413
+            assert envelope(await response.json())["code"] == "request_too_large"
+
+
+async def test_a_body_just_under_the_limit_is_read(gateway, upstream):
+    text = "a" * (31 * 1024 * 1024)
+    response, body = await post(gateway, {"model": MODEL, "messages": [{"role": "user", "content": text}]})
+    assert response.status == 200
+    assert upstream.requests[-1].body["messages"][0]["content"][0]["text"] == text
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"model": ', "The request body is not valid JSON"),
+        (b"", "The request body is not valid JSON"),
+        (b"[1, 2]", "The request body must be a JSON object."),
+        (b'"text"', "The request body must be a JSON object."),
+    ],
+)
+async def test_invalid_json(gateway, upstream, raw, message):
+    response, body = await post(gateway, raw, {"content-type": "application/json"})
+    assert response.status == 400
+    error = envelope(body)
+    assert error["message"].startswith(message)
+    assert (error["type"], error["code"]) == ("invalid_request_error", None)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"messages": MESSAGES}, "model: required"),
+        ({"model": 5, "messages": MESSAGES}, "model: required"),
+        ({"model": MODEL}, "messages: expected a list of messages"),
+        ({"model": MODEL, "messages": "hi"}, "messages: expected a list of messages"),
+        ({"model": MODEL, "messages": []}, "messages: must contain at least one user message"),
+        ({"model": MODEL, "messages": [{"role": "system", "content": "x"}]}, "messages: must contain at least one user message"),
+        ({"model": MODEL, "messages": [5]}, "messages[0]: expected an object"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role: expected one of system, developer, user, assistant, tool"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content: expected a string or a list of content parts"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0].type: required"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content[0].text: expected a string"),
+        ({"model": MODEL, "messages": MESSAGES, "stream": "yes"}, "stream: expected a boolean"),
+        ({"model": MODEL, "messages": MESSAGES, "stop": 5}, "stop: expected a string or a list of strings"),
+    ],
+)
+async def test_malformed_requests_name_the_path(gateway, upstream, body, message):
+    response, reply = await post(gateway, body)
+    assert response.status == 400
+    assert envelope(reply)["message"] == message
+    assert upstream.requests == []
+
+
+async def test_non_streaming_request_past_the_deadline_is_a_504(start_gateway, upstream):
+    gateway = await start_gateway(non_streaming_deadline=0.3)
+    upstream.enqueue(Scenario(delay=2.0))
+    response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    assert response.status == 504
+    error = envelope(body)
+    assert (error["type"], error["code"]) == ("server_error", "timeout")
+    assert "stream it instead" in error["message"]
+    await upstream.wait_disconnect(timeout=2)  # the abandoned upstream request was closed
+
+
+async def test_unreachable_upstream(start_gateway, unused_tcp_port):
+    from tests.support import make_config
+
+    gateway = await start_gateway(make_config(f"http://127.0.0.1:{unused_tcp_port}"))
+    response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    assert response.status == 500
+    assert envelope(body)["type"] == "server_error"
+
+
+async def test_unknown_path_and_method_use_the_envelope(gateway):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/openai/v1/nothing-here") as response:
+            assert response.status == 404
+            assert envelope(await response.json())["type"] == "invalid_request_error"
+        async with http.get(gateway.url + "/openai/v1/chat/completions") as response:
+            assert response.status == 405
+            assert envelope(await response.json())["type"] == "invalid_request_error"
