@@ -137,7 +137,7 @@ class MockUpstream:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         # handler_cancellation: a client disconnect cancels the handler, which we count.
-        self._runner = web.AppRunner(self.app, handler_cancellation=True)
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
         real_port = self._runner.addresses[0][1]  # port=0 picks a free one

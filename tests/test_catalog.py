@@ -1,0 +1,51 @@
+"""Health, the OpenAI model list and the model catalog."""
+
+from __future__ import annotations
+
+import aiohttp
+import openai
+import pytest
+
+from tests.support import MODEL
+
+
+async def test_healthz_needs_no_key(gateway):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/healthz") as response:
+            assert response.status == 200
+            assert await response.json() == {"status": "ok"}
+
+
+async def test_models_list_through_the_sdk(client):
+    page = await client.models.list()
+    models = [m async for m in page]
+    assert [m.id for m in models] == [MODEL, "test/small"]
+    assert all(m.object == "model" and isinstance(m.created, int) for m in models)
+    assert models[0].owned_by == "anthropic"
+
+
+async def test_models_list_needs_a_key(gateway):
+    async with gateway.client(api_key="sk-wrong") as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.models.list()
+
+
+async def test_catalog(gateway):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/api/models") as response:
+            assert response.status == 200
+            catalog = await response.json()
+    entry = catalog["data"][0]
+    assert entry == {
+        "id": MODEL,
+        "object": "model",
+        "owned_by": "anthropic",
+        "capabilities": {
+            "sampling": False,
+            "efforts": ["low", "medium", "high", "xhigh", "max"],
+            "forced_tool_choice": True,
+        },
+        "limits": {"max_output_tokens": 64000, "min_cache_tokens": 1024},
+        "pricing": {"input": "3", "output": "15", "cache_write": "3.75", "cache_read": "0.30"},
+    }
+    assert catalog["data"][1]["limits"]["max_output_tokens"] == 4096
