@@ -85,6 +85,8 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
     """Map an upstream's non-2xx answer to the error the client gets: the upstream's status
     (529 becomes 503), OpenAI's type and code for it, the upstream's message."""
     message = _read_anthropic_message(body)
+    if status < 400:
+        return GatewayError(500, f"The upstream answered with HTTP {status}.", type="server_error")
     if status == 401:
         # The client's key passed auth: it is the gateway's upstream credential that failed.
         # "invalid_api_key" would send the client after the wrong key.

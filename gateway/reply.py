@@ -9,13 +9,17 @@ own FileResponse.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
+log = logging.getLogger("ezat.reply")
+
 PING = b": ping\n\n"
+INTERNAL_ERROR = {"type": "error", "error": {"type": "api_error", "message": "The gateway failed mid-stream."}}
 
 
 class MessageReply(web.Response):
@@ -71,7 +75,14 @@ class EventStreamReply(web.StreamResponse):
         self.ping_interval = ping_interval
 
     async def prepare(self, request: web.BaseRequest):
-        writer = await super().prepare(request)
+        try:
+            writer = await super().prepare(request)
+            await self._send_events()
+            return writer
+        finally:
+            await self.events.aclose()
+
+    async def _send_events(self) -> None:
         loop = asyncio.get_running_loop()
         encode = self.encoder.encode
         quiet_since = loop.time()
@@ -84,6 +95,9 @@ class EventStreamReply(web.StreamResponse):
                     data = PING
                 await self.write(data)
                 quiet_since = loop.time()
-        finally:
-            await self.events.aclose()
-        return writer
+        except ConnectionError:
+            raise  # the client is gone; aiohttp notes it
+        except Exception:
+            # Headers are out: the only way left to say it failed is in the stream itself.
+            log.exception("stream to the client failed")
+            await self.write(encode([INTERNAL_ERROR]))

@@ -88,16 +88,19 @@ class UpstreamEvents:
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
         An error before that is raised as an HTTP error: the client has seen nothing yet."""
-        while True:
-            batch = await self._read_batch()
-            if batch:
-                self._pending.append(batch)
-            for event in batch:
-                if event["type"] in _FIRST_OUTPUT:
+        try:
+            while True:
+                batch = await self._read_batch()
+                if batch:
+                    self._pending.append(batch)
+                for event in batch:
                     if event["type"] == "error":
-                        await self.aclose()
                         raise stream_error(event)
-                    return
+                    if event["type"] in _FIRST_OUTPUT:
+                        return
+        except BaseException:  # an error, or the client went away: the upstream goes too
+            await self.aclose()
+            raise
 
     def __aiter__(self) -> UpstreamEvents:
         return self

@@ -3,12 +3,17 @@ traceback for anything a client can send."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import replace
+from datetime import datetime, timezone
+
 import aiohttp
 import openai
 import pytest
 
+from gateway.config import KeyConfig
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL
+from tests.support import KEY, MODEL, make_config
 
 MESSAGES = [{"role": "user", "content": "x"}]
 
@@ -216,8 +221,6 @@ async def test_non_streaming_request_past_the_deadline_is_a_504(start_gateway, u
 
 
 async def test_unreachable_upstream(start_gateway, unused_tcp_port):
-    from tests.support import make_config
-
     gateway = await start_gateway(make_config(f"http://127.0.0.1:{unused_tcp_port}"))
     response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
     assert response.status == 500
@@ -232,3 +235,22 @@ async def test_unknown_path_and_method_use_the_envelope(gateway):
         async with http.get(gateway.url + "/openai/v1/chat/completions") as response:
             assert response.status == 405
             assert envelope(await response.json())["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"revoked": True}, "This API key has been revoked."),
+        ({"expires_at": datetime(2020, 1, 1, tzinfo=timezone.utc)}, "This API key has expired."),
+    ],
+)
+async def test_revoked_or_expired_key(start_gateway, upstream, fields, message):
+    config = make_config(upstream.url)
+    old = KeyConfig(name="old", key_sha256=hashlib.sha256(b"sk-old").hexdigest(), **fields)
+    gateway = await start_gateway(replace(config, keys=(*config.keys, old)))
+    async with gateway.client(api_key="sk-old") as client:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.body["message"] == message
+    assert caught.value.code == "invalid_api_key"
+    assert upstream.requests == []

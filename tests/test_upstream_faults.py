@@ -1,0 +1,116 @@
+"""An upstream that misbehaves in ways the faithful mock never does: the client still gets a
+well-formed OpenAI error, never an HTML page or a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.support import KEY, MODEL, Gateway, make_config
+from gateway.app import build_app
+
+
+def sse(*events: dict | bytes) -> bytes:
+    return b"".join(
+        e if isinstance(e, bytes) else b"event: " + e["type"].encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+        for e in events
+    )
+
+
+START = {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 3, "output_tokens": 1}}}
+TEXT_START = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+
+
+@pytest.fixture
+async def serve_upstream():
+    """Serves one canned HTTP answer as the upstream; yields a function that starts a gateway."""
+    runners = []
+
+    async def start(status: int, body: bytes, content_type: str = "text/event-stream") -> Gateway:
+        async def answer(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(status=status, body=body, content_type=content_type)
+
+        app = web.Application()
+        app.router.add_post("/v1/messages", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        gateway = await Gateway(build_app(make_config(f"http://127.0.0.1:{runner.addresses[0][1]}"))).start()
+        runners.append(gateway.runner)
+        return gateway
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+async def call(gateway: Gateway, stream: bool) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": "x"}]},
+        ) as response:
+            return response.status, await response.text()
+
+
+@pytest.mark.parametrize("body", [b"<html>oops</html>", b"[1, 2]", b'{"content": "not a list"}'])
+async def test_a_non_message_reply_is_a_server_error(serve_upstream, body):
+    gateway = await serve_upstream(200, body, "application/json")
+    status, text = await call(gateway, stream=False)
+    assert status == 500
+    assert json.loads(text)["error"]["type"] == "server_error"
+
+
+async def test_an_html_error_page_keeps_the_status(serve_upstream):
+    gateway = await serve_upstream(502, b"<html>Bad Gateway</html>", "text/html")
+    status, text = await call(gateway, stream=False)
+    assert status == 502
+    error = json.loads(text)["error"]
+    assert error["type"] == "server_error"
+    assert error["message"] == "<html>Bad Gateway</html>"
+
+
+async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done(serve_upstream):
+    bad_delta = {"type": "content_block_delta", "index": 0}  # no "delta"
+    gateway = await serve_upstream(200, sse(START, TEXT_START, bad_delta, {"type": "message_stop"}))
+    status, text = await call(gateway, stream=True)
+    assert status == 200
+    events = [e for e in text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][len("data: "):])["error"]["type"] == "server_error"
+
+
+async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):
+    gateway = await serve_upstream(200, sse(START, TEXT_START))  # ends without a token or message_stop
+    status, text = await call(gateway, stream=True)
+    assert status == 500
+    assert json.loads(text)["error"]["message"] == "The upstream stream ended early."
+
+
+async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
+    body = sse(
+        START,
+        b": a comment\n\n",
+        b"data: not json\n\n",
+        {"type": "some_future_event", "x": 1},
+        TEXT_START,
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "fine"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "future_delta"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    ).replace(b"\n", b"\r\n")  # CRLF framing is valid SSE too
+    gateway = await serve_upstream(200, body)
+    status, text = await call(gateway, stream=True)
+    assert status == 200
+    chunks = [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "fine"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert text.endswith("data: [DONE]\n\n")
