@@ -3,6 +3,7 @@ well-formed OpenAI error, never an HTML page or a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -29,10 +30,17 @@ async def serve_upstream():
     """Serves one canned HTTP answer as the upstream; yields a function that starts a gateway."""
     runners = []
 
-    async def start(status: int, body: bytes, content_type: str = "text/event-stream") -> Gateway:
-        async def answer(request: web.Request) -> web.Response:
+    async def start(status: int, body: bytes, content_type: str = "text/event-stream", piece: int = 0) -> Gateway:
+        async def answer(request: web.Request) -> web.StreamResponse:
             await request.read()
-            return web.Response(status=status, body=body, content_type=content_type)
+            if not piece:
+                return web.Response(status=status, body=body, content_type=content_type)
+            response = web.StreamResponse(status=status, headers={"content-type": content_type})
+            await response.prepare(request)
+            for i in range(0, len(body), piece):  # events and lines split across reads
+                await response.write(body[i : i + piece])
+                await asyncio.sleep(0.001)
+            return response
 
         app = web.Application()
         app.router.add_post("/v1/messages", answer)
@@ -114,3 +122,25 @@ async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "fine"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert text.endswith("data: [DONE]\n\n")
+
+
+async def test_events_split_across_reads_are_reassembled(serve_upstream):
+    text = "split across many small reads"
+    deltas = [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word + " "}}
+        for word in text.split()
+    ]
+    body = sse(
+        START,
+        TEXT_START,
+        *deltas,
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}},
+        {"type": "message_stop"},
+    )
+    gateway = await serve_upstream(200, body, piece=7)
+    status, reply = await call(gateway, stream=True)
+    assert status == 200
+    chunks = [json.loads(e[len("data: "):]) for e in reply.split("\n\n") if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text + " "
+    assert reply.endswith("data: [DONE]\n\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -87,6 +88,18 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
         turns.append({"role": role, "content": blocks})
 
 
+def _parts(content: list[Any], path: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(path, type, part) for each part of a content list, once its shape is checked."""
+    for j, part in enumerate(content):
+        part_path = f"{path}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid_request(f"{part_path}: expected an object", "messages")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise invalid_request(f"{part_path}.type: required", "messages")
+        yield part_path, kind, part
+
+
 def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     """Text-only content (system, developer, tool): a string or a list of text parts."""
     if isinstance(content, str):
@@ -94,11 +107,8 @@ def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise invalid_request(f"{path}: expected a string or a list of text parts", "messages")
     blocks = []
-    for j, part in enumerate(content):
-        part_path = f"{path}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_request(f"{part_path}: expected an object", "messages")
-        if part.get("type") != "text":
+    for part_path, kind, part in _parts(content, path):
+        if kind != "text":
             raise invalid_request(f"{part_path}.type: only text parts are allowed here", "messages")
         blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
     return blocks
@@ -110,17 +120,10 @@ def _user_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise invalid_request(f"{path}: expected a string or a list of content parts", "messages")
     blocks = []
-    for j, part in enumerate(content):
-        part_path = f"{path}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_request(f"{part_path}: expected an object", "messages")
-        kind = part.get("type")
-        if kind == "text":
-            blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
-        elif isinstance(kind, str):
+    for part_path, kind, part in _parts(content, path):
+        if kind != "text":
             raise invalid_request(f"{part_path}.type: unsupported content part type {kind!r}", "messages")
-        else:
-            raise invalid_request(f"{part_path}.type: required", "messages")
+        blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
     return blocks
 
 
@@ -130,11 +133,7 @@ def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]
     if isinstance(content, str):
         blocks.extend(_text(content))
     elif isinstance(content, list):
-        for j, part in enumerate(content):
-            part_path = f"{path}.content[{j}]"
-            if not isinstance(part, dict):
-                raise invalid_request(f"{part_path}: expected an object", "messages")
-            kind = part.get("type")
+        for part_path, kind, part in _parts(content, f"{path}.content"):
             if kind == "text":
                 blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
             elif kind != "refusal":  # a past refusal says nothing the model needs
