@@ -13,6 +13,7 @@ from gateway.errors import error_envelope
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware, static_keys
+from middlewares.refusals import refusals
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 
@@ -37,6 +38,7 @@ def build_app(
     openai_chain = [
         auth,
         size_limit_middleware(),
+        refusals,
         translator_middleware(config.model),
     ]
     proxy = proxy_handler(

@@ -33,16 +33,22 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
             raise invalid_request("stream: expected a boolean", "stream")
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        request[BODY] = to_anthropic(body, model)
+        request[BODY], renamed = to_anthropic(body, model)
 
         reply = await handler(request)
         completion_id = "chatcmpl-" + request_id(request)
         created = int(time.time())
         if isinstance(reply, MessageReply):
-            reply.payload = to_completion(reply.payload, completion_id=completion_id, model=name, created=created)
+            reply.payload = to_completion(
+                reply.payload, completion_id=completion_id, model=name, created=created, renamed=renamed
+            )
         elif isinstance(reply, EventStreamReply):
             reply.encoder = ChunkEncoder(
-                completion_id=completion_id, model=name, created=created, include_usage=include_usage
+                completion_id=completion_id,
+                model=name,
+                created=created,
+                include_usage=include_usage,
+                renamed=renamed,
             )
         return reply
 

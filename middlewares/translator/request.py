@@ -1,22 +1,33 @@
-"""OpenAI Chat Completions request → Anthropic Messages request."""
+"""OpenAI Chat Completions request → Anthropic Messages request: the top-level fields."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import orjson
 
 from gateway.config import Model
 from gateway.errors import invalid_request
+from middlewares.translator.messages import convert_messages, upstream_identifier
 
 # Spec, "Output length and format": with neither limit sent, 32,000 or the model's maximum.
 DEFAULT_MAX_TOKENS = 32_000
+# Spec, "Reasoning": reasoning_effort → (effort, thinking requested).
+EFFORTS = {
+    "none": ("low", False),
+    "minimal": ("low", False),
+    "low": ("low", True),
+    "medium": ("medium", True),
+    "high": ("high", True),
+    "xhigh": ("xhigh", True),
+    "max": ("max", True),
+}
 
 
-def to_anthropic(body: dict[str, Any], model: Model) -> dict[str, Any]:
-    """The upstream request for `body`. Fields with no use here are not copied, so nothing
-    OpenAI-only ever reaches the upstream."""
+def to_anthropic(body: dict[str, Any], model: Model) -> tuple[dict[str, Any], dict[str, str]]:
+    """The upstream request for `body`, and the tool names it renamed (upstream → client).
+
+    Only fields that mean something upstream are copied, so nothing OpenAI-only (or ignored
+    by the spec) ever reaches it.
+    """
     system, messages = convert_messages(body.get("messages"))
     request: dict[str, Any] = {
         "model": body["model"],
@@ -30,167 +41,14 @@ def to_anthropic(body: dict[str, Any], model: Model) -> dict[str, Any]:
         request["stop_sequences"] = stop
     if body.get("stream"):
         request["stream"] = True
-    return request
 
-
-def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """System text blocks (every system/developer message, in order) and alternating turns.
-
-    Consecutive messages that land on the same role are merged, tool results go first in
-    their user turn, and empty text never becomes an empty block.
-    """
-    if not isinstance(raw, list):
-        raise invalid_request("messages: expected a list of messages", "messages")
-    system: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    spoke = False
-    for i, message in enumerate(raw):
-        path = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid_request(f"{path}: expected an object", "messages")
-        role = message.get("role")
-        content = message.get("content")
-        if role in ("system", "developer"):
-            system.extend(_text_blocks(content, f"{path}.content"))
-            continue
-        if role == "user":
-            blocks = _user_blocks(content, f"{path}.content")
-        elif role == "assistant":
-            blocks = _assistant_blocks(message, path)
-        elif role == "tool":
-            blocks = [_tool_result(message, path)]
-            role = "user"
-        else:
-            raise invalid_request(
-                f"{path}.role: expected one of system, developer, user, assistant, tool", "messages"
-            )
-        spoke = True
-        _append(turns, role, blocks)
-    if not spoke:
-        raise invalid_request("messages: must contain at least one user message", "messages")
-    if not turns:
-        raise invalid_request("messages: every message is empty", "messages")
-    return system, turns
-
-
-def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    if not blocks:
-        return
-    if turns and turns[-1]["role"] == role:
-        merged = turns[-1]["content"]
-        if blocks[0]["type"] == "tool_result":
-            # Results answer the previous assistant turn: they go before any text of this turn.
-            at = next((k for k, b in enumerate(merged) if b["type"] != "tool_result"), len(merged))
-            merged[at:at] = blocks
-        else:
-            merged.extend(blocks)
-    else:
-        turns.append({"role": role, "content": blocks})
-
-
-def _parts(content: list[Any], path: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """(path, type, part) for each part of a content list, once its shape is checked."""
-    for j, part in enumerate(content):
-        part_path = f"{path}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_request(f"{part_path}: expected an object", "messages")
-        kind = part.get("type")
-        if not isinstance(kind, str):
-            raise invalid_request(f"{part_path}.type: required", "messages")
-        yield part_path, kind, part
-
-
-def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
-    """Text-only content (system, developer, tool): a string or a list of text parts."""
-    if isinstance(content, str):
-        return _text(content)
-    if not isinstance(content, list):
-        raise invalid_request(f"{path}: expected a string or a list of text parts", "messages")
-    blocks = []
-    for part_path, kind, part in _parts(content, path):
-        if kind != "text":
-            raise invalid_request(f"{part_path}.type: only text parts are allowed here", "messages")
-        blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
-    return blocks
-
-
-def _user_blocks(content: Any, path: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return _text(content)
-    if not isinstance(content, list):
-        raise invalid_request(f"{path}: expected a string or a list of content parts", "messages")
-    blocks = []
-    for part_path, kind, part in _parts(content, path):
-        if kind != "text":
-            raise invalid_request(f"{part_path}.type: unsupported content part type {kind!r}", "messages")
-        blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
-    return blocks
-
-
-def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]]:
-    content = message.get("content")
-    blocks: list[dict[str, Any]] = []
-    if isinstance(content, str):
-        blocks.extend(_text(content))
-    elif isinstance(content, list):
-        for part_path, kind, part in _parts(content, f"{path}.content"):
-            if kind == "text":
-                blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
-            elif kind != "refusal":  # a past refusal says nothing the model needs
-                raise invalid_request(f"{part_path}.type: expected text or refusal", "messages")
-    elif content is not None:
-        raise invalid_request(f"{path}.content: expected a string, a list of parts or null", "messages")
-    calls = message.get("tool_calls")
-    if calls is None:
-        return blocks
-    if not isinstance(calls, list):
-        raise invalid_request(f"{path}.tool_calls: expected a list", "messages")
-    for j, call in enumerate(calls):
-        blocks.append(_tool_use(call, f"{path}.tool_calls[{j}]"))
-    return blocks
-
-
-def _tool_use(call: Any, path: str) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise invalid_request(f"{path}: expected an object", "messages")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise invalid_request(f"{path}.function: expected an object", "messages")
-    arguments = function.get("arguments") or "{}"
-    try:
-        arguments = orjson.loads(_string(arguments, f"{path}.function.arguments"))
-    except orjson.JSONDecodeError:
-        raise invalid_request(f"{path}.function.arguments: not valid JSON", "messages") from None
-    if not isinstance(arguments, dict):
-        raise invalid_request(f"{path}.function.arguments: expected a JSON object", "messages")
-    return {
-        "type": "tool_use",
-        "id": _string(call.get("id"), f"{path}.id"),
-        "name": _string(function.get("name"), f"{path}.function.name"),
-        "input": arguments,
-    }
-
-
-def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "type": "tool_result",
-        "tool_use_id": _string(message.get("tool_call_id"), f"{path}.tool_call_id"),
-    }
-    blocks = _text_blocks(message.get("content", ""), f"{path}.content")
-    if blocks:
-        result["content"] = blocks
-    return result
-
-
-def _text(text: str) -> list[dict[str, Any]]:
-    # The upstream rejects empty text blocks; whitespace-only text says nothing either.
-    return [{"type": "text", "text": text}] if text and not text.isspace() else []
-
-
-def _string(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise invalid_request(f"{path}: expected a string", "messages")
-    return value
+    renamed = _tools(body, model, request)
+    forced = request.get("tool_choice", {}).get("type") in ("any", "tool")
+    thinking = _reasoning(body.get("reasoning_effort"), model, request, forced, messages)
+    if model.sampling and not thinking:
+        _sampling(body, request)
+    _response_format(body.get("response_format"), request)
+    return request, renamed
 
 
 def _max_tokens(body: dict[str, Any], model: Model) -> int:
@@ -201,9 +59,7 @@ def _max_tokens(body: dict[str, Any], model: Model) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise invalid_request(f"{field}: expected a positive integer", field)
         if value > model.max_output_tokens:
-            raise invalid_request(
-                f"{field}: at most {model.max_output_tokens} for this model", field
-            )
+            raise invalid_request(f"{field}: at most {model.max_output_tokens} for this model", field)
         return value
     return min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
 
@@ -217,3 +73,169 @@ def _stop_sequences(stop: Any) -> list[str]:
         raise invalid_request("stop: expected a string or a list of strings", "stop")
     # The upstream rejects whitespace-only sequences.
     return [s for s in stop if s and not s.isspace()]
+
+
+# --- Tools.
+
+def _tools(body: dict[str, Any], model: Model, request: dict[str, Any]) -> dict[str, str]:
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return {}  # spec: without tools, tool_choice and parallel_tool_calls are ignored
+    if not isinstance(tools, list):
+        raise invalid_request("tools: expected a list of tools", "tools")
+    converted, renamed = [], {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            raise invalid_request(f"tools[{i}].function: expected an object", "tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid_request(f"tools[{i}].function.name: expected a non-empty string", "tools")
+        upstream_name = upstream_identifier(name)
+        if upstream_name != name:
+            renamed[upstream_name] = name
+        schema = function.get("parameters")
+        if schema is None:
+            schema = {"type": "object", "properties": {}}
+        elif not isinstance(schema, dict):
+            raise invalid_request(f"tools[{i}].function.parameters: expected a JSON schema object", "tools")
+        elif "type" not in schema:
+            schema = {"type": "object", **schema}
+        definition: dict[str, Any] = {"name": upstream_name, "input_schema": schema}
+        description = function.get("description")
+        if isinstance(description, str) and description:
+            definition["description"] = description
+        if function.get("strict") is True:
+            definition["strict"] = True
+        converted.append(definition)
+    request["tools"] = converted
+    choice = _tool_choice(body.get("tool_choice"), model, {t["name"] for t in converted})
+    if body.get("parallel_tool_calls") is False and choice.get("type") != "none":
+        choice = {"type": "auto", **choice, "disable_parallel_tool_use": True}
+    if choice:
+        request["tool_choice"] = choice
+    return renamed
+
+
+def _tool_choice(choice: Any, model: Model, names: set[str]) -> dict[str, Any]:
+    if choice is None:
+        return {}
+    if choice in ("auto", "none"):
+        return {"type": choice}
+    if choice == "required":
+        forced = {"type": "any"}
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or upstream_identifier(name) not in names:
+            raise invalid_request("tool_choice.function.name: expected the name of one of the tools", "tool_choice")
+        forced = {"type": "tool", "name": upstream_identifier(name)}
+    else:
+        raise invalid_request(
+            'tool_choice: expected "auto", "none", "required" or {"type": "function", "function": {"name": …}}',
+            "tool_choice",
+        )
+    if not model.forced_tool_choice:
+        raise invalid_request(
+            'tool_choice: this model cannot be forced to call a tool; use "auto"', "tool_choice"
+        )
+    return forced
+
+
+# --- Reasoning and sampling.
+
+def _reasoning(
+    value: Any, model: Model, request: dict[str, Any], forced_tool: bool, messages: list[dict[str, Any]]
+) -> bool:
+    """Set effort (and adaptive thinking) from reasoning_effort; True when thinking is requested."""
+    if value is None:
+        return False
+    if value not in EFFORTS:  # the refusals stage words this for the client; kept here for direct use
+        raise invalid_request(
+            "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max", "reasoning_effort"
+        )
+    effort, think = EFFORTS[value]
+    if effort not in model.efforts:
+        if not think:
+            return False  # "no thinking" needs no effort level on a model without one
+        raise invalid_request(
+            f"reasoning_effort: {value!r} is not available for this model; use one of "
+            + ", ".join(model.efforts),
+            "reasoning_effort",
+        )
+    request["output_config"] = {"effort": effort}
+    # Forced tool use excludes thinking (spec). So does continuing a tool call whose thinking
+    # blocks the client could not send back: the upstream insists on them.
+    if not think or forced_tool or _continues_tool_use(messages):
+        return False
+    request["thinking"] = {"type": "adaptive"}
+    return True
+
+
+def _continues_tool_use(messages: list[dict[str, Any]]) -> bool:
+    """Whether the request answers tool calls: its last assistant turn calls a tool and has no
+    thinking block (an OpenAI client cannot send thinking blocks back)."""
+    for turn in reversed(messages):
+        if turn["role"] == "assistant":
+            return any(block["type"] == "tool_use" for block in turn["content"])
+    return False
+
+
+def _sampling(body: dict[str, Any], request: dict[str, Any]) -> None:
+    temperature, top_p = body.get("temperature"), body.get("top_p")
+    if temperature is not None:
+        if not _is_number(temperature) or temperature < 0:
+            raise invalid_request("temperature: expected a number from 0 to 2", "temperature")
+        request["temperature"] = min(temperature, 1)  # the upstream's range ends at 1
+    if top_p is not None:
+        if not _is_number(top_p) or not 0 <= top_p <= 1:
+            raise invalid_request("top_p: expected a number from 0 to 1", "top_p")
+        if top_p < 1:  # 1 is the default: sending it says nothing
+            request["top_p"] = top_p
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --- Output format.
+
+def _response_format(value: Any, request: dict[str, Any]) -> None:
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return
+    if kind != "json_schema":
+        raise invalid_request('response_format.type: expected "json_schema" or "text"', "response_format")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise invalid_request("response_format.json_schema.schema: expected a JSON schema object", "response_format")
+    _check_closed_objects(schema, "response_format.json_schema.schema")
+    request.setdefault("output_config", {})["format"] = {"type": "json_schema", "schema": schema}
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+
+
+def _check_closed_objects(schema: Any, path: str) -> None:
+    """Every object in the schema must say `"additionalProperties": false` (spec)."""
+    if not isinstance(schema, dict):
+        return
+    kind = schema.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
+    if is_object and schema.get("additionalProperties") is not False:
+        raise invalid_request(f'{path}: objects need "additionalProperties": false', "response_format")
+    for key in _SUBSCHEMA_MAPS:
+        subschemas = schema.get(key)
+        if isinstance(subschemas, dict):
+            for name, sub in subschemas.items():
+                _check_closed_objects(sub, f"{path}.{key}.{name}")
+    for key in _SUBSCHEMA_LISTS:
+        subschemas = schema.get(key)
+        if isinstance(subschemas, list):
+            for i, sub in enumerate(subschemas):
+                _check_closed_objects(sub, f"{path}.{key}[{i}]")
+    _check_closed_objects(schema.get("items"), f"{path}.items")

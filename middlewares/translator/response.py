@@ -46,15 +46,21 @@ def openai_usage(usage: dict[str, Any], thinking_chars: int = 0) -> dict[str, An
     }
 
 
-def tool_call(block: dict[str, Any]) -> dict[str, Any]:
+def tool_call(block: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     return {
         "id": block["id"],
         "type": "function",
-        "function": {"name": block["name"], "arguments": orjson.dumps(block.get("input") or {}).decode()},
+        "function": {
+            "name": renamed.get(block["name"], block["name"]),
+            "arguments": orjson.dumps(block.get("input") or {}).decode(),
+        },
     }
 
 
-def to_completion(message: dict[str, Any], *, completion_id: str, model: str, created: int) -> dict[str, Any]:
+def to_completion(
+    message: dict[str, Any], *, completion_id: str, model: str, created: int, renamed: dict[str, str]
+) -> dict[str, Any]:
+    """`renamed` maps tool names the upstream was sent back to the client's."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     thinking_chars = 0
@@ -63,7 +69,7 @@ def to_completion(message: dict[str, Any], *, completion_id: str, model: str, cr
         if kind == "text":
             texts.append(block.get("text", ""))
         elif kind == "tool_use":
-            calls.append(tool_call(block))
+            calls.append(tool_call(block, renamed))
         elif kind == "thinking":
             thinking_chars += len(block.get("thinking", ""))
         # redacted thinking and server-side tool blocks are not the client's to see

@@ -18,7 +18,9 @@ PING = b": ping\n\n"
 
 
 class ChunkEncoder:
-    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+    def __init__(
+        self, *, completion_id: str, model: str, created: int, include_usage: bool, renamed: dict[str, str]
+    ) -> None:
         head = orjson.dumps(
             {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
@@ -31,6 +33,7 @@ class ChunkEncoder:
         self._usage: dict[str, Any] = {}
         self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
         self._thinking_chars = 0
+        self._renamed = renamed  # tool names the upstream was sent → the client's
         self._done = False
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
@@ -95,7 +98,7 @@ class ChunkEncoder:
                 "index": index,
                 "id": block["id"],
                 "type": "function",
-                "function": {"name": block["name"], "arguments": ""},
+                "function": {"name": self._renamed.get(block["name"], block["name"]), "arguments": ""},
             }
             out.append(self._chunk(b'{"tool_calls":[' + orjson.dumps(call) + b"]}"))
         elif kind == "text" and block.get("text"):
