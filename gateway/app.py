@@ -10,9 +10,13 @@ from gateway.catalog import catalog_handlers
 from gateway.config import Config
 from gateway.context import request_id
 from gateway.errors import error_envelope
+from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
+from gateway.ratelimit import rate_limiter
+from gateway.storage import Store, open_store
 from gateway.upstream import UpstreamClient
-from middlewares.auth import auth_middleware, static_keys
+from middlewares.auth import auth_middleware
+from middlewares.billing import billing_middleware
 from middlewares.refusals import refusals
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
@@ -31,15 +35,20 @@ def build_app(
     *,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     ping_interval: float = 15.0,
+    key_cache_seconds: float = 5.0,
 ) -> web.Application:
     upstream = UpstreamClient()
-    auth = auth_middleware(static_keys(config.keys))
+    store = open_store(config.storage.url)
+    ledger = Ledger(store)
+    limiter = rate_limiter(config.ratelimit.url)
+    auth = auth_middleware(store.find_key, cache_seconds=key_cache_seconds)
 
     openai_chain = [
         auth,
         size_limit_middleware(),
         refusals,
         translator_middleware(config.model),
+        billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
     ]
     proxy = proxy_handler(
         config, upstream, non_streaming_deadline=non_streaming_deadline, ping_interval=ping_interval
@@ -47,7 +56,17 @@ def build_app(
     chat_completions = chain(openai_chain, proxy)
     healthz, list_models, model_catalog = catalog_handlers(config)
 
+    async def storage(app: web.Application):
+        await store.open()
+        await store.sync_config_keys(config.keys)
+        yield
+        await ledger.close()  # every recorded row is written before the store goes
+        await limiter.close()
+        await store.close()
+
     app = web.Application(middlewares=[error_envelope])
+    app[STORE] = store
+    app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.router.add_post("/openai/v1/chat/completions", chat_completions)
@@ -57,6 +76,9 @@ def build_app(
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+STORE = web.AppKey("ezat.store", Store)
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -48,6 +48,8 @@ _non_empty = _rule(bool, "expected a non-empty string")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
 _sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
+_redis_url = _rule(lambda v: v == "" or v.startswith(("redis://", "rediss://", "unix://")),
+                   "expected a redis://, rediss:// or unix:// URL")
 _storage_url = _rule(lambda v: v.startswith(("sqlite:///", "postgresql://", "postgres://")),
                      "expected a sqlite:///, postgresql:// or postgres:// URL")
 
@@ -89,6 +91,11 @@ class ImagesConfig:
 
 
 @dataclass(frozen=True)
+class RateLimitConfig:
+    url: str = _field("", check=_redis_url)  # empty: limits are kept in this process's memory
+
+
+@dataclass(frozen=True)
 class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}/v1/messages
     name: str = _field(check=_non_empty)
     base_url: str = _field(check=_http_url, clean=lambda url: url.rstrip("/"))
@@ -122,6 +129,8 @@ class KeyConfig:
     key_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the plaintext key is never kept
     models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
     spend_limit_usd: Decimal | None = _field(None, check=_non_negative)
+    rpm: int | None = _field(None, check=_positive)  # requests per minute
+    tpm: int | None = _field(None, check=_positive)  # tokens per minute
     expires_at: datetime | None = None  # always timezone-aware (UTC)
     revoked: bool = False
 
@@ -131,6 +140,7 @@ class Config:
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
     images: ImagesConfig = ImagesConfig()
+    ratelimit: RateLimitConfig = RateLimitConfig()
     deployments: tuple[Deployment, ...] = ()
     models: tuple[Model, ...] = ()
     keys: tuple[KeyConfig, ...] = ()

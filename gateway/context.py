@@ -10,13 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config import KeyConfig
+from gateway.storage.records import KeyRecord
 
 # The parsed JSON body. size_limit sets it; translator replaces the OpenAI request with the
 # Anthropic one; the proxy handler sends it.
 BODY = web.RequestKey("ezat.body", dict[str, Any])
 # The caller's key, set by auth.
-API_KEY = web.RequestKey("ezat.api_key", KeyConfig)
+API_KEY = web.RequestKey("ezat.api_key", KeyRecord)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
 REQUEST_ID = web.RequestKey("ezat.request_id", str)
 # The deployment the proxy handler sent the request to.

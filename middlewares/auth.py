@@ -1,20 +1,21 @@
 """The auth stage: the caller's key from `Authorization: Bearer` or `x-api-key`, looked up by
-its SHA-256 digest (keys are only ever stored hashed)."""
+its SHA-256 digest (keys are only ever stored hashed), with lookups cached for a few seconds."""
 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 
 from aiohttp import web
 
-from gateway.config import KeyConfig
 from gateway.context import API_KEY
 from gateway.errors import GatewayError
+from gateway.storage import KeyRecord
 
 # Finds the key whose sha256 hex digest is given, or None.
-KeyLookup = Callable[[str], Awaitable[KeyConfig | None]]
+KeyLookup = Callable[[str], Awaitable[KeyRecord | None]]
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -26,17 +27,33 @@ def presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-def auth_middleware(find_key: KeyLookup):
+def auth_middleware(find_key: KeyLookup, *, cache_seconds: float = 5.0, cache_size: int = 10_000):
+    """`cache_seconds` bounds how long a revoked or changed key keeps its old record here.
+    Matching by digest compares digests, never the secret, so timing says nothing of a key."""
+    cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
+
+    async def lookup(digest: str) -> KeyRecord | None:
+        now = time.monotonic()
+        hit = cache.get(digest)
+        if hit is not None and now - hit[1] < cache_seconds:
+            return hit[0]
+        key = await find_key(digest)
+        cache[digest] = (key, now)
+        cache.move_to_end(digest)
+        if len(cache) > cache_size:  # unknown keys are cached too: bound what a flood of them costs
+            cache.popitem(last=False)
+        return key
+
     async def auth(request: web.Request, handler) -> web.StreamResponse:
         secret = presented_key(request)
         if secret is None:
             raise _unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
-        key = await find_key(hashlib.sha256(secret.encode()).hexdigest())
+        key = await lookup(hashlib.sha256(secret.encode()).hexdigest())
         if key is None:
             raise _unauthorized("Incorrect API key provided.")
         if key.revoked:
             raise _unauthorized("This API key has been revoked.")
-        if key.expires_at is not None and key.expires_at <= datetime.now(timezone.utc):
+        if key.expired():
             raise _unauthorized("This API key has expired.")
         request[API_KEY] = key
         return await handler(request)
@@ -46,14 +63,3 @@ def auth_middleware(find_key: KeyLookup):
 
 def _unauthorized(message: str) -> GatewayError:
     return GatewayError(401, message, code="invalid_api_key")
-
-
-def static_keys(keys: list[KeyConfig] | tuple[KeyConfig, ...]) -> KeyLookup:
-    """A lookup over keys from the config file. Matching by digest compares digests, never
-    the secret itself, so timing says nothing about the key."""
-    by_digest = {key.key_sha256: key for key in keys}
-
-    async def find(digest: str) -> KeyConfig | None:
-        return by_digest.get(digest)
-
-    return find

@@ -9,7 +9,7 @@ import openai
 from aiohttp import web
 
 from gateway.app import build_app
-from gateway.config import Config, Deployment, KeyConfig, Model, Pricing
+from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, StorageConfig
 
 KEY = "sk-test-key"
 MODEL = "anthropic/claude-sonnet-5-5"
@@ -17,7 +17,7 @@ UPSTREAM_MODEL = "claude-sonnet-5-5"
 UPSTREAM_KEY = "upstream-secret"
 
 
-def make_config(upstream_url: str, **model_fields) -> Config:
+def make_config(upstream_url: str, storage_url: str = "sqlite:///:memory:", **model_fields) -> Config:
     model = Model(
         id=MODEL,
         upstream_model=UPSTREAM_MODEL,
@@ -28,6 +28,7 @@ def make_config(upstream_url: str, **model_fields) -> Config:
     )
     small = Model(id="test/small", upstream_model="small-1", deployments=("primary",), max_output_tokens=4096)
     return Config(
+        storage=StorageConfig(url=storage_url),
         deployments=(Deployment(name="primary", base_url=upstream_url, api_key=UPSTREAM_KEY),),
         models=(model, small),
         keys=(KeyConfig(name="test", key_sha256=hashlib.sha256(KEY.encode()).hexdigest()),),

@@ -150,7 +150,7 @@ def _reasoning(
     """Set effort (and adaptive thinking) from reasoning_effort; True when thinking is requested."""
     if value is None:
         return False
-    if value not in EFFORTS:  # the refusals stage words this for the client; kept here for direct use
+    if not isinstance(value, str) or value not in EFFORTS:  # refusals says it first when mounted
         raise invalid_request(
             "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max", "reasoning_effort"
         )

@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 
+from gateway.usage import Usage
+
 # Spec, "Finish reasons". A context window filled by the output is a truncation too.
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -22,27 +24,13 @@ def finish_reason(stop_reason: str | None) -> str:
     return FINISH_REASONS.get(stop_reason or "", "stop")
 
 
-def estimate_tokens(chars: int) -> int:
-    """Tokens in `chars` characters of text, for when the upstream does not say (≈4 per token)."""
-    return (chars + 3) // 4
-
-
-def openai_usage(usage: dict[str, Any], thinking_chars: int = 0) -> dict[str, Any]:
-    """OpenAI's usage from Anthropic's. Anthropic's input_tokens leaves out cache reads and
-    writes; OpenAI's prompt_tokens counts all input, cached or not."""
-    cache_read = usage.get("cache_read_input_tokens") or 0
-    cache_write = usage.get("cache_creation_input_tokens") or 0
-    prompt = (usage.get("input_tokens") or 0) + cache_read + cache_write
-    completion = usage.get("output_tokens") or 0
-    reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
-    if reasoning is None:
-        reasoning = min(estimate_tokens(thinking_chars), completion)
+def openai_usage(usage: Usage) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cache_read, "cache_write_tokens": cache_write},
-        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.prompt_tokens + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens, "cache_write_tokens": usage.cache_write_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
@@ -93,5 +81,5 @@ def to_completion(
                 "finish_reason": finish_reason(message.get("stop_reason")),
             }
         ],
-        "usage": openai_usage(message.get("usage") or {}, thinking_chars),
+        "usage": openai_usage(Usage.from_anthropic(message.get("usage") or {}, thinking_chars)),
     }

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import stream_error
+from gateway.usage import Usage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
@@ -74,7 +75,7 @@ class ChunkEncoder:
                 out.append(self._prefix + b"{}" + self._finish_suffix % reason.encode())
             elif kind == "message_stop":
                 if self._include_usage:
-                    usage = openai_usage(self._usage, self._thinking_chars)
+                    usage = openai_usage(Usage.from_anthropic(self._usage, self._thinking_chars))
                     out.append(self._head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
                 out.append(DONE)
                 self._done = True

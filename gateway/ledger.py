@@ -1,0 +1,58 @@
+"""Group commit for the usage ledger: rows recorded while one batch is being written go
+together in the next, so many concurrent requests cost one transaction, not one each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.storage import LedgerRow, Store
+
+log = logging.getLogger("ezat.ledger")
+
+
+class Ledger:
+    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3) -> None:
+        self._store = store
+        self._max_batch = max_batch
+        self._attempts = attempts
+        self._pending: list[tuple[LedgerRow, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, row: LedgerRow) -> None:
+        """Returns once the row is committed. A caller cancelled meanwhile does not unwrite it:
+        the batch goes on, so a reply that finished is never lost."""
+        done = asyncio.get_running_loop().create_future()
+        self._pending.append((row, done))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_batches())
+        await asyncio.shield(done)
+
+    async def close(self) -> None:
+        """Wait for every recorded row to be written."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    async def _write_batches(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                error = await self._write([row for row, _ in batch])
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(error) if error else done.set_result(None)
+        finally:
+            self._writer = None
+
+    async def _write(self, rows: list[LedgerRow]) -> Exception | None:
+        for attempt in range(1, self._attempts + 1):
+            try:
+                await self._store.write_ledger(rows)
+                return None
+            except Exception as exc:  # the database may be briefly unavailable: try again
+                log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
+                if attempt == self._attempts:
+                    return exc
+                await asyncio.sleep(0.05 * 2**attempt)
+        return None

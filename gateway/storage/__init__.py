@@ -1,0 +1,52 @@
+"""Keys and the usage ledger, in SQLite (one process or machine) or PostgreSQL (replicas)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from gateway.config import KeyConfig
+from gateway.storage.records import KeyRecord, LedgerRow
+
+__all__ = ["KeyRecord", "LedgerRow", "Store", "open_store"]
+
+
+class Store(Protocol):
+    async def open(self) -> None:
+        """Connect and bring the schema up to date."""
+
+    async def close(self) -> None: ...
+
+    async def find_key(self, key_sha256: str) -> KeyRecord | None: ...
+
+    async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
+        """Create or update the keys the config file declares (the file is their source of truth)."""
+
+    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord: ...
+
+    async def list_keys(self) -> list[KeyRecord]: ...
+
+    async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None: ...
+
+    async def spent(self, key_id: int) -> Decimal:
+        """What the key has spent so far, across every process sharing the store."""
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        """Record rows and add their cost to their keys' spend, in one durable transaction."""
+
+    async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]: ...
+
+
+def open_store(url: str) -> Store:
+    """The store for a `[storage] url`: sqlite:///path or postgresql://…"""
+    if url.startswith("sqlite:///"):
+        from gateway.storage.sqlite import SQLiteStore
+
+        return SQLiteStore(url.removeprefix("sqlite:///"))
+    if url.startswith(("postgresql://", "postgres://")):
+        from gateway.storage.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise ValueError(f"unsupported storage url: {url}")

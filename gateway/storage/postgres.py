@@ -1,0 +1,145 @@
+"""The PostgreSQL store: one database shared by every replica. Spend is read and added in the
+database itself, so a key's limit holds across replicas."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import astuple
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import orjson
+
+from gateway.config import KeyConfig
+from gateway.storage.records import KeyRecord, LedgerRow
+from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, POSTGRES
+
+# Any constant works: it only has to be the same for every replica migrating at once.
+_MIGRATION_LOCK = 0x657A6174
+
+
+class PostgresStore:
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        self.url = url
+        self._pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self._pool_size)
+        await self._migrate()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def _migrate(self) -> None:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)  # one replica at a time
+            await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            version = await db.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+            for number, script in enumerate(POSTGRES[version:], start=version + 1):
+                await db.execute(script)
+                await db.execute("INSERT INTO schema_version VALUES ($1)", number)
+
+    # --- keys
+
+    async def find_key(self, key_sha256: str) -> KeyRecord | None:
+        row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM keys WHERE key_sha256 = $1", key_sha256)
+        return _key(row) if row else None
+
+    async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.executemany(
+                """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
+                                     from_config)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, TRUE)
+                   ON CONFLICT (key_sha256) DO UPDATE SET
+                     name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
+                     rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
+                     revoked = excluded.revoked, from_config = TRUE""",
+                [(k.key_sha256, *_key_values(k.name, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked)) for k in keys],
+            )
+
+    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
+        record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
+        row = await self._pool.fetchrow(
+            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked)"
+            f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {KEY_COLUMNS}",
+            key_sha256,
+            *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
+        )
+        return _key(row)
+
+    async def list_keys(self) -> list[KeyRecord]:
+        return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
+
+    async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
+        column = "id" if name_or_id.isdigit() else "name"
+        value = int(name_or_id) if name_or_id.isdigit() else name_or_id
+        rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys WHERE {column} = $1", value)
+        if len(rows) != 1:
+            return None
+        found = _key(rows[0])
+        merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
+        assignments = ", ".join(f"{f} = ${i}" for i, f in enumerate(KEY_FIELDS, start=2))
+        row = await self._pool.fetchrow(
+            f"UPDATE keys SET {assignments} WHERE id = $1 RETURNING {KEY_COLUMNS}",
+            found.id,
+            *_key_values(*(merged[f] for f in KEY_FIELDS)),
+        )
+        return _key(row)
+
+    # --- spend and ledger
+
+    async def spent(self, key_id: int) -> Decimal:
+        value = await self._pool.fetchval("SELECT spent_usd FROM keys WHERE id = $1", key_id)
+        return Decimal(0) if value is None else value
+
+    async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        totals: dict[int, Decimal] = defaultdict(Decimal)
+        for row in rows:
+            totals[row.key_id] += row.cost_usd
+        async with self._pool.acquire() as db, db.transaction():
+            await db.copy_records_to_table(
+                "ledger", records=[astuple(row) for row in rows], columns=[c.strip() for c in LEDGER_COLUMNS.split(",")]
+            )
+            # In key order, so two replicas' batches never wait on each other's locks in a cycle.
+            await db.executemany(
+                "UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(totals.items())
+            )
+
+    async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
+        columns = ", ".join("ledger." + c.strip() for c in LEDGER_COLUMNS.split(","))
+        query = f"SELECT {columns} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
+        params: list[Any] = []
+        if key is not None:
+            params.append(key)
+            query += f" AND (keys.name = ${len(params)} OR keys.id::text = ${len(params)})"
+        if since is not None:
+            params.append(since)
+            query += f" AND ledger.finished_at >= ${len(params)}"
+        rows = await self._pool.fetch(query + " ORDER BY ledger.id", *params)
+        return [LedgerRow(*row) for row in rows]
+
+
+def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked) -> tuple:
+    return (name, orjson.dumps(list(models)).decode(), spend_limit_usd, rpm, tpm, expires_at, revoked)
+
+
+def _key(row) -> KeyRecord:
+    return KeyRecord(
+        id=row["id"],
+        name=row["name"],
+        key_sha256=row["key_sha256"],
+        models=tuple(orjson.loads(row["models"])),
+        spend_limit_usd=row["spend_limit_usd"],
+        rpm=row["rpm"],
+        tpm=row["tpm"],
+        expires_at=row["expires_at"].astimezone(timezone.utc) if row["expires_at"] else None,
+        revoked=row["revoked"],
+        spent_usd=row["spent_usd"],
+    )

@@ -1,0 +1,88 @@
+"""Versioned schema migrations, one list per database; the gateway applies what is missing
+on start, each migration in its own transaction."""
+
+from __future__ import annotations
+
+SQLITE = [
+    """
+    CREATE TABLE keys (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        name            TEXT NOT NULL DEFAULT '',
+        key_sha256      TEXT NOT NULL UNIQUE,
+        models          TEXT NOT NULL DEFAULT '["*"]',
+        spend_limit_usd TEXT,
+        rpm             INTEGER,
+        tpm             INTEGER,
+        expires_at      TEXT,
+        revoked         INTEGER NOT NULL DEFAULT 0,
+        spent_usd       TEXT NOT NULL DEFAULT '0',
+        from_config     INTEGER NOT NULL DEFAULT 0,
+        created_at      TEXT NOT NULL
+    );
+    CREATE TABLE ledger (
+        id                 INTEGER PRIMARY KEY,
+        request_id         TEXT NOT NULL UNIQUE,
+        key_id             INTEGER NOT NULL REFERENCES keys (id),
+        model              TEXT NOT NULL,
+        answered_model     TEXT NOT NULL,
+        deployment         TEXT NOT NULL,
+        input_tokens       INTEGER NOT NULL,
+        cache_write_tokens INTEGER NOT NULL,
+        cache_read_tokens  INTEGER NOT NULL,
+        output_tokens      INTEGER NOT NULL,
+        reasoning_tokens   INTEGER NOT NULL,
+        cost_usd           TEXT NOT NULL,
+        outcome            TEXT NOT NULL,
+        started_at         TEXT NOT NULL,
+        finished_at        TEXT NOT NULL
+    );
+    CREATE INDEX ledger_by_time ON ledger (finished_at);
+    CREATE INDEX ledger_by_key ON ledger (key_id, finished_at);
+    """,
+]
+
+POSTGRES = [
+    """
+    CREATE TABLE keys (
+        id              BIGSERIAL PRIMARY KEY,
+        name            TEXT NOT NULL DEFAULT '',
+        key_sha256      TEXT NOT NULL UNIQUE,
+        models          TEXT NOT NULL DEFAULT '["*"]',
+        spend_limit_usd NUMERIC,
+        rpm             INTEGER,
+        tpm             INTEGER,
+        expires_at      TIMESTAMPTZ,
+        revoked         BOOLEAN NOT NULL DEFAULT FALSE,
+        spent_usd       NUMERIC NOT NULL DEFAULT 0,
+        from_config     BOOLEAN NOT NULL DEFAULT FALSE,
+        created_at      TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE ledger (
+        id                 BIGSERIAL PRIMARY KEY,
+        request_id         TEXT NOT NULL UNIQUE,
+        key_id             BIGINT NOT NULL REFERENCES keys (id),
+        model              TEXT NOT NULL,
+        answered_model     TEXT NOT NULL,
+        deployment         TEXT NOT NULL,
+        input_tokens       BIGINT NOT NULL,
+        cache_write_tokens BIGINT NOT NULL,
+        cache_read_tokens  BIGINT NOT NULL,
+        output_tokens      BIGINT NOT NULL,
+        reasoning_tokens   BIGINT NOT NULL,
+        cost_usd           NUMERIC NOT NULL,
+        outcome            TEXT NOT NULL,
+        started_at         TIMESTAMPTZ NOT NULL,
+        finished_at        TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX ledger_by_time ON ledger (finished_at);
+    CREATE INDEX ledger_by_key ON ledger (key_id, finished_at);
+    """,
+]
+
+# Key columns a caller may set, in the order both stores read them back.
+KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked")
+KEY_COLUMNS = "id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd"
+LEDGER_COLUMNS = (
+    "request_id, key_id, model, answered_model, deployment, input_tokens, cache_write_tokens, "
+    "cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome, started_at, finished_at"
+)

@@ -1,0 +1,55 @@
+"""Token usage as the gateway counts it, from Anthropic's usage numbers, and what it costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from gateway.config import Pricing
+
+_PER_MILLION = Decimal(1_000_000)
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens in `chars` characters of text, when the upstream does not say (about 4 a token)."""
+    return (chars + 3) // 4
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0  # uncached input
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
+    output_tokens: int = 0  # reasoning included
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_anthropic(cls, usage: dict[str, Any], thinking_chars: int = 0) -> Usage:
+        """Anthropic's usage; reasoning is its `thinking_tokens`, else estimated from the
+        thinking text seen (never more than the output)."""
+        output = usage.get("output_tokens") or 0
+        reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
+        if reasoning is None:
+            reasoning = min(estimate_tokens(thinking_chars), output)
+        return cls(
+            input_tokens=usage.get("input_tokens") or 0,
+            cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+            cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
+            output_tokens=output,
+            reasoning_tokens=reasoning,
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All input, cached or not (Anthropic's input_tokens leaves cache reads and writes out)."""
+        return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+
+    def cost(self, pricing: Pricing) -> Decimal:
+        """Exact USD: each kind of token at its price per million."""
+        return (
+            self.input_tokens * pricing.input
+            + self.cache_write_tokens * pricing.cache_write
+            + self.cache_read_tokens * pricing.cache_read
+            + self.output_tokens * pricing.output
+        ) / _PER_MILLION

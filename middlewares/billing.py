@@ -1,0 +1,152 @@
+"""The billing stage. On the way in: may this key use this model (403), has it spent its
+limit (402), is it over its rate (429)? On the way out: price the usage and record it in the
+ledger, durably, before the reply ends: before the body of a message, before `[DONE]` of a
+stream. Failed requests are not billed; a stream the client closes early is, for what was
+produced, with the output estimated from the text seen."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Model
+from gateway.context import API_KEY, BODY, DEPLOYMENT, request_id
+from gateway.errors import GatewayError, model_not_found
+from gateway.ledger import Ledger
+from gateway.ratelimit import RateLimiter
+from gateway.reply import EventStreamReply, MessageReply
+from gateway.storage import KeyRecord, LedgerRow
+from gateway.usage import Usage, estimate_tokens
+
+
+def billing_middleware(
+    *,
+    find_model: Callable[[str], Model | None],
+    spent: Callable[[int], Awaitable[Decimal]],
+    limiter: RateLimiter,
+    ledger: Ledger,
+):
+    async def billing(request: web.Request, handler) -> web.StreamResponse:
+        key = request[API_KEY]
+        model_id = request[BODY].get("model")
+        model = find_model(model_id) if isinstance(model_id, str) else None
+        if model is None:
+            raise model_not_found(model_id)
+        if not key.allows(model.id):
+            raise GatewayError(403, f"This key may not use the model `{model.id}`.", type="permission_error")
+        if key.spend_limit_usd is not None and await spent(key.id) >= key.spend_limit_usd:
+            raise GatewayError(
+                402,
+                f"This key has reached its spend limit of ${key.spend_limit_usd}.",
+                type="insufficient_quota",
+                code="insufficient_quota",
+            )
+        wait = await limiter.admit(key)
+        if wait:
+            raise GatewayError(
+                429,
+                "Too many requests for this key; wait and try again.",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"retry-after": str(max(1, math.ceil(wait)))},
+            )
+
+        started = datetime.now(timezone.utc)
+        reply = await handler(request)
+        bill = Bill(request_id(request), key, model, request.get(DEPLOYMENT, ""), started, ledger, limiter)
+        if isinstance(reply, MessageReply):
+            await bill.record(Usage.from_anthropic(reply.payload.get("usage") or {}, _thinking_chars(reply.payload)))
+        elif isinstance(reply, EventStreamReply):
+            reply.events = BilledEvents(reply.events, bill)
+        return reply
+
+    return billing
+
+
+class Bill:
+    """What one request's ledger row needs, and recording it."""
+
+    def __init__(self, rid: str, key: KeyRecord, model: Model, deployment: str, started: datetime,
+                 ledger: Ledger, limiter: RateLimiter) -> None:
+        self.rid, self.key, self.model, self.deployment, self.started = rid, key, model, deployment, started
+        self._ledger, self._limiter = ledger, limiter
+
+    async def record(self, usage: Usage, outcome: str = "complete") -> None:
+        row = LedgerRow(
+            request_id=self.rid,
+            key_id=self.key.id,
+            model=self.model.id,
+            answered_model=self.model.id,
+            deployment=self.deployment,
+            input_tokens=usage.input_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cost_usd=usage.cost(self.model.pricing),
+            outcome=outcome,
+            started_at=self.started,
+            finished_at=datetime.now(timezone.utc),
+        )
+        await self._ledger.record(row)
+        await self._limiter.charge_tokens(self.key, usage.prompt_tokens + usage.output_tokens)
+
+
+class BilledEvents:
+    """The upstream's events, passed through unchanged while their usage is metered. The row is
+    recorded before the batch that ends the stream goes on, so `[DONE]` follows the commit."""
+
+    def __init__(self, events, bill: Bill) -> None:
+        self._events = events
+        self._bill = bill
+        self._usage: dict[str, Any] = {}
+        self._output_chars = 0  # text and tool arguments, for estimating an unfinished answer
+        self._thinking_chars = 0
+        self._settled = False  # billed, or failed and so never billed
+
+    def __aiter__(self) -> BilledEvents:
+        return self
+
+    async def __anext__(self) -> list[dict[str, Any]]:
+        batch = await self._events.__anext__()
+        for event in batch:
+            kind = event["type"]
+            if kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                dtype = delta.get("type")
+                if dtype == "text_delta":
+                    self._output_chars += len(delta.get("text", ""))
+                elif dtype == "input_json_delta":
+                    self._output_chars += len(delta.get("partial_json", ""))
+                elif dtype == "thinking_delta":
+                    self._thinking_chars += len(delta.get("thinking", ""))
+            elif kind == "message_start":
+                self._usage.update((event.get("message") or {}).get("usage") or {})
+            elif kind == "message_delta":
+                self._usage.update(event.get("usage") or {})
+            elif kind == "message_stop":
+                self._settled = True
+                await self._bill.record(Usage.from_anthropic(self._usage, self._thinking_chars))
+            elif kind == "error":
+                self._settled = True  # failed requests are not billed
+        return batch
+
+    async def aclose(self) -> None:
+        try:
+            if not self._settled:
+                # The client left before the end: bill what was produced, estimated from what was seen.
+                self._settled = True
+                seen = estimate_tokens(self._output_chars) + estimate_tokens(self._thinking_chars)
+                usage = {**self._usage, "output_tokens": max(self._usage.get("output_tokens") or 0, seen)}
+                await self._bill.record(Usage.from_anthropic(usage, self._thinking_chars), "client_closed")
+        finally:
+            await self._events.aclose()
+
+
+def _thinking_chars(message: dict[str, Any]) -> int:
+    return sum(len(b.get("thinking", "")) for b in message.get("content") or () if isinstance(b, dict))
