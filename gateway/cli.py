@@ -11,15 +11,18 @@ import secrets
 import signal
 import sys
 from dataclasses import replace
+from pathlib import Path
 from decimal import Decimal
 
 from aiohttp import web
 
+from gateway import admin
 from gateway.app import build_app
 from gateway.config import Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config
 
 log = logging.getLogger("ezat")
 
+LOCAL_KEY_FILE = "ezat-gateway.key"
 DEFAULT_MODEL = Model(
     id="anthropic/claude-sonnet-5-5",
     upstream_model="claude-sonnet-5-5",
@@ -32,9 +35,12 @@ DEFAULT_MODEL = Model(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ezat-gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    config_option = argparse.ArgumentParser(add_help=False)
+    config_option.add_argument("--config", default=os.environ.get("EZAT_CONFIG"), help="TOML config file")
+    storage_options = argparse.ArgumentParser(add_help=False, parents=[config_option])
+    storage_options.add_argument("--storage", help="storage URL (default: the config's, else the embedded SQLite file)")
 
-    serve = commands.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", default=os.environ.get("EZAT_CONFIG"), help="TOML config file")
+    serve = commands.add_parser("serve", parents=[config_option], help="run the gateway")
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port")
 
@@ -45,16 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8081)
 
+    admin.add_commands(commands, storage_options)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "check-config":
-        return check_config(args.file)
-    if args.command == "mock-upstream":
-        from gateway.mock_upstream import run
-
-        run(args.host, args.port)
-        return 0
     try:
+        if args.command == "check-config":
+            return check_config(args.file)
+        if args.command == "mock-upstream":
+            from gateway.mock_upstream import run
+
+            run(args.host, args.port)
+            return 0
+        if args.command in ("keys", "usage"):
+            storage = args.storage or (load_config(args.config) if args.config else Config()).storage.url
+            return asyncio.run(admin.run(args, storage))
         asyncio.run(serve_forever(args.config, args.host, args.port))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
@@ -103,7 +114,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
 
 async def embedded_config():
     """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
-    the built-in mock upstream otherwise, and a local key (EZAT_API_KEY, or a new one)."""
+    the built-in mock upstream otherwise, SQLite in the working directory, and a local key."""
     mock = None
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if api_key:
@@ -115,9 +126,20 @@ async def embedded_config():
         url = await mock.start()
         log.info("no ANTHROPIC_API_KEY: answering with the built-in mock upstream at %s", url)
         deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
-    demo_key = os.environ.get("EZAT_API_KEY") or "sk-ezat-" + secrets.token_urlsafe(24)
+    demo_key = os.environ.get("EZAT_API_KEY") or _local_key()
     key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
     return Config(deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,)), demo_key, mock
+
+
+def _local_key() -> str:
+    """The embedded setup's key, kept beside its database so it stays the same across restarts."""
+    path = Path(LOCAL_KEY_FILE)
+    if path.exists():
+        return path.read_text().strip()
+    key = "sk-ezat-" + secrets.token_urlsafe(24)
+    path.touch(mode=0o600)
+    path.write_text(key + "\n")
+    return key
 
 
 def _quickstart(base: str, key: str) -> str:

@@ -52,9 +52,11 @@ class UpstreamClient:
             "content-type": "application/json",
         }
         try:
-            response = await self._session.post(
-                deployment.base_url + "/v1/messages", data=orjson.dumps(body), headers=headers
-            )
+            data = orjson.dumps(body)
+        except orjson.JSONEncodeError:  # parsing allows deeper nesting than encoding does
+            raise GatewayError(400, "The request nests JSON more than 255 levels deep.") from None
+        try:
+            response = await self._session.post(deployment.base_url + "/v1/messages", data=data, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
             raise GatewayError(500, "Could not reach the upstream.", type="server_error") from None

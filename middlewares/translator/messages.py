@@ -7,6 +7,8 @@ assistant turn travel together before any text, and empty text never becomes an 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import re
 from collections.abc import Iterator
@@ -158,9 +160,16 @@ def _document(part: dict[str, Any], path: str) -> dict[str, Any]:
 def _data_url(url: str, path: str) -> tuple[str, str]:
     """(media type, base64 data) of a `data:<type>;base64,<data>` URL."""
     head, comma, data = url.partition(",")
-    if not head.startswith("data:") or not comma or not head.endswith(";base64") or not data:
+    if not head.startswith("data:") or not comma or not head.endswith(";base64") or not _is_base64(data):
         raise invalid_request(f"{path}: expected a base64 data URL (data:<type>;base64,<data>)", "messages")
     return head[5:-7].lower(), data
+
+
+def _is_base64(data: str) -> bool:
+    try:
+        return bool(data) and bool(base64.b64decode(data, validate=True))
+    except (ValueError, binascii.Error):
+        return False
 
 
 def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]]:

@@ -1,0 +1,156 @@
+"""`ezat-gateway keys …` and `ezat-gateway usage`: managing keys and reading the ledger."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import secrets
+from collections import defaultdict
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from gateway.storage import KeyRecord, LedgerRow, open_store
+
+
+def add_commands(commands: argparse._SubParsersAction, storage_options: argparse.ArgumentParser) -> None:
+    keys = commands.add_parser("keys", help="create, list, revoke and update API keys")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", parents=[storage_options], help="make a new key (shown once)")
+    create.add_argument("--name", required=True)
+    _key_options(create)
+    actions.add_parser("list", parents=[storage_options], help="every key, without secrets")
+    revoke = actions.add_parser("revoke", parents=[storage_options], help="revoke a key")
+    revoke.add_argument("key", help="the key's name or id")
+    update = actions.add_parser("update", parents=[storage_options], help="change a key's settings")
+    update.add_argument("key", help="the key's name or id")
+    update.add_argument("--name", default=argparse.SUPPRESS)
+    update.add_argument("--unrevoke", action="store_true", help="make a revoked key usable again")
+    _key_options(update)
+
+    usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
+    usage.add_argument("--key", help="only this key (name or id)")
+    usage.add_argument("--since", type=_moment, help="only requests finished since (ISO date or datetime, UTC)")
+    usage.add_argument("--by", choices=("day", "model", "key"), default="day")
+    usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+
+
+def _key_options(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: an option not given is absent from the namespace, so "leave as is" differs
+    # from "none"/"never"/0, which clear a setting.
+    add = lambda *names, **kwargs: parser.add_argument(*names, default=argparse.SUPPRESS, **kwargs)
+    add("--models", nargs="+", metavar="GLOB", help='model ids it may use, e.g. "anthropic/*"')
+    add("--spend-limit", type=_limit, metavar="USD", help='"none" removes the limit')
+    add("--rpm", type=_count, help="requests per minute (0: no limit)")
+    add("--tpm", type=_count, help="tokens per minute (0: no limit)")
+    add("--expires", type=_moment, metavar="DATETIME", help='ISO datetime (UTC), or "never"')
+
+
+def _limit(text: str) -> Decimal | None:
+    if text.lower() == "none":
+        return None
+    value = Decimal(text)
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError("expected a non-negative amount")
+    return value
+
+
+def _count(text: str) -> int | None:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected 0 or more")
+    return value or None
+
+
+def _moment(text: str) -> datetime | None:
+    if text.lower() == "never":
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+
+
+async def run(args: argparse.Namespace, storage_url: str) -> int:
+    store = open_store(storage_url)
+    await store.open()
+    try:
+        if args.command == "usage":
+            rows = await store.ledger(key=args.key, since=args.since)
+            names = {key.id: key.name or str(key.id) for key in await store.list_keys()}
+            print(usage_report(rows, names, by=args.by, format=args.format), end="")
+            return 0
+        if args.action == "list":
+            print(_table(KEY_COLUMNS, [_key_row(key) for key in await store.list_keys()]), end="")
+            return 0
+        fields = _changes(args)
+        if args.action == "create":
+            secret = "sk-ezat-" + secrets.token_urlsafe(32)
+            key = await store.create_key(hashlib.sha256(secret.encode()).hexdigest(), **fields)
+            print(f"created key {key.id} ({key.name}); it is shown only this once:\n{secret}")
+            return 0
+        if args.action == "revoke":
+            fields = {"revoked": True}
+        elif args.unrevoke:
+            fields["revoked"] = False
+        key = await store.update_key(args.key, **fields)
+        if key is None:
+            print(f"no single key named or numbered {args.key!r}")
+            return 1
+        print(_table(KEY_COLUMNS, [_key_row(key)]), end="")
+        return 0
+    finally:
+        await store.close()
+
+
+# command-line option → key field
+_KEY_OPTIONS = {"name": "name", "models": "models", "spend_limit": "spend_limit_usd", "rpm": "rpm", "tpm": "tpm",
+                "expires": "expires_at"}
+
+
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The key settings given on the command line (absent options change nothing)."""
+    changes = {field: getattr(args, option) for option, field in _KEY_OPTIONS.items() if hasattr(args, option)}
+    if "models" in changes:
+        changes["models"] = tuple(changes["models"])
+    return changes
+
+
+KEY_COLUMNS = ["id", "name", "models", "spent_usd", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked"]
+
+
+def _key_row(key: KeyRecord) -> list[Any]:
+    return [key.id, key.name, ",".join(key.models), key.spent_usd, key.spend_limit_usd, key.rpm, key.tpm,
+            key.expires_at.isoformat() if key.expires_at else None, key.revoked]
+
+
+USAGE_COLUMNS = ["requests", "input_tokens", "cache_write_tokens", "cache_read_tokens", "output_tokens",
+                 "reasoning_tokens", "cost_usd"]
+
+
+def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
+    groups: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0, Decimal(0)])
+    for row in rows:
+        group = {"day": row.finished_at.date().isoformat(), "model": row.answered_model,
+                 "key": key_names.get(row.key_id, str(row.key_id))}[by]
+        totals = groups[group]
+        for i, value in enumerate((1, row.input_tokens, row.cache_write_tokens, row.cache_read_tokens,
+                                   row.output_tokens, row.reasoning_tokens, row.cost_usd)):
+            totals[i] += value
+    header = [by, *USAGE_COLUMNS]
+    lines = [[group, *totals] for group, totals in sorted(groups.items())]
+    if format == "json":
+        return orjson.dumps([dict(zip(header, line)) for line in lines], default=str, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if format == "csv":
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([header, *lines])
+        return out.getvalue()
+    return _table(header, lines)
+
+
+def _table(header: list[str], lines: list[list[Any]]) -> str:
+    cells = [header, *[["" if v is None else str(v) for v in line] for line in lines]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n" for row in cells)
