@@ -16,7 +16,7 @@ demo: $(READY)
 	$(BIN)/ezat-gateway serve
 
 test: $(READY)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -rs $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+
+import asyncpg
 import pytest
+import redis.asyncio
+import redis.exceptions
 
 from gateway.app import build_app
 from gateway.config import Config
@@ -42,3 +48,44 @@ async def gateway(start_gateway) -> Gateway:
 async def client(gateway):
     async with gateway.client() as c:
         yield c
+
+
+# --- PostgreSQL and Redis: required in CI (EZAT_REQUIRE_SERVICES=1), skipped with a reason elsewhere.
+
+POSTGRES_URL = os.environ.get("EZAT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("EZAT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{what} is required here (EZAT_REQUIRE_SERVICES=1) but unreachable: {exc!r}")
+    pytest.skip(f"{what} is not running here ({exc!r}); CI runs these tests")
+
+
+@pytest.fixture
+async def postgres_url():
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
+    try:
+        admin = await asyncpg.connect(POSTGRES_URL, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        _unavailable("PostgreSQL", exc)
+    schema = "test_" + uuid.uuid4().hex[:12]
+    await admin.execute(f"CREATE SCHEMA {schema}")
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    yield f"{POSTGRES_URL}{separator}search_path={schema}"
+    await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    await admin.close()
+
+
+@pytest.fixture
+async def redis_url():
+    """A Redis URL on a database emptied before and after the test."""
+    client = redis.asyncio.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    try:
+        await client.flushdb()
+    except (OSError, redis.exceptions.RedisError) as exc:
+        await client.aclose()
+        _unavailable("Redis", exc)
+    yield REDIS_URL
+    await client.flushdb()
+    await client.aclose()

@@ -38,10 +38,10 @@ async def wait_until_up(url: str, process: asyncio.subprocess.Process) -> None:
     raise AssertionError(f"{url} never came up")
 
 
-async def start(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+async def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> asyncio.subprocess.Process:
     environment = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")}
     return await asyncio.create_subprocess_exec(
-        COMMAND, *args, env={**environment, **(env or {})},
+        COMMAND, *args, env={**environment, **(env or {})}, cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
 
@@ -101,9 +101,9 @@ async def test_check_config_lists_every_problem_with_its_path(tmp_path):
     ]
 
 
-async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream():
+async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_path):
     port = free_port()
-    process = await start("serve", "--port", str(port))
+    process = await start("serve", "--port", str(port), cwd=tmp_path)
     try:
         await wait_until_up(f"http://127.0.0.1:{port}/healthz", process)
         banner = b""
@@ -130,6 +130,10 @@ async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream():
         output = await stop(process)
     assert process.returncode == 0
     assert "curl http://127.0.0.1" in output + banner.decode()
+    # the embedded SQLite file and the local key live in the working directory, the key across restarts
+    assert (tmp_path / "ezat-gateway.db").exists()
+    assert (tmp_path / "ezat-gateway.key").read_text().strip() == key
+    assert (tmp_path / "ezat-gateway.key").stat().st_mode & 0o077 == 0
 
 
 async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):
@@ -137,7 +141,7 @@ async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):
     path = tmp_path / "gateway.toml"
     path.write_text(GOOD_CONFIG.format(port=port, upstream_port=upstream_port))
     mock = await start("mock-upstream", "--port", str(upstream_port))
-    gateway = await start("serve", "--config", str(path), env={"UPSTREAM_SECRET": "s"})
+    gateway = await start("serve", "--config", str(path), env={"UPSTREAM_SECRET": "s"}, cwd=tmp_path)
     try:
         await wait_until_up(f"http://127.0.0.1:{port}/healthz", gateway)
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-from-config") as client:
@@ -154,7 +158,7 @@ async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):
 async def test_serve_refuses_a_bad_config(tmp_path):
     path = tmp_path / "gateway.toml"
     path.write_text("[server]\nport = 'eighty'\n")
-    process = await start("serve", "--config", str(path))
+    process = await start("serve", "--config", str(path), cwd=tmp_path)
     output = await finish(process)
     assert process.returncode == 1
     assert "server.port: expected an integer" in output
