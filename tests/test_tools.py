@@ -136,6 +136,14 @@ async def test_a_tool_that_is_not_a_function_is_refused_with_its_index(client, u
     assert error["code"] is None
 
 
+@pytest.mark.parametrize("schema", [{"type": "array", "items": {"type": "string"}}, {"type": "string"}])
+async def test_a_tool_whose_arguments_are_not_an_object_is_refused_by_name(client, upstream, schema):
+    tool = {"type": "function", "function": {"name": "tags", "parameters": schema}}
+    error = await refusal(client, upstream, messages=[USER], tools=[WEATHER, tool])
+    assert error["message"] == 'tools[1].function.parameters: expected a schema of "type": "object"'
+    assert error["param"] == "tools"
+
+
 # --- tool_choice and parallel_tool_calls.
 
 

@@ -101,6 +101,8 @@ def _tools(body: dict[str, Any], model: Model, request: dict[str, Any]) -> dict[
             raise invalid_request(f"tools[{i}].function.parameters: expected a JSON schema object", "tools")
         elif "type" not in schema:
             schema = {"type": "object", **schema}
+        elif schema["type"] != "object":  # the upstream takes arguments as an object only
+            raise invalid_request(f'tools[{i}].function.parameters: expected a schema of "type": "object"', "tools")
         definition: dict[str, Any] = {"name": upstream_name, "input_schema": schema}
         description = function.get("description")
         if isinstance(description, str) and description:
