@@ -144,3 +144,48 @@ async def test_events_split_across_reads_are_reassembled(serve_upstream):
     chunks = [json.loads(e[len("data: "):]) for e in reply.split("\n\n") if e.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text + " "
     assert reply.endswith("data: [DONE]\n\n")
+
+
+SERVER_TOOL_BLOCKS = [
+    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "oslo weather"}},
+    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+    {"type": "text", "text": "It is mild."},
+]
+
+
+async def test_server_tool_blocks_are_not_client_tool_calls(serve_upstream):
+    """Pitfall P8: the client would try to run `web_search` itself."""
+    message = {
+        "id": "m", "type": "message", "role": "assistant", "model": "x", "content": SERVER_TOOL_BLOCKS,
+        "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 5},
+    }
+    gateway = await serve_upstream(200, json.dumps(message).encode(), "application/json")
+    status, text = await call(gateway, stream=False)
+    assert status == 200
+    reply = json.loads(text)["choices"][0]
+    assert reply["message"] == {"role": "assistant", "content": "It is mild.", "refusal": None}
+    assert reply["finish_reason"] == "stop"
+
+
+async def test_server_tool_blocks_in_a_stream_are_not_client_tool_calls(serve_upstream):
+    server_use, result, _ = SERVER_TOOL_BLOCKS
+    body = sse(
+        START,
+        {"type": "content_block_start", "index": 0, "content_block": {**server_use, "input": {}}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"query": "oslo"}'}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": result},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "text_delta", "text": "It is mild."}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+        {"type": "message_stop"},
+    )
+    gateway = await serve_upstream(200, body)
+    status, text = await call(gateway, stream=True)
+    assert status == 200
+    chunks = [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e.startswith("data: {")]
+    assert not any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is mild."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
