@@ -17,6 +17,8 @@ from gateway.storage import Store, open_store
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
+from middlewares.images import ImageFetcher, Limits, images_middleware
+from middlewares.images.fetch import MB
 from middlewares.refusals import refusals
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
@@ -42,11 +44,24 @@ def build_app(
     ledger = Ledger(store)
     limiter = rate_limiter(config.ratelimit.url)
     auth = auth_middleware(store.find_key, cache_seconds=key_cache_seconds)
+    images = config.images
+    fetcher = ImageFetcher(
+        Limits(
+            image_bytes=images.max_image_mb * MB,
+            urls=images.max_urls,
+            total_bytes=images.max_total_mb * MB,
+            timeout=images.timeout_seconds,
+            redirects=images.max_redirects,
+            ports=images.ports,
+            allow_private_hosts=images.allow_private_hosts,
+        )
+    )
 
     openai_chain = [
         auth,
         size_limit_middleware(),
         refusals,
+        images_middleware(fetcher),
         translator_middleware(config.model),
         billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
     ]
@@ -68,6 +83,7 @@ def build_app(
     app[STORE] = store
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
+    app.cleanup_ctx.append(fetcher.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.router.add_post("/openai/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -44,6 +44,7 @@ def _rule(is_fine: Callable[[Any], bool], problem: str) -> Callable[[Any], str |
 _port = _rule(lambda v: 1 <= v <= 65535, "expected an integer from 1 to 65535")
 _positive = _rule(lambda v: v > 0, "expected a positive integer")
 _non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
+_positive_number = _rule(lambda v: v > 0, "expected a positive number")
 _non_empty = _rule(bool, "expected a non-empty string")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
@@ -87,7 +88,15 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class ImagesConfig:
-    allow_private_hosts: bool = False
+    """The image fetcher; the defaults are the spec's limits."""
+
+    allow_private_hosts: bool = False  # true only for tests and trusted networks
+    max_image_mb: int = _field(10, check=_positive)
+    max_total_mb: int = _field(32, check=_positive)  # all downloads of one request
+    max_urls: int = _field(20, check=_positive)
+    timeout_seconds: float = _field(15.0, check=_positive_number)
+    max_redirects: int = _field(3, check=_non_negative)
+    ports: tuple[int, ...] = _field((80, 443), check_each=_port)  # empty: any port
 
 
 @dataclass(frozen=True)
@@ -226,6 +235,8 @@ _SCALARS: dict[type, tuple[Callable[[Any], bool], Callable[[Any], Any], str]] = 
     bool: (lambda v: isinstance(v, bool), lambda v: v, "expected true or false"),
     # bool is a subclass of int in Python, but `port = true` is a mistake.
     int: (lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: v, "expected an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), float,
+            "expected a number"),
     # Via str() so that 0.30 becomes Decimal("0.30"), not the float's binary expansion.
     Decimal: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
               lambda v: Decimal(str(v)), "expected a number"),

@@ -1,0 +1,58 @@
+"""Which addresses the image fetcher may reach: public unicast ones only, unless configured.
+
+The check runs on the addresses a name resolves to, inside the connector's resolver, so the
+connection goes to the very address that was checked (a rebinding DNS server gets no second
+lookup), and odd IPv4 spellings (2130706433, 0177.0.0.1, 127.1) are judged by what they resolve to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Any
+
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class PrivateAddress(OSError):
+    """The host resolves to no public address."""
+
+
+def is_public(ip: IPAddress) -> bool:
+    """A global unicast address, and so is any IPv4 address an IPv6 one carries."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None and not is_public(embedded):
+            return False
+    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback)
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """The address a URL host names literally ("[::1]" included), or None for a name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+class PublicOnlyResolver(AbstractResolver):
+    """Resolves as usual, then keeps only public addresses; none left is an error."""
+
+    def __init__(self, inner: AbstractResolver | None = None) -> None:
+        self._inner = inner or DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+        found = await self._inner.resolve(host, port, family)
+        public = [entry for entry in found if is_public(ipaddress.ip_address(entry["host"].split("%", 1)[0]))]
+        if not public:
+            raise PrivateAddress(f"{host} is not a public address")
+        return public
+
+    async def close(self) -> None:
+        await self._inner.close()

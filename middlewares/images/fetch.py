@@ -1,0 +1,121 @@
+"""Downloads images for the images stage, safely: public hosts only, limited size, time and
+redirects, every hop checked, and the whole body never buffered past the limit."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public, literal_address
+from middlewares.images.sniff import image_type
+
+MB = 1024 * 1024
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The spec's limits ("Images and PDFs") unless configured otherwise."""
+
+    image_bytes: int = 10 * MB
+    urls: int = 20
+    total_bytes: int = 32 * MB
+    timeout: float = 15.0
+    redirects: int = 3
+    ports: tuple[int, ...] = (80, 443)  # empty: any port
+    allow_private_hosts: bool = False
+
+
+class ImageError(Exception):
+    """Why an image could not be used; the stage puts the part's path before it."""
+
+
+class Budget:
+    """The bytes a request may still download, shared by its concurrent downloads."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.left = total
+
+    def take(self, size: int) -> None:
+        self.left -= size
+        if self.left < 0:
+            raise ImageError(f"the images of this request are over {self.total // MB} MB in total")
+
+
+class ImageFetcher:
+    def __init__(self, limits: Limits = Limits(), *, resolver=None) -> None:
+        self.limits = limits
+        self._resolver = resolver  # tests may give a resolver of their own (a fake DNS)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def lifespan(self, app: web.Application):
+        """aiohttp cleanup context: one connection pool for every download of the process."""
+        resolver = self._resolver
+        if not self.limits.allow_private_hosts:
+            resolver = PublicOnlyResolver(resolver)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(resolver=resolver, limit=100, ttl_dns_cache=None, use_dns_cache=False),
+            timeout=aiohttp.ClientTimeout(total=self.limits.timeout),
+            auto_decompress=True,
+            headers={"Accept": "image/*"},
+        )
+        yield
+        await self._session.close()
+
+    async def fetch(self, url: str, budget: Budget) -> tuple[str, bytes]:
+        """(media type, bytes) of the image at `url`."""
+        try:
+            async with asyncio.timeout(self.limits.timeout):
+                return await self._follow(URL(url), budget)
+        except TimeoutError:
+            raise ImageError(f"could not download the image (timed out after {self.limits.timeout:g} s)") from None
+        except PrivateAddress:
+            raise ImageError("the host is not a public address") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ImageError(f"could not download the image ({type(exc).__name__})") from None
+
+    async def _follow(self, url: URL, budget: Budget) -> tuple[str, bytes]:
+        for _ in range(self.limits.redirects + 1):
+            self._check(url)
+            async with self._session.get(url, allow_redirects=False) as response:
+                if response.status in _REDIRECTS and "Location" in response.headers:
+                    url = url.join(URL(response.headers["Location"]))
+                    continue
+                if response.status != 200:
+                    raise ImageError(f"could not download the image (HTTP {response.status})")
+                return await self._read(response, budget)
+        raise ImageError(f"could not download the image (more than {self.limits.redirects} redirects)")
+
+    def _check(self, url: URL) -> None:
+        """What can be refused before connecting (a name's addresses are checked on resolving)."""
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ImageError("only http and https URLs can be downloaded")
+        if url.user is not None or url.password is not None:
+            raise ImageError("URLs with credentials are not allowed")
+        if self.limits.ports and url.port not in self.limits.ports:
+            raise ImageError(f"port {url.port} is not allowed")
+        literal = literal_address(url.host)
+        if literal is not None and not self.limits.allow_private_hosts and not is_public(literal):
+            raise ImageError("the host is not a public address")
+
+    async def _read(self, response: aiohttp.ClientResponse, budget: Budget) -> tuple[str, bytes]:
+        limit = self.limits.image_bytes
+        too_large = f"the image is over {limit // MB} MB"
+        if response.content_length is not None and response.content_length > limit:
+            raise ImageError(too_large)  # said up front: not a byte of it is read
+        parts, size = [], 0
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise ImageError(too_large)
+            budget.take(len(chunk))
+            parts.append(chunk)
+        data = b"".join(parts)
+        media_type = image_type(data)
+        if media_type is None:
+            raise ImageError("the file is not a JPEG, PNG, GIF or WebP image")
+        return media_type, data
