@@ -17,6 +17,7 @@ from gateway.storage import Store, open_store
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
+from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.images import ImageFetcher, Limits, images_middleware
 from middlewares.images.fetch import MB
 from middlewares.refusals import refusals
@@ -62,6 +63,7 @@ def build_app(
         size_limit_middleware(),
         refusals,
         images_middleware(fetcher),
+        cache_breakpoints_middleware(config.model),
         translator_middleware(config.model),
         billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
     ]

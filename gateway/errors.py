@@ -44,6 +44,11 @@ def invalid_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, message, param=param)
 
 
+def too_deeply_nested() -> GatewayError:
+    """orjson parses JSON up to 1024 levels deep but writes only 255: deeper cannot be sent on."""
+    return GatewayError(400, "The request nests JSON more than 255 levels deep.")
+
+
 def model_not_found(name: object) -> GatewayError:
     return GatewayError(
         404,

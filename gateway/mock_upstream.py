@@ -4,6 +4,10 @@ Used by the gateway's tests, its benchmarks and its demo mode. It validates
 requests the way the real API does (so tests can prove the gateway never
 forwards OpenAI-only fields), replies with a scripted ``Scenario`` per request
 and streams Anthropic's exact SSE event sequence.
+
+``MockUpstream(fast=True)`` is the benchmarks' upstream: no validation, no
+recording, and replies sent from bytes encoded once, chosen by the request's
+``model`` (see ``FAST_MODELS``), so that the mock costs as little as it can.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+from gateway.mock_cache import PromptCache
 from gateway.mock_validation import Invalid, validate
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
@@ -57,6 +62,21 @@ class RecordedRequest:
     body: dict
 
 
+# fast=True: the reply to each model, as (content blocks, streamed?, seconds between deltas).
+# A pause of 0 sends the whole stream in one write; otherwise each delta is a write of its own,
+# as real tokens arrive.
+_FAST_TEXT = ("Tokens arrive eight characters at a time here. " * 9)[:400]  # 50 deltas of 8
+FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
+    "bench-nonstream": ([{"type": "text", "text": _FAST_TEXT}], False, 0.0),
+    "bench-stream50": ([{"type": "text", "text": _FAST_TEXT}], True, 0.0),
+    "bench-tool": ([{"type": "text", "text": "Let me look that up."},
+                    {"type": "tool_use", "id": "toolu_bench", "name": "get_weather",
+                     "input": {"city": "Paris", "country": "FR", "units": "celsius", "days": 3}}], True, 0.0),
+    "bench-paced": ([{"type": "text", "text": _FAST_TEXT}], True, 0.01),  # 50 deltas, 0.5 s
+    "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
+}
+
+
 def _sse(event: dict) -> bytes:
     # The event name always equals the JSON `type`, as on the real API.
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
@@ -74,10 +94,11 @@ def _text_of(content) -> str:
 
 
 class MockUpstream:
-    def __init__(self, *, api_key: str | None = None):
+    def __init__(self, *, api_key: str | None = None, fast: bool = False):
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
         self.disconnects = 0
+        self.prompt_cache = PromptCache()
         self._queue: deque[Scenario] = deque()
         self.url: str | None = None  # set by start()
         self._msg_ids = itertools.count(1)
@@ -86,8 +107,9 @@ class MockUpstream:
         self._disconnected = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
-        self.app.router.add_post("/v1/messages", self._handle)
+        self.app.router.add_post("/v1/messages", self._fast if fast else self._handle)
         self.app.router.add_route("*", "/{tail:.*}", self._not_found)
+        self._fast_replies = self._encode_fast_replies() if fast else {}
 
     def enqueue(self, *scenarios: Scenario) -> None:
         self._queue.extend(scenarios)
@@ -181,6 +203,43 @@ class MockUpstream:
             self._note_disconnect()
             raise
 
+    def _encode_fast_replies(self) -> dict[str, bytes | tuple[list[bytes], float]]:
+        """FAST_MODELS encoded once: a message's JSON, or a stream's writes and the pause before each."""
+        replies: dict[str, bytes | tuple[list[bytes], float]] = {}
+        for model, (blocks, stream, pause) in FAST_MODELS.items():
+            request = {"model": model, "messages": [{"role": "user", "content": "Hello"}]}
+            message = self._message(request, Scenario(blocks=blocks))
+            if not stream:
+                replies[model] = orjson.dumps(message)
+                continue
+            writes = [b""]
+            for event in self._events(message, Scenario(blocks=blocks)):
+                if pause and event["type"] == "content_block_delta":
+                    writes.append(b"")
+                writes[-1] += _sse(event)
+            replies[model] = (writes, pause)
+        return replies
+
+    async def _fast(self, request: web.Request) -> web.StreamResponse:
+        model = orjson.loads(await request.read()).get("model")
+        reply = self._fast_replies.get(model)
+        if reply is None:
+            return self._error(404, f"fast mode: unknown model {model!r} (known: {', '.join(FAST_MODELS)})")
+        if isinstance(reply, bytes):
+            return web.Response(body=reply, content_type="application/json")
+        writes, pause = reply
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+        try:
+            await resp.prepare(request)
+            for n, data in enumerate(writes):
+                if n:
+                    await asyncio.sleep(pause)
+                await resp.write(data)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away; the benchmark counts it
+        return resp
+
     def _note_disconnect(self) -> None:
         self.disconnects += 1
         self._disconnected.set()
@@ -192,18 +251,17 @@ class MockUpstream:
             last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
             echo = _text_of(last_user["content"])[:200] if last_user else ""
             blocks = [{"type": "text", "text": "Hello from the mock upstream. You said: " + echo}]
-        system = body.get("system") or ""
-        prompt_chars = len(orjson.dumps(body["messages"])) + len(_text_of(system))
         out_chars = sum(
             len(b.get("text", "")) + len(b.get("thinking", ""))
             + (len(orjson.dumps(b.get("input", {}))) if b.get("type") == "tool_use" else 0)
             for b in blocks
         )
         overrides = sc.usage
+        cached = self.prompt_cache.usage(body)
         usage = {
-            "input_tokens": overrides.get("input_tokens", max(1, prompt_chars // 4)),
-            "cache_creation_input_tokens": overrides.get("cache_creation_input_tokens", 0),
-            "cache_read_input_tokens": overrides.get("cache_read_input_tokens", 0),
+            "input_tokens": overrides.get("input_tokens", cached["input_tokens"]),
+            "cache_creation_input_tokens": overrides.get("cache_creation_input_tokens", cached["cache_creation_input_tokens"]),
+            "cache_read_input_tokens": overrides.get("cache_read_input_tokens", cached["cache_read_input_tokens"]),
             "output_tokens": overrides.get("output_tokens", max(1, out_chars // 4)),
             "service_tier": "standard",
         }

@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from gateway.config import Deployment
-from gateway.errors import GatewayError, stream_error, upstream_error
+from gateway.errors import GatewayError, stream_error, too_deeply_nested, upstream_error
 
 log = logging.getLogger("ezat.upstream")
 
@@ -53,8 +53,8 @@ class UpstreamClient:
         }
         try:
             data = orjson.dumps(body)
-        except orjson.JSONEncodeError:  # parsing allows deeper nesting than encoding does
-            raise GatewayError(400, "The request nests JSON more than 255 levels deep.") from None
+        except orjson.JSONEncodeError:
+            raise too_deeply_nested() from None
         try:
             response = await self._session.post(deployment.base_url + "/v1/messages", data=data, headers=headers)
         except (aiohttp.ClientError, OSError) as exc:

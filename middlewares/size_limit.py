@@ -8,7 +8,7 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from gateway.context import BODY
+from gateway.context import BODY, BODY_BYTES
 from gateway.errors import GatewayError, invalid_request
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # spec: "The whole request body can be up to 32 MB."
@@ -44,6 +44,7 @@ def size_limit_middleware(max_bytes: int = MAX_BODY_BYTES):
         if not isinstance(body, dict):
             raise invalid_request("The request body must be a JSON object.")
         request[BODY] = body
+        request[BODY_BYTES] = len(raw)
         return await handler(request)
 
     return size_limit

@@ -76,7 +76,9 @@ async def test_default_echo_reply(client, mock):
     assert msg.content[0].text == expected
     assert msg.id == "msg_mock_000001" and msg.model == "claude-test" and msg.role == "assistant"
     assert msg.stop_reason == "end_turn" and msg.stop_sequence is None and msg.stop_details is None
-    assert msg.usage.input_tokens == (len(orjson.dumps(MSGS)) + len("Be brief.")) // 4
+    # the prompt's blocks (system, then messages) at 4 bytes of JSON a token
+    prompt_blocks = [{"type": "text", "text": "Be brief."}, {"type": "text", "text": MSGS[0]["content"]}]
+    assert msg.usage.input_tokens == sum(len(orjson.dumps(block)) // 4 for block in prompt_blocks)
     assert msg.usage.output_tokens == len(expected) // 4
     assert msg.usage.cache_creation_input_tokens == 0 and msg.usage.cache_read_input_tokens == 0
     assert msg.usage.service_tier == "standard" and msg.usage.output_tokens_details is None

@@ -106,7 +106,7 @@ def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     for part_path, kind, part in _parts(content, path):
         if kind != "text":
             raise invalid_request(f"{part_path}.type: only text parts are allowed here", "messages")
-        blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
+        blocks.extend(_text_part(part, part_path))
     return blocks
 
 
@@ -118,11 +118,11 @@ def _user_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     blocks = []
     for part_path, kind, part in _parts(content, path):
         if kind == "text":
-            blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
+            blocks.extend(_text_part(part, part_path))
         elif kind == "image_url":
-            blocks.append(_image(part, part_path))
+            blocks.append(cached(_image(part, part_path), part, part_path))
         elif kind == "file":
-            blocks.append(_document(part, part_path))
+            blocks.append(cached(_document(part, part_path), part, part_path))
         else:
             raise invalid_request(
                 f"{part_path}.type: expected text, image_url or file, not {kind!r}", "messages"
@@ -180,7 +180,7 @@ def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]
     elif isinstance(content, list):
         for part_path, kind, part in _parts(content, f"{path}.content"):
             if kind == "text":
-                blocks.extend(_text(_string(part.get("text"), f"{part_path}.text")))
+                blocks.extend(_text_part(part, part_path))
             elif kind != "refusal":  # a past refusal says nothing the model needs
                 raise invalid_request(f"{part_path}.type: expected text or refusal", "messages")
     elif content is not None:
@@ -225,6 +225,30 @@ def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
     if blocks:
         result["content"] = blocks
     return result
+
+
+def _text_part(part: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    return [cached(block, part, path) for block in _text(_string(part.get("text"), f"{path}.text"))]
+
+
+def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str = "messages") -> dict[str, Any]:
+    """`block` with the cache breakpoint its source part or tool carries, if any."""
+    marker = source.get("cache_control")
+    if marker is None:
+        return block
+    if (
+        not isinstance(marker, dict)
+        or marker.get("type") != "ephemeral"
+        or marker.get("ttl", "5m") not in ("5m", "1h")
+        or not set(marker) <= {"type", "ttl"}
+    ):
+        raise invalid_request(
+            f'{path}.cache_control: expected {{"type": "ephemeral"}} with an optional "ttl" of "5m" or "1h"',
+            param,
+        )
+    block["cache_control"] = marker
+    return block
+
 
 
 def _text(text: str) -> list[dict[str, Any]]:

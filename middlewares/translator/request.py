@@ -6,7 +6,7 @@ from typing import Any
 
 from gateway.config import Model
 from gateway.errors import invalid_request
-from middlewares.translator.messages import convert_messages, upstream_identifier
+from middlewares.translator.messages import cached, convert_messages, upstream_identifier
 
 # Spec, "Output length and format": with neither limit sent, 32,000 or the model's maximum.
 DEFAULT_MAX_TOKENS = 32_000
@@ -109,7 +109,7 @@ def _tools(body: dict[str, Any], model: Model, request: dict[str, Any]) -> dict[
             definition["description"] = description
         if function.get("strict") is True:
             definition["strict"] = True
-        converted.append(definition)
+        converted.append(cached(definition, tool, f"tools[{i}]", "tools"))
     request["tools"] = converted
     choice = _tool_choice(body.get("tool_choice"), model, {t["name"] for t in converted})
     if body.get("parallel_tool_calls") is False and choice.get("type") != "none":

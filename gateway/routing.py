@@ -1,0 +1,24 @@
+"""Which deployment of a model gets a request.
+
+Requests with an affinity (a conversation's name, or the digest of a stable prompt prefix) go
+to the deployment that ranks highest for it by rendezvous (highest-random-weight) hashing: every
+replica computes the same order with no shared state, so a conversation finds its prompt cache
+again; when its deployment fails only its conversations move, each to its own next choice.
+Requests without one follow the model's preference order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def ranked(deployments: Sequence[str], affinity: str | None) -> list[str]:
+    if affinity is None:
+        return list(deployments)
+    return sorted(deployments, key=lambda name: _weight(affinity, name), reverse=True)
+
+
+def _weight(affinity: str, deployment: str) -> int:
+    digest = hashlib.blake2b(f"{affinity}\0{deployment}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")

@@ -1,0 +1,115 @@
+"""The cache_breakpoints stage (spec, "Prompt caching").
+
+A request with no cache breakpoints of its own gets two 5-minute ones, unless it opts out with
+`x-ezat-cache: off` or is too short to be cached: one after the stable prefix (the last system
+text, or the last tool when there is no system prompt) and one on the newest message, which
+the next turn reads back. A request that places its own (`cache_control` on content parts or
+tools, OpenRouter style) keeps them and gets none added.
+
+The stage also names the conversation for routing: `x-ezat-session`, else `prompt_cache_key`,
+else a digest of the stable prefix, so requests that can share a cache go to one deployment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.config import Model
+from gateway.context import AFFINITY, BODY, BODY_BYTES
+from gateway.errors import invalid_request, too_deeply_nested
+
+MAX_BREAKPOINTS = 4  # the upstream's limit per request
+MAX_CACHE_KEY = 256
+EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minutes
+
+
+def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
+    async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
+        body = request[BODY]
+        request[AFFINITY] = _affinity(request, body)
+        placed = _count_breakpoints(body)
+        if placed > MAX_BREAKPOINTS:
+            raise invalid_request(
+                f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
+                "messages",
+            )
+        model = find_model(body["model"]) if isinstance(body.get("model"), str) else None
+        if (
+            not placed
+            and model is not None
+            and model.min_cache_tokens
+            and request.headers.get("x-ezat-cache", "").lower() != "off"
+            # about 4 bytes of JSON a token: clearly shorter prompts would never be cached
+            and request.get(BODY_BYTES, 0) >= 4 * model.min_cache_tokens
+        ):
+            _mark_prefix(body)
+            _mark_newest_message(body)
+        return await handler(request)
+
+    return cache_breakpoints
+
+
+def _affinity(request: web.Request, body: dict[str, Any]) -> str | None:
+    key = body.get("prompt_cache_key")
+    if key is not None and (not isinstance(key, str) or len(key) > MAX_CACHE_KEY):
+        raise invalid_request(f"prompt_cache_key: expected a string of at most {MAX_CACHE_KEY} characters", "prompt_cache_key")
+    session = request.headers.get("x-ezat-session") or key
+    if session:
+        return "session:" + session
+    prefix = [m for m in _messages(body) if m.get("role") in ("system", "developer")], body.get("tools")
+    if not prefix[0] and not prefix[1]:
+        return None
+    try:
+        return "prefix:" + hashlib.blake2b(orjson.dumps(prefix), digest_size=16).hexdigest()
+    except orjson.JSONEncodeError:
+        raise too_deeply_nested() from None
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+
+def _count_breakpoints(body: dict[str, Any]) -> int:
+    tools = body.get("tools")
+    count = sum(1 for tool in tools if isinstance(tool, dict) and "cache_control" in tool) if isinstance(tools, list) else 0
+    for message in _messages(body):
+        content = message.get("content")
+        if isinstance(content, list):
+            count += sum(1 for part in content if isinstance(part, dict) and "cache_control" in part)
+    return count
+
+
+def _mark_prefix(body: dict[str, Any]) -> None:
+    system = [m for m in _messages(body) if m.get("role") in ("system", "developer") and _has_content(m)]
+    if system:
+        _mark_last_part(system[-1])
+        return
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+        tools[-1]["cache_control"] = dict(EPHEMERAL)
+
+
+def _mark_newest_message(body: dict[str, Any]) -> None:
+    turns = [m for m in _messages(body) if m.get("role") not in ("system", "developer")]
+    if turns and _has_content(turns[-1]):
+        _mark_last_part(turns[-1])
+
+
+def _has_content(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return bool(content.strip()) if isinstance(content, str) else isinstance(content, list) and bool(content)
+
+
+def _mark_last_part(message: dict[str, Any]) -> None:
+    """Put the breakpoint on the message's last part; string content becomes one text part."""
+    content = message["content"]
+    if isinstance(content, str):
+        message["content"] = [{"type": "text", "text": content, "cache_control": dict(EPHEMERAL)}]
+    elif isinstance(content[-1], dict):
+        content[-1]["cache_control"] = dict(EPHEMERAL)

@@ -1,0 +1,664 @@
+"""Billing through the real gateway: ledger rows with exact decimal costs, written before the
+reply ends ([DONE] or the body), early close billed with an estimate, failed requests not
+billed, group commit under load, and the key errors (403, 402, 429, 401) as the spec says.
+
+Every behaviour that depends on the store runs on both: a SQLite file and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import sqlite3
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import aiohttp
+import asyncpg
+import openai
+import pytest
+
+from gateway.app import STORE
+from gateway.config import KeyConfig, RateLimitConfig
+from gateway.mock_upstream import Scenario
+from gateway.storage import LedgerRow, open_store
+from tests.support import KEY, MODEL, make_config
+
+MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+MILLION = Decimal(1_000_000)
+
+
+def price(input_tokens=0, cache_write=0, cache_read=0, output=0) -> Decimal:
+    """The test config's pricing (3 / 3.75 / 0.30 / 15 USD per million), written out again."""
+    return (
+        input_tokens * Decimal("3") + cache_write * Decimal("3.75") + cache_read * Decimal("0.30") + output * Decimal("15")
+    ) / MILLION
+
+
+# --- stores
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def storage_url(request, tmp_path) -> str:
+    """A SQLite file in tmp_path, or a fresh PostgreSQL schema (skipped/failed without a server)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ezat.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def config_with(upstream, storage_url="sqlite:///:memory:", ratelimit_url="", **key_fields):
+    """The test config on `storage_url`, its one key KEY ("test") with the given limits."""
+    config = make_config(upstream.url, storage_url)
+    return replace(
+        config,
+        keys=(KeyConfig(name="test", key_sha256=sha(KEY), **key_fields),),
+        ratelimit=RateLimitConfig(url=ratelimit_url),
+    )
+
+
+async def key_id(store, name="test") -> int:
+    return next(k.id for k in await store.list_keys() if k.name == name)
+
+
+async def wait_for_rows(store, count: int, timeout: float = 5.0) -> list[LedgerRow]:
+    """Poll the store (bounded) until it holds `count` rows."""
+    async with asyncio.timeout(timeout):
+        while len(rows := await store.ledger()) < count:
+            await asyncio.sleep(0.02)
+    return rows
+
+
+async def settled_store(gateway, storage_url):
+    """Stop the gateway (it waits for its requests, then writes every recorded row) and open
+    the same database afresh: what is in it now is everything the gateway will ever bill."""
+    await gateway.runner.cleanup()
+    store = open_store(storage_url)
+    await store.open()
+    return store
+
+
+class WriteLock:
+    """The database's write lock, held from a connection of the test's own."""
+
+    @classmethod
+    async def take(cls, storage_url: str, key: int) -> WriteLock:
+        lock = cls()
+        if storage_url.startswith("sqlite:///"):
+            lock.sqlite = sqlite3.connect(storage_url.removeprefix("sqlite:///"), isolation_level=None, timeout=5)
+            lock.sqlite.execute("BEGIN IMMEDIATE")
+            lock.pg = None
+        else:
+            lock.sqlite = None
+            lock.pg = await asyncpg.connect(storage_url)
+            lock.tx = lock.pg.transaction()
+            await lock.tx.start()
+            assert await lock.pg.fetch("SELECT id FROM keys WHERE id = $1 FOR UPDATE", key)
+        return lock
+
+    async def committed_rows(self) -> int:
+        """Ledger rows committed so far, seen from this connection (the gateway's own store
+        connection must not be used meanwhile: SQLite's would queue behind the blocked write)."""
+        if self.sqlite is not None:
+            return self.sqlite.execute("SELECT count(*) FROM ledger").fetchone()[0]
+        return await self.pg.fetchval("SELECT count(*) FROM ledger")
+
+    async def release(self) -> None:
+        if self.sqlite is not None:
+            self.sqlite.execute("ROLLBACK")
+            self.sqlite.close()
+            self.sqlite = None
+        if self.pg is not None:
+            await self.tx.rollback()
+            await self.pg.close()
+            self.pg = None
+
+
+@pytest.fixture
+async def write_lock():
+    """Takes the write lock on demand; always released at the end, whatever the test did."""
+    taken: list[WriteLock] = []
+
+    async def take(storage_url: str, key: int) -> WriteLock:
+        taken.append(await WriteLock.take(storage_url, key))
+        return taken[-1]
+
+    yield take
+    for lock in taken:
+        await lock.release()
+
+
+# --- the four kinds of request
+
+
+@dataclass(frozen=True)
+class Case:
+    blocks: list[dict]
+    usage: dict  # the upstream's usage (Anthropic's names, plus the mock's thinking_tokens)
+    row_tokens: tuple[int, int, int, int, int]  # input, cache write, cache read, output, reasoning
+    cost: Decimal
+    request: dict = field(default_factory=dict)
+
+
+CASES = {
+    "plain": Case(
+        blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}],
+        usage={"input_tokens": 1000, "output_tokens": 500},
+        row_tokens=(1000, 0, 0, 500, 0),
+        cost=Decimal("0.0105"),  # 1000 × 3 + 500 × 15 = 10500 per million
+    ),
+    "cached": Case(
+        blocks=[{"type": "text", "text": "Read mostly from the prompt cache."}],
+        usage={
+            "input_tokens": 10,
+            "cache_creation_input_tokens": 200,
+            "cache_read_input_tokens": 3000,
+            "output_tokens": 20,
+        },
+        row_tokens=(10, 200, 3000, 20, 0),
+        cost=Decimal("0.00198"),  # 10 × 3 + 200 × 3.75 + 3000 × 0.30 + 20 × 15 = 1980 per million
+    ),
+    "reasoning": Case(
+        blocks=[
+            {"type": "thinking", "thinking": "The user wants the weather. " * 4, "signature": "sig"},
+            {"type": "text", "text": "Mild."},
+        ],
+        usage={"input_tokens": 100, "output_tokens": 50, "thinking_tokens": 30},
+        row_tokens=(100, 0, 0, 50, 30),
+        cost=Decimal("0.00105"),  # 100 × 3 + 50 × 15 (thinking is output, and billed as output)
+        request={"reasoning_effort": "medium"},
+    ),
+    "tool_call": Case(
+        blocks=[{"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo"}}],
+        usage={"input_tokens": 200, "output_tokens": 40},
+        row_tokens=(200, 0, 0, 40, 0),
+        cost=Decimal("0.0012"),  # 200 × 3 + 40 × 15 = 1200 per million
+        request={"tools": TOOLS},
+    ),
+}
+
+
+def test_case_costs_match_the_price_list():
+    for case in CASES.values():
+        input_tokens, cache_write, cache_read, output, _ = case.row_tokens
+        assert price(input_tokens, cache_write, cache_read, output) == case.cost
+
+
+@dataclass
+class Sent:
+    request_id: str  # the request-id response header
+    completion_id: str
+    usage: openai.types.CompletionUsage
+    finish_reason: str
+
+
+async def send(client: openai.AsyncOpenAI, *, stream: bool, **request) -> Sent:
+    """One chat completion through the SDK, read to the end."""
+    kwargs = {"model": MODEL, "max_tokens": 256, "messages": MESSAGES, **request}
+    if stream:
+        raw = await client.chat.completions.with_raw_response.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+        chunks = [chunk async for chunk in raw.parse()]
+        (completion_id,) = {chunk.id for chunk in chunks}
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        return Sent(raw.headers["request-id"], completion_id, chunks[-1].usage, finish[-1])
+    raw = await client.chat.completions.with_raw_response.create(**kwargs)
+    completion = raw.parse()
+    return Sent(raw.headers["request-id"], completion.id, completion.usage, completion.choices[0].finish_reason)
+
+
+def expected_row(sent: Sent, key: int, case: Case, row: LedgerRow, outcome: str = "complete") -> LedgerRow:
+    """The row the gateway must have written for `sent` (timestamps taken from `row`)."""
+    input_tokens, cache_write, cache_read, output, reasoning = case.row_tokens
+    return LedgerRow(
+        request_id=sent.request_id,
+        key_id=key,
+        model=MODEL,
+        answered_model=MODEL,
+        deployment="primary",
+        input_tokens=input_tokens,
+        cache_write_tokens=cache_write,
+        cache_read_tokens=cache_read,
+        output_tokens=output,
+        reasoning_tokens=reasoning,
+        cost_usd=case.cost,
+        outcome=outcome,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("kind", list(CASES))
+async def test_ledger_row_for_each_kind_of_request(start_gateway, upstream, storage_url, kind, stream):
+    case = CASES[kind]
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    upstream.enqueue(Scenario(blocks=case.blocks, usage=case.usage))
+
+    before = datetime.now(timezone.utc)
+    async with gateway.client() as client:
+        sent = await send(client, stream=stream, **case.request)
+    after = datetime.now(timezone.utc)
+
+    # What the client was told and what it is billed for are the same numbers.
+    input_tokens, cache_write, cache_read, output, reasoning = case.row_tokens
+    assert sent.usage.prompt_tokens == input_tokens + cache_write + cache_read
+    assert sent.usage.completion_tokens == output
+    assert sent.usage.completion_tokens_details.reasoning_tokens == reasoning
+    assert sent.finish_reason == ("tool_calls" if kind == "tool_call" else "stop")
+    assert sent.completion_id == "chatcmpl-" + sent.request_id
+
+    # The row is there as soon as the reply has ended: no polling.
+    (row,) = await store.ledger()
+    key = await key_id(store)
+    assert row == expected_row(sent, key, case, row)
+    assert isinstance(row.cost_usd, Decimal)
+    assert before <= row.started_at <= row.finished_at <= after
+    assert await store.spent(key) == case.cost
+    (record,) = await store.list_keys()
+    assert record.spent_usd == case.cost
+
+
+async def test_key_spend_is_the_sum_of_its_rows(start_gateway, upstream, storage_url):
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    sent: dict[str, Case] = {}
+    async with gateway.client() as client:
+        for stream in (False, True):
+            for case in CASES.values():
+                upstream.enqueue(Scenario(blocks=case.blocks, usage=case.usage))
+                sent[(await send(client, stream=stream, **case.request)).request_id] = case
+
+    rows = await store.ledger(key="test")
+    assert [row.request_id for row in rows] == list(sent)  # in the order they were made
+    assert [row.cost_usd for row in rows] == [case.cost for case in sent.values()]
+    total = 2 * sum(case.cost for case in CASES.values())
+    assert total == Decimal("0.02946")  # 2 × (0.0105 + 0.00198 + 0.00105 + 0.0012)
+    key = await key_id(store)
+    assert await store.spent(key) == total
+    (record,) = await store.list_keys()
+    assert record.spent_usd == total
+
+
+# --- written before the reply ends
+
+
+async def test_done_is_sent_only_after_the_row_is_committed(start_gateway, upstream, storage_url, write_lock):
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    key = await key_id(store)
+    # The delay puts message_delta (the finish_reason chunk) and message_stop (the row, then
+    # [DONE]) in separate reads, so the finish chunk can arrive while the row waits.
+    upstream.enqueue(
+        Scenario(blocks=[{"type": "text", "text": "Almost done."}], usage={"input_tokens": 7, "output_tokens": 3},
+                 event_delay=0.1, pings=0)
+    )
+    lock = await write_lock(storage_url, key)
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": True, "messages": MESSAGES},
+        ) as response:
+            assert response.status == 200
+            received = b""
+            async with asyncio.timeout(5):
+                while b'"finish_reason":"stop"' not in received:
+                    received += await response.content.readany()
+            assert b"[DONE]" not in received
+
+            # Nothing more while the ledger cannot commit.
+            more = asyncio.create_task(response.content.readany())
+            done, _ = await asyncio.wait({more}, timeout=0.5)
+            assert not done, f"bytes arrived while the row could not be committed: {more.result()!r}"
+            assert await lock.committed_rows() == 0
+
+            await lock.release()
+            async with asyncio.timeout(15):
+                received += await more
+                received += await response.content.read()
+            rows_at_done = await store.ledger()
+
+    assert received.endswith(b"data: [DONE]\n\n")
+    (row,) = rows_at_done
+    assert row.request_id == response.headers["request-id"]
+    assert (row.input_tokens, row.output_tokens, row.cost_usd) == (7, 3, price(7, output=3))
+    assert await store.spent(key) == price(7, output=3)
+
+
+async def test_body_is_sent_only_after_the_row_is_committed(start_gateway, upstream, storage_url, write_lock):
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    key = await key_id(store)
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Whole."}], usage={"input_tokens": 11, "output_tokens": 4}))
+    lock = await write_lock(storage_url, key)
+
+    async def post() -> tuple[aiohttp.ClientResponse, dict]:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                gateway.url + "/openai/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"model": MODEL, "messages": MESSAGES},
+            ) as response:
+                return response, await response.json()
+
+    reply = asyncio.create_task(post())
+    async with asyncio.timeout(5):  # the upstream has the request (and answers it at once)
+        while not upstream.requests:
+            await asyncio.sleep(0.01)
+    done, _ = await asyncio.wait({reply}, timeout=0.5)
+    assert not done, "the reply arrived while its row could not be committed"
+    assert await lock.committed_rows() == 0
+
+    await lock.release()
+    async with asyncio.timeout(15):
+        response, body = await reply
+    (row,) = await store.ledger()
+    assert response.status == 200
+    assert body["id"] == "chatcmpl-" + row.request_id == "chatcmpl-" + response.headers["request-id"]
+    assert (row.input_tokens, row.output_tokens, row.cost_usd) == (11, 4, price(11, output=4))
+
+
+# --- early close
+
+
+LONG_TEXT = "".join(f"word{i:04d} " for i in range(300))  # 3000 characters, 375 deltas of 8
+
+
+async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, storage_url):
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    upstream.enqueue(
+        Scenario(
+            blocks=[{"type": "text", "text": LONG_TEXT}],
+            usage={"input_tokens": 321, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 50,
+                   "output_tokens": 750},
+            chunk_size=8,
+            event_delay=0.05,
+            pings=0,
+        )
+    )
+    seen, content_chunks = "", 0
+    async with gateway.client() as client:
+        stream = await client.chat.completions.create(model=MODEL, stream=True, messages=MESSAGES)
+        async for chunk in stream:
+            completion_id = chunk.id
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen += chunk.choices[0].delta.content
+                content_chunks += 1
+                if content_chunks == 5:
+                    break
+        await stream.close()
+
+    (row,) = await wait_for_rows(store, 1)
+    assert row.outcome == "client_closed"
+    assert row.request_id == completion_id.removeprefix("chatcmpl-")
+    assert (row.model, row.answered_model, row.deployment) == (MODEL, MODEL, "primary")
+    # Input as message_start said; the output was never reported, so it is estimated.
+    assert (row.input_tokens, row.cache_read_tokens, row.cache_write_tokens) == (321, 1000, 50)
+    assert row.reasoning_tokens == 0
+    # At least the text the client received (≈ 4 characters a token, rounded up) ...
+    assert row.output_tokens >= (len(seen) + 3) // 4
+    # ... and not more than what was produced by the time the close was noticed: allow ten more
+    # deltas (half a second of upstream at event_delay 0.05), far less than the whole answer.
+    assert row.output_tokens <= (len(seen) + 10 * 8 + 3) // 4
+    assert row.output_tokens < 750
+    assert row.cost_usd == price(321, 50, 1000, row.output_tokens)
+    assert row.started_at <= row.finished_at
+    assert await store.spent(await key_id(store)) == row.cost_usd
+
+
+# --- failed requests are not billed
+
+
+def long_text_blocks() -> list[dict]:
+    return [{"type": "text", "text": LONG_TEXT[:400]}]
+
+
+FAILURES = {
+    "upstream-429": (dict(status=429), False, 429),
+    "upstream-529": (dict(status=529), False, 503),
+    "upstream-500": (dict(status=500), False, 500),
+    "upstream-429-streamed": (dict(status=429), True, 429),
+    "upstream-529-streamed": (dict(status=529), True, 503),
+    "error-before-first-token": (dict(error_after=1), True, 503),
+    "mid-stream-error": (dict(blocks=long_text_blocks(), error_after=8), True, None),
+    "dropped-stream": (dict(blocks=long_text_blocks(), drop_after=8), True, None),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+async def test_failed_requests_are_not_billed(start_gateway, upstream, storage_url, failure):
+    scenario, stream, status = FAILURES[failure]
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    upstream.enqueue(Scenario(usage={"input_tokens": 500, "output_tokens": 500}, **scenario))
+
+    text = ""
+    async with gateway.client() as client:
+        if status is not None:
+            with pytest.raises(openai.APIStatusError) as caught:
+                await send(client, stream=stream)
+            assert caught.value.status_code == status
+        else:  # the stream had started: the error arrives in it
+            with pytest.raises(openai.APIError) as caught:
+                chunks = await client.chat.completions.create(model=MODEL, stream=True, messages=MESSAGES)
+                async for chunk in chunks:
+                    if chunk.choices:
+                        text += chunk.choices[0].delta.content or ""
+            assert not isinstance(caught.value, openai.APIStatusError)
+            assert text, "the failure should come after some text"
+    assert len(upstream.requests) == 1
+
+    store = await settled_store(gateway, storage_url)
+    try:
+        assert await store.ledger() == []
+        assert await store.spent(await key_id(store)) == 0
+        assert [k.spent_usd for k in await store.list_keys()] == [0]
+    finally:
+        await store.close()
+
+
+# --- group commit under load
+
+
+async def test_200_concurrent_requests_give_200_rows_and_the_exact_total(start_gateway, upstream, storage_url):
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    count = 200
+    usages = [{"input_tokens": 100 + i, "output_tokens": 1 + i % 37} for i in range(count)]
+    upstream.enqueue(*(Scenario(blocks=[{"type": "text", "text": f"answer {i}"}], usage=u) for i, u in enumerate(usages)))
+
+    async with gateway.client() as client:
+        sent = await asyncio.gather(*(send(client, stream=i % 2 == 0) for i in range(count)))
+
+    rows = await store.ledger()
+    assert len(rows) == count
+    assert len({row.request_id for row in rows}) == count
+    by_id = {row.request_id: row for row in rows}
+    assert set(by_id) == {s.request_id for s in sent}
+    for s in sent:  # each row bills exactly what its reply reported
+        row = by_id[s.request_id]
+        assert (row.input_tokens, row.output_tokens) == (s.usage.prompt_tokens, s.usage.completion_tokens)
+        assert row.cost_usd == price(row.input_tokens, output=row.output_tokens)
+        assert row.outcome == "complete"
+    total = sum(price(u["input_tokens"], output=u["output_tokens"]) for u in usages)
+    assert sum(row.cost_usd for row in rows) == total
+    key = await key_id(store)
+    assert await store.spent(key) == total
+    assert (await store.list_keys())[0].spent_usd == total
+
+
+# --- the key's errors: 403, 402, 429, 401
+
+
+def assert_error(exc: openai.APIStatusError, status: int, type_: str, code: str | None) -> None:
+    assert exc.status_code == status
+    assert (exc.type, exc.code) == (type_, code)
+    assert exc.body["message"]
+
+
+async def test_model_outside_the_keys_globs_is_403(start_gateway, upstream):
+    gateway = await start_gateway(config_with(upstream, models=("test/*", "openai/*")))
+    async with gateway.client() as client:
+        with pytest.raises(openai.PermissionDeniedError) as caught:
+            await send(client, stream=False)
+        assert_error(caught.value, 403, "permission_error", None)
+        with pytest.raises(openai.PermissionDeniedError):
+            await send(client, stream=True)
+        assert upstream.requests == []
+        await send(client, stream=False, model="test/small")  # a model the globs do match
+    assert len(upstream.requests) == 1
+    assert len(await gateway.app[STORE].ledger()) == 1
+
+
+async def test_matching_glob_allows_the_model(start_gateway, upstream):
+    gateway = await start_gateway(config_with(upstream, models=("anthropic/claude-*",)))
+    async with gateway.client() as client:
+        await send(client, stream=False)
+        await send(client, stream=True)
+        with pytest.raises(openai.PermissionDeniedError):
+            await send(client, stream=False, model="test/small")
+    assert len(upstream.requests) == 2
+
+
+async def test_spend_limit_reached_is_402(start_gateway, upstream, storage_url):
+    plain = CASES["plain"]
+    limit = 2 * plain.cost  # two plain requests reach it exactly
+    gateway = await start_gateway(config_with(upstream, storage_url, spend_limit_usd=limit))
+    store = gateway.app[STORE]
+    upstream.enqueue(*(Scenario(blocks=plain.blocks, usage=plain.usage) for _ in range(3)))
+
+    async with gateway.client() as client:
+        await send(client, stream=False)  # spent 0
+        await send(client, stream=True)  # spent 0.0105, below the limit
+        assert await store.spent(await key_id(store)) == limit
+        for stream in (False, True):
+            with pytest.raises(openai.APIStatusError) as caught:
+                await send(client, stream=stream)
+            assert_error(caught.value, 402, "insufficient_quota", "insufficient_quota")
+    assert len(upstream.requests) == 2
+    assert len(await store.ledger()) == 2
+    assert (await store.list_keys())[0].spent_usd == limit
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def ratelimit_url(request) -> str:
+    return "" if request.param == "memory" else request.getfixturevalue("redis_url")
+
+
+async def test_rpm_exceeded_is_429_with_retry_after(start_gateway, upstream, ratelimit_url):
+    gateway = await start_gateway(config_with(upstream, ratelimit_url=ratelimit_url, rpm=2))
+    async with gateway.client() as client:
+        await send(client, stream=False)
+        await send(client, stream=True)
+        for stream in (False, True):
+            with pytest.raises(openai.RateLimitError) as caught:
+                await send(client, stream=stream)
+            assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded")
+            retry_after = caught.value.response.headers["retry-after"]
+            assert retry_after.isdigit() and int(retry_after) >= 1
+    assert len(upstream.requests) == 2
+    assert len(await gateway.app[STORE].ledger()) == 2
+
+
+async def test_rpm_limit_is_shared_by_two_gateways_through_redis(start_gateway, upstream, redis_url, tmp_path):
+    # Two replicas of one deployment: the same key store, the same Redis.
+    config = config_with(upstream, f"sqlite:///{tmp_path / 'shared.db'}", ratelimit_url=redis_url, rpm=3)
+    first, second = await start_gateway(config), await start_gateway(config)
+    async with first.client() as a, second.client() as b:
+        await send(a, stream=False)
+        await send(b, stream=False)
+        await send(a, stream=True)
+        for client in (a, b):
+            with pytest.raises(openai.RateLimitError):
+                await send(client, stream=False)
+    assert len(upstream.requests) == 3
+
+
+async def test_tpm_exceeded_after_a_large_response_is_429(start_gateway, upstream, ratelimit_url):
+    gateway = await start_gateway(config_with(upstream, ratelimit_url=ratelimit_url, tpm=1000))
+    upstream.enqueue(Scenario(usage={"input_tokens": 10, "output_tokens": 5000}))
+    async with gateway.client() as client:
+        first = await send(client, stream=True)
+        assert first.usage.total_tokens == 5010  # five times the key's tokens per minute
+        for stream in (False, True):
+            with pytest.raises(openai.RateLimitError) as caught:
+                await send(client, stream=stream)
+            assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded")
+            retry_after = caught.value.response.headers["retry-after"]
+            assert retry_after.isdigit() and int(retry_after) >= 1
+    assert len(upstream.requests) == 1
+
+
+async def test_rate_limits_fail_open_when_redis_is_unreachable(start_gateway, upstream):
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    gateway = await start_gateway(config_with(upstream, ratelimit_url=url, rpm=1, tpm=10))
+    async with gateway.client() as client:
+        started = time.monotonic()
+        for stream in (False, True, False, True):
+            await send(client, stream=stream)
+        assert time.monotonic() - started < 10  # no long wait per request for the dead Redis
+    assert len(upstream.requests) == 4
+    assert len(await gateway.app[STORE].ledger()) == 4  # and they are billed as usual
+
+
+# --- revocation
+
+
+async def test_revoked_key_is_refused_at_once_without_a_key_cache(start_gateway, upstream, storage_url):
+    gateway = await start_gateway(make_config(upstream.url, storage_url), key_cache_seconds=0)
+    store = gateway.app[STORE]
+    async with gateway.client() as client:
+        await send(client, stream=False)
+        assert (await store.update_key("test", revoked=True)).revoked
+        for stream in (False, True):
+            with pytest.raises(openai.AuthenticationError) as caught:
+                await send(client, stream=stream)
+            assert_error(caught.value, 401, "invalid_request_error", "invalid_api_key")
+    assert len(upstream.requests) == 1
+    assert len(await store.ledger()) == 1
+
+
+async def test_revoked_key_is_refused_within_the_key_cache_time(start_gateway, upstream, storage_url):
+    cache_seconds = 0.5
+    gateway = await start_gateway(make_config(upstream.url, storage_url), key_cache_seconds=cache_seconds)
+    store = gateway.app[STORE]
+    async with gateway.client() as client:
+        await send(client, stream=False)
+        await store.update_key("test", revoked=True)
+        revoked_at = time.monotonic()
+        refused = None
+        async with asyncio.timeout(cache_seconds + 5):
+            while refused is None:
+                try:
+                    await send(client, stream=False)
+                except openai.AuthenticationError as exc:
+                    refused = exc
+                else:
+                    await asyncio.sleep(0.05)
+        assert time.monotonic() - revoked_at <= cache_seconds + 1
+        assert_error(refused, 401, "invalid_request_error", "invalid_api_key")

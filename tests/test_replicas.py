@@ -1,0 +1,322 @@
+"""Real `ezat-gateway serve` processes: the ledger survives SIGKILL mid-load, and replicas
+sharing PostgreSQL and Redis enforce one spend limit and one rate limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.mock_upstream import Scenario
+from gateway.storage import Store, open_store
+from tests.support import KEY, MODEL, UPSTREAM_KEY
+
+COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
+
+CONFIG = """
+[server]
+host = "127.0.0.1"
+port = {port}
+
+[storage]
+url = "{storage_url}"
+
+[ratelimit]
+url = "{ratelimit_url}"
+
+[[deployments]]
+name = "mock"
+base_url = "{upstream_url}"
+api_key = "{upstream_key}"
+
+[[models]]
+id = "{model}"
+upstream_model = "claude-sonnet-5-5"
+deployments = ["mock"]
+pricing = {{ input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }}
+
+[[keys]]
+key = "{key}"
+name = "replicas"
+{key_fields}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayProcess:
+    """One `ezat-gateway serve --config FILE` process, its output kept in a file (a pipe nobody
+    reads would fill up and stall the server under load)."""
+
+    def __init__(self, tmp_path: Path, name: str, **fields: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = tmp_path / f"{name}.toml"
+        self.config.write_text(
+            CONFIG.format(port=self.port, upstream_key=UPSTREAM_KEY, model=MODEL, key=KEY, **fields)
+        )
+        self.log = tmp_path / f"{name}.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> GatewayProcess:
+        unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")
+        environment = {k: v for k, v in os.environ.items() if k not in unwanted}
+        with self.log.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                COMMAND, "serve", "--config", str(self.config),
+                env=environment, cwd=self.config.parent, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            )
+        await self._wait_until_up()
+        return self
+
+    async def _wait_until_up(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):  # 15 s at most
+                assert self.process.returncode is None, f"the gateway exited:\n{self.output()}"
+                try:
+                    async with http.get(self.url + "/healthz") as response:
+                        if response.status < 500:
+                            return
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"{self.url} never came up:\n{self.output()}")
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/openai/v1", api_key=KEY, max_retries=0)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
+
+    async def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(self.process.wait(), 10)
+
+    async def stop(self) -> None:
+        """Always safe (finally blocks): SIGTERM, then SIGKILL if it does not end in time."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), 10)
+        except TimeoutError:
+            self.process.kill()
+            await asyncio.wait_for(self.process.wait(), 10)
+
+
+async def opened(url: str) -> Store:
+    store = open_store(url)
+    await store.open()
+    return store
+
+
+def cost(input_tokens: int, output_tokens: int) -> Decimal:
+    """USD at the test model's prices: 3 per million input tokens, 15 per million output."""
+    return (input_tokens * Decimal(3) + output_tokens * Decimal(15)) / Decimal(1_000_000)
+
+
+# --- A crash loses no row of a finished reply.
+
+CLIENTS = 30
+LOAD_SECONDS = 1.5
+USAGE = {"input_tokens": 10, "output_tokens": 20}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])
+def storage_url(request, tmp_path) -> str:
+    """A real SQLite file, or the PostgreSQL test schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tmp_path, upstream):
+    # Streams take a few tens of milliseconds each, so some are always mid-reply when the kill lands.
+    upstream.enqueue(*(Scenario(usage=USAGE, event_delay=0.003) for _ in range(50_000)))
+    gateway = GatewayProcess(
+        tmp_path, "gateway", storage_url=storage_url, ratelimit_url="", upstream_url=upstream.url, key_fields=""
+    )
+
+    finished: set[str] = set()  # request ids of replies the client received whole
+    cut: set[str] = set()  # request ids whose reply had begun but not finished at the kill
+    failures: list[str] = []  # anything going wrong before the kill
+    killed = asyncio.Event()
+
+    async def client(number: int, http: aiohttp.ClientSession) -> None:
+        for n in range(1_000_000):
+            if killed.is_set():
+                return
+            stream = (number + n) % 2 == 0
+            body = {"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": f"c{number} r{n}"}]}
+            rid = None
+            try:
+                async with http.post(gateway.url + "/openai/v1/chat/completions", json=body) as response:
+                    rid = response.headers["request-id"]
+                    if response.status != 200:
+                        failures.append(f"{rid}: {response.status} {await response.text()}")
+                        continue
+                    if stream:
+                        # Noted the moment `data: [DONE]` arrives: a reply the client has seen end.
+                        async for line in response.content:
+                            if line.startswith(b"data: {\"error\""):
+                                failures.append(f"{rid}: {line!r}")
+                            elif line.rstrip() == b"data: [DONE]":
+                                finished.add(rid)
+                    else:
+                        completion = await response.json()
+                        assert completion["choices"][0]["message"]["content"], completion
+                        finished.add(rid)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                if not killed.is_set():
+                    failures.append(f"{rid}: {exc!r}")
+            if rid is not None and rid not in finished and killed.is_set():
+                cut.add(rid)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        tasks: list[asyncio.Task] = []
+        try:
+            await gateway.start()
+            tasks = [asyncio.create_task(client(i, http)) for i in range(CLIENTS)]
+            began = time.monotonic()
+            while time.monotonic() - began < LOAD_SECONDS or len(finished) < 100:
+                assert time.monotonic() - began < 15, f"only {len(finished)} replies in 15 s:\n{gateway.output()}"
+                assert not failures, failures[:5]
+                await asyncio.sleep(0.05)
+            killed.set()
+            await gateway.kill()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        finally:
+            killed.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await gateway.stop()
+            print(gateway.output())
+
+    assert gateway.process.returncode == -signal.SIGKILL
+    assert not failures, failures[:5]
+    assert cut, "the kill landed between requests, not mid-load"
+
+    store = await opened(storage_url)
+    try:
+        rows = await store.ledger()
+        (key,) = await store.list_keys()
+    finally:
+        await store.close()
+    by_id = {row.request_id: row for row in rows}
+    assert len(by_id) == len(rows), "a request billed twice"
+    lost = finished - by_id.keys()
+    assert not lost, f"{len(lost)} of {len(finished)} finished replies have no ledger row"
+    for rid in finished:
+        assert by_id[rid].outcome == "complete"
+        assert by_id[rid].cost_usd == cost(10, 20)
+    # Each batch's rows and the key's spend are one transaction: the crash leaves them in step.
+    assert key.spent_usd == sum((row.cost_usd for row in rows), Decimal(0))
+
+
+# --- Two replicas sharing PostgreSQL and Redis enforce one limit.
+
+
+async def start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields) -> list[GatewayProcess]:
+    replicas = [
+        GatewayProcess(tmp_path, name, storage_url=postgres_url, ratelimit_url=redis_url, upstream_url=upstream.url,
+                       key_fields=key_fields)
+        for name in ("replica-a", "replica-b")
+    ]
+    # Started together, as replicas are: both migrate the same database and sync the same key.
+    await asyncio.gather(*(replica.start() for replica in replicas))
+    return replicas
+
+
+async def stop_replicas(replicas: list[GatewayProcess]) -> None:
+    await asyncio.gather(*(replica.stop() for replica in replicas), return_exceptions=True)
+    for replica in replicas:
+        print(replica.config.name, replica.output(), sep="\n")
+
+
+async def ask(replica: GatewayProcess, *, stream: bool = False) -> str:
+    async with replica.client() as client:
+        if stream:
+            chunks = await client.chat.completions.create(
+                model=MODEL, stream=True, messages=[{"role": "user", "content": "Hi"}]
+            )
+            return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        completion = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        return completion.choices[0].message.content
+
+
+@pytest.mark.services
+async def test_replicas_enforce_one_spend_limit(tmp_path, postgres_url, redis_url, upstream):
+    each = cost(1000, 200)  # 0.006 USD
+    assert each == Decimal("0.006")
+    upstream.enqueue(*(Scenario(usage={"input_tokens": 1000, "output_tokens": 200}) for _ in range(3)))
+    replicas: list[GatewayProcess] = []
+    try:
+        replicas = a, b = await start_replicas(
+            tmp_path, postgres_url, redis_url, upstream, key_fields="spend_limit_usd = 0.018"
+        )
+        # Alternating: after three requests the key has spent exactly its limit, in total.
+        assert await ask(a)
+        assert await ask(b)
+        assert await ask(a, stream=True)
+        for replica in (b, a):
+            with pytest.raises(openai.APIStatusError) as refused:
+                await ask(replica)
+            assert refused.value.status_code == 402
+            assert (refused.value.type, refused.value.code) == ("insufficient_quota", "insufficient_quota")
+            with pytest.raises(openai.APIStatusError) as refused:
+                await ask(replica, stream=True)
+            assert refused.value.status_code == 402
+    finally:
+        await stop_replicas(replicas)
+
+    assert len(upstream.requests) == 3  # refused requests never reach the upstream
+    store = await opened(postgres_url)
+    try:
+        rows = await store.ledger()
+        (key,) = await store.list_keys()
+    finally:
+        await store.close()
+    assert [row.cost_usd for row in rows] == [each] * 3
+    assert [row.outcome for row in rows] == ["complete"] * 3
+    assert key.spent_usd == Decimal("0.018")
+
+
+@pytest.mark.services
+async def test_replicas_enforce_one_rate_limit(tmp_path, postgres_url, redis_url, upstream):
+    replicas: list[GatewayProcess] = []
+    try:
+        replicas = a, b = await start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields="rpm = 4")
+        for replica in (a, b, a, b):
+            assert await ask(replica)
+        for replica in (a, b):
+            with pytest.raises(openai.RateLimitError) as limited:
+                await ask(replica)
+            assert limited.value.status_code == 429
+            assert (limited.value.type, limited.value.code) == ("rate_limit_error", "rate_limit_exceeded")
+            # 4 a minute is one every 15 s; the test used a few seconds of that at most.
+            assert 10 <= int(limited.value.response.headers["retry-after"]) <= 15
+    finally:
+        await stop_replicas(replicas)
+
+    assert len(upstream.requests) == 4
+    store = await opened(postgres_url)
+    try:
+        rows = await store.ledger()
+    finally:
+        await store.close()
+    assert len(rows) == 4  # limited requests are not billed
