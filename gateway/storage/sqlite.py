@@ -30,21 +30,28 @@ SPEND_TTL = 1.0
 class SQLiteStore:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._db: aiosqlite.Connection | None = None
+        self._db: aiosqlite.Connection | None = None  # writes
+        self._reader: aiosqlite.Connection | None = None  # reads, never queued behind a write
         self._spent: dict[int, tuple[Decimal, float]] = {}
 
     async def open(self) -> None:
-        self._db = await aiosqlite.connect(self.path, isolation_level=None)
+        self._db = await self._connect()
         await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute("PRAGMA synchronous=NORMAL")
-        await self._db.execute("PRAGMA busy_timeout=10000")
-        await self._db.execute("PRAGMA foreign_keys=ON")
         await self._migrate()
+        # WAL lets a second connection read while the first writes; ":memory:" is one database per connection.
+        self._reader = self._db if self.path == ":memory:" else await self._connect()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        db = await aiosqlite.connect(self.path, isolation_level=None)
+        await db.execute("PRAGMA synchronous=NORMAL")
+        await db.execute("PRAGMA busy_timeout=10000")
+        await db.execute("PRAGMA foreign_keys=ON")
+        return db
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
+        for db in {self._reader, self._db} - {None}:
+            await db.close()
+        self._db = self._reader = None
 
     async def _migrate(self) -> None:
         db = self._db
@@ -59,7 +66,7 @@ class SQLiteStore:
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:
-        async with self._db.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE key_sha256 = ?", (key_sha256,)) as cur:
+        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE key_sha256 = ?", (key_sha256,)) as cur:
             row = await cur.fetchone()
         return _key(row) if row else None
 
@@ -95,7 +102,7 @@ class SQLiteStore:
         return await self.find_key(key_sha256)
 
     async def list_keys(self) -> list[KeyRecord]:
-        async with self._db.execute(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id") as cursor:
+        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id") as cursor:
             return [_key(row) for row in await cursor.fetchall()]
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
@@ -113,7 +120,7 @@ class SQLiteStore:
 
     async def _lookup(self, name_or_id: str) -> KeyRecord | None:
         query = "id = ?" if name_or_id.isdigit() else "name = ?"
-        async with self._db.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE {query}", (name_or_id,)) as cursor:
+        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE {query}", (name_or_id,)) as cursor:
             rows = await cursor.fetchall()
         return _key(rows[0]) if len(rows) == 1 else None
 
@@ -123,7 +130,7 @@ class SQLiteStore:
         cached = self._spent.get(key_id)
         if cached is not None and time.monotonic() - cached[1] < SPEND_TTL:
             return cached[0]
-        async with self._db.execute("SELECT spent_usd FROM keys WHERE id = ?", (key_id,)) as cursor:
+        async with self._reader.execute("SELECT spent_usd FROM keys WHERE id = ?", (key_id,)) as cursor:
             row = await cursor.fetchone()
         spent = Decimal(row[0]) if row else Decimal(0)
         self._spent[key_id] = (spent, time.monotonic())
@@ -163,7 +170,7 @@ class SQLiteStore:
             params.append(_text(since))
         if where:
             query += " WHERE " + " AND ".join(where)
-        async with self._db.execute(query + " ORDER BY ledger.id", params) as cursor:
+        async with self._reader.execute(query + " ORDER BY ledger.id", params) as cursor:
             return [_ledger_row(row) for row in await cursor.fetchall()]
 
 
