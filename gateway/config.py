@@ -79,6 +79,15 @@ def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, f
 class ServerConfig:
     host: str = _field("127.0.0.1", check=_non_empty)
     port: int = _field(8080, check=_port)
+    workers: int = _field(1, check=_positive)  # processes sharing the port
+    shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    max_attempts: int = _field(4, check=_positive)  # deployments and fallback models tried per request
+    failures_before_cooldown: int = _field(3, check=_positive)  # in a row
+    cooldown_seconds: float = _field(30.0, check=_positive_number)  # unless the upstream's retry-after says
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}
     name: str = _field(check=_non_empty)
     base_url: str = _field(check=_http_url, clean=lambda url: url.rstrip("/"))
     api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
+    connect_timeout_seconds: float = _field(10.0, check=_positive_number)
+    first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,7 @@ class Config:
     storage: StorageConfig = StorageConfig()
     images: ImagesConfig = ImagesConfig()
     ratelimit: RateLimitConfig = RateLimitConfig()
+    routing: RoutingConfig = RoutingConfig()
     deployments: tuple[Deployment, ...] = ()
     models: tuple[Model, ...] = ()
     keys: tuple[KeyConfig, ...] = ()

@@ -24,6 +24,10 @@ AFFINITY = web.RequestKey("ezat.affinity", str | None)
 API_KEY = web.RequestKey("ezat.api_key", KeyRecord)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
 REQUEST_ID = web.RequestKey("ezat.request_id", str)
+# Models to try, in order, when the asked one cannot answer (the request's `models`), set by translator.
+FALLBACK_MODELS = web.RequestKey("ezat.fallback_models", tuple[str, ...])
+# The model that answered (the asked one, or a fallback), set by the proxy handler.
+ANSWERED_MODEL = web.RequestKey("ezat.answered_model", str)
 # The deployment the proxy handler sent the request to.
 DEPLOYMENT = web.RequestKey("ezat.deployment", str)
 

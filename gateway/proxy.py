@@ -1,29 +1,34 @@
-"""The proxy handler: sends the (already Anthropic-shaped) request to a deployment of its model
-and returns the reply unsent, for the stages to translate and bill on the way out.
+"""The proxy handler: sends the (already Anthropic-shaped) request to a deployment and returns
+the reply unsent, for the stages to translate and bill on the way out.
 
-Deployments are tried in routing order until one produces output: an attempt that fails in a
-way another deployment may not (connection refused, 429, 5xx) moves on, invisibly to the
-client, who has been sent nothing yet.
+Nothing reaches the client before the upstream has produced output, so a failed attempt is
+invisible: deployments are tried in routing order (skipping cooled-down ones), then the
+request's fallback models, until one answers or the attempts run out. A connection failure, a
+timeout before the first token, 429 or a 5xx moves on; a request the upstream refuses as
+invalid (other 4xx) is answered at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.config import Config, Deployment
-from gateway.context import AFFINITY, BODY, DEPLOYMENT
+from gateway.config import Config, Deployment, Model
+from gateway.context import AFFINITY, ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS
 from gateway.errors import GatewayError, model_not_found
+from gateway.health import Health
 from gateway.reply import EventStreamReply, MessageReply
 from gateway.routing import ranked
 from gateway.upstream import UpstreamClient, UpstreamEvents
 
 # Spec, "Errors": a non-streaming request that takes longer than this ends with 504.
 NON_STREAMING_DEADLINE = 590.0
-# Failures another deployment may not have (upstream 401 is the gateway's credential: 500).
+# Failures another deployment may not have (an upstream 401 is the gateway's credential: 500).
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 
 
@@ -31,15 +36,29 @@ def proxy_handler(
     config: Config,
     upstream: UpstreamClient,
     *,
+    health: Health | None = None,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     ping_interval: float = 15.0,
 ):
-    async def stream(deployment: Deployment, body: dict) -> EventStreamReply:
-        events = UpstreamEvents(await upstream.post(deployment, body), idle=ping_interval)
-        await events.first_output()
+    health = health or Health(
+        failures_before_cooldown=config.routing.failures_before_cooldown, cooldown=config.routing.cooldown_seconds
+    )
+
+    async def stream(deployment: Deployment, body: dict[str, Any]) -> EventStreamReply:
+        try:
+            async with asyncio.timeout(deployment.first_token_timeout_seconds):
+                events = UpstreamEvents(await upstream.post(deployment, body), idle=ping_interval)
+                await events.first_output()
+        except TimeoutError:
+            raise GatewayError(
+                504,
+                f"The upstream produced nothing within {deployment.first_token_timeout_seconds:g} seconds.",
+                type="server_error",
+                code="timeout",
+            ) from None
         return EventStreamReply(events, ping_interval=ping_interval)
 
-    async def message(deployment: Deployment, body: dict) -> MessageReply:
+    async def message(deployment: Deployment, body: dict[str, Any]) -> MessageReply:
         try:
             async with await upstream.post(deployment, body) as response:
                 raw = await response.read()
@@ -52,22 +71,35 @@ def proxy_handler(
 
     async def first_answer(request: web.Request) -> web.StreamResponse:
         body = request[BODY]
-        model = config.model(body.get("model"))
-        if model is None:
+        asked = config.model(body.get("model"))
+        if asked is None:
             raise model_not_found(body.get("model"))
-        upstream_body = {**body, "model": model.upstream_model}
+        models = [asked, *(config.model(name) for name in request.get(FALLBACK_MODELS, ()))]
         attempt = stream if body.get("stream") else message
-        error = None
-        for name in ranked(model.deployments, request.get(AFFINITY)):
-            try:
-                reply = await attempt(config.deployment(name), upstream_body)
-            except GatewayError as failure:
-                if failure.status not in RETRYABLE:
-                    raise
-                error = failure
-                continue
-            request[DEPLOYMENT] = name
-            return reply
+        attempts, error = config.routing.max_attempts, None
+        for model in models:
+            deployments = ranked(model.deployments, request.get(AFFINITY))
+            usable = health.available(deployments)
+            if not usable:
+                error = error or _all_cooling(health.cooling_ends(deployments))
+            for name in usable:
+                if attempts == 0:
+                    raise error
+                attempts -= 1
+                try:
+                    reply = await attempt(config.deployment(name), _for_model(body, model, asked))
+                except GatewayError as failure:
+                    if failure.status not in RETRYABLE:
+                        raise
+                    health.failed(name, _seconds(failure.headers.get("retry-after")))
+                    error = failure
+                    continue
+                health.succeeded(name)
+                request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model.id
+                reply.headers["x-ezat-model"] = model.id
+                if model is not asked:
+                    reply.headers["x-ezat-routed-from"] = asked.id
+                return reply
         raise error
 
     async def proxy(request: web.Request) -> web.StreamResponse:
@@ -85,3 +117,35 @@ def proxy_handler(
             ) from None
 
     return proxy
+
+
+def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, Any]:
+    """The upstream request for `model`: a fallback gets what it supports of the asked one's."""
+    upstream_body = {**body, "model": model.upstream_model}
+    if model is asked:
+        return upstream_body
+    upstream_body["max_tokens"] = min(body["max_tokens"], model.max_output_tokens)
+    effort = (body.get("output_config") or {}).get("effort")
+    if effort is not None and effort not in model.efforts:
+        upstream_body["output_config"] = {k: v for k, v in body["output_config"].items() if k != "effort"}
+    if not model.sampling:
+        for field in ("temperature", "top_p"):
+            upstream_body.pop(field, None)
+    return upstream_body
+
+
+def _all_cooling(seconds: float) -> GatewayError:
+    return GatewayError(
+        503,
+        "No deployment of this model is available right now.",
+        type="server_error",
+        code="overloaded",
+        headers={"retry-after": str(max(1, math.ceil(seconds)))},
+    )
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None  # an HTTP date: the usual cool-down applies

@@ -27,8 +27,7 @@ _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The up
 class UpstreamClient:
     """Sends Anthropic Messages requests to deployments over one shared connection pool."""
 
-    def __init__(self, *, connect_timeout: float = 10.0) -> None:
-        self._connect_timeout = connect_timeout
+    def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
     async def lifespan(self, app: web.Application):
@@ -36,7 +35,7 @@ class UpstreamClient:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+            timeout=aiohttp.ClientTimeout(total=None),  # per deployment, below; overall, in the handler
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             skip_auto_headers=("User-Agent",),
         )
@@ -56,7 +55,12 @@ class UpstreamClient:
         except orjson.JSONEncodeError:
             raise too_deeply_nested() from None
         try:
-            response = await self._session.post(deployment.base_url + "/v1/messages", data=data, headers=headers)
+            response = await self._session.post(
+                deployment.base_url + "/v1/messages",
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
+            )
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
             raise GatewayError(500, "Could not reach the upstream.", type="server_error") from None

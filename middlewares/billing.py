@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Model
-from gateway.context import API_KEY, BODY, DEPLOYMENT, request_id
+from gateway.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, FALLBACK_MODELS, request_id
 from gateway.errors import GatewayError, model_not_found
 from gateway.ledger import Ledger
 from gateway.ratelimit import RateLimiter
@@ -37,8 +37,9 @@ def billing_middleware(
         model = find_model(model_id) if isinstance(model_id, str) else None
         if model is None:
             raise model_not_found(model_id)
-        if not key.allows(model.id):
-            raise GatewayError(403, f"This key may not use the model `{model.id}`.", type="permission_error")
+        for allowed in (model.id, *request.get(FALLBACK_MODELS, ())):
+            if not key.allows(allowed):
+                raise GatewayError(403, f"This key may not use the model `{allowed}`.", type="permission_error")
         if key.spend_limit_usd is not None and await spent(key.id) >= key.spend_limit_usd:
             raise GatewayError(
                 402,
@@ -58,7 +59,8 @@ def billing_middleware(
 
         started = datetime.now(timezone.utc)
         reply = await handler(request)
-        bill = Bill(request_id(request), key, model, request.get(DEPLOYMENT, ""), started, ledger, limiter)
+        answered = find_model(request.get(ANSWERED_MODEL, model.id)) or model
+        bill = Bill(request_id(request), key, model, answered, request.get(DEPLOYMENT, ""), started, ledger, limiter)
         if isinstance(reply, MessageReply):
             await bill.record(Usage.from_anthropic(reply.payload.get("usage") or {}, _thinking_chars(reply.payload)))
         elif isinstance(reply, EventStreamReply):
@@ -71,24 +73,25 @@ def billing_middleware(
 class Bill:
     """What one request's ledger row needs, and recording it."""
 
-    def __init__(self, rid: str, key: KeyRecord, model: Model, deployment: str, started: datetime,
+    def __init__(self, rid: str, key: KeyRecord, asked: Model, answered: Model, deployment: str, started: datetime,
                  ledger: Ledger, limiter: RateLimiter) -> None:
-        self.rid, self.key, self.model, self.deployment, self.started = rid, key, model, deployment, started
+        self.rid, self.key, self.asked, self.answered = rid, key, asked, answered
+        self.deployment, self.started = deployment, started
         self._ledger, self._limiter = ledger, limiter
 
     async def record(self, usage: Usage, outcome: str = "complete") -> None:
         row = LedgerRow(
             request_id=self.rid,
             key_id=self.key.id,
-            model=self.model.id,
-            answered_model=self.model.id,
+            model=self.asked.id,
+            answered_model=self.answered.id,
             deployment=self.deployment,
             input_tokens=usage.input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             output_tokens=usage.output_tokens,
             reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=usage.cost(self.model.pricing),
+            cost_usd=usage.cost(self.answered.pricing),  # priced as the model that answered
             outcome=outcome,
             started_at=self.started,
             finished_at=datetime.now(timezone.utc),

@@ -8,6 +8,7 @@ lookup), and odd IPv4 spellings (2130706433, 0177.0.0.1, 127.1) are judged by wh
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from typing import Any
 
@@ -16,6 +17,7 @@ from aiohttp.resolver import DefaultResolver
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NUMERIC_HOST = re.compile(r"[0-9a-fA-FxX.]+")
 
 
 class PrivateAddress(OSError):
@@ -34,11 +36,18 @@ def is_public(ip: IPAddress) -> bool:
 
 
 def literal_address(host: str) -> IPAddress | None:
-    """The address a URL host names literally ("[::1]" included), or None for a name."""
+    """The address a URL host names literally, or None for a name. Covers "[::1]" and the old
+    IPv4 spellings C's inet_aton still accepts: 2130706433, 0177.0.0.1, 0x7f.1, 127.1."""
     try:
         return ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
     except ValueError:
-        return None
+        pass
+    if _NUMERIC_HOST.fullmatch(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            pass
+    return None
 
 
 class PublicOnlyResolver(AbstractResolver):

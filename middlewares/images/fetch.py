@@ -73,9 +73,10 @@ class ImageFetcher:
                 return await self._follow(URL(url), budget)
         except TimeoutError:
             raise ImageError(f"could not download the image (timed out after {self.limits.timeout:g} s)") from None
-        except PrivateAddress:
-            raise ImageError("the host is not a public address") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
+            # aiohttp's connector wraps what the resolver raised
+            if isinstance(exc, PrivateAddress) or isinstance(getattr(exc, "os_error", None), PrivateAddress):
+                raise ImageError("the host is not a public address") from None
             raise ImageError(f"could not download the image ({type(exc).__name__})") from None
 
     async def _follow(self, url: URL, budget: Budget) -> tuple[str, bytes]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.config import Model
-from gateway.context import BODY, request_id
+from gateway.context import ANSWERED_MODEL, BODY, FALLBACK_MODELS, request_id
 from gateway.errors import invalid_request, model_not_found
 from gateway.reply import EventStreamReply, MessageReply
 from middlewares.translator.request import to_anthropic
@@ -33,9 +33,11 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
             raise invalid_request("stream: expected a boolean", "stream")
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+        request[FALLBACK_MODELS] = _fallbacks(body.get("models"), name, find_model)
         request[BODY], renamed = to_anthropic(body, model)
 
         reply = await handler(request)
+        name = request.get(ANSWERED_MODEL, name)  # `model` is the model that answered
         completion_id = "chatcmpl-" + request_id(request)
         created = int(time.time())
         if isinstance(reply, MessageReply):
@@ -53,3 +55,15 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
         return reply
 
     return translator
+
+
+def _fallbacks(models, asked: str, find_model: Callable[[str], Model | None]) -> tuple[str, ...]:
+    """The request's `models`: alternatives tried in order when the asked model cannot answer."""
+    if models is None:
+        return ()
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise invalid_request("models: expected a list of model ids", "models")
+    for name in models:
+        if find_model(name) is None:
+            raise model_not_found(name)
+    return tuple(dict.fromkeys(m for m in models if m != asked))
