@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import hashlib
 import logging
+import multiprocessing
 import os
 import secrets
 import signal
@@ -40,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     storage_options = argparse.ArgumentParser(add_help=False, parents=[config_option])
     storage_options.add_argument("--storage", help="storage URL (default: the config's, else the embedded SQLite file)")
 
-    serve = commands.add_parser("serve", parents=[config_option], help="run the gateway")
-    serve.add_argument("--host", help="override [server] host")
-    serve.add_argument("--port", type=int, help="override [server] port")
+    serving = commands.add_parser("serve", parents=[config_option], help="run the gateway")
+    serving.add_argument("--host", help="override [server] host")
+    serving.add_argument("--port", type=int, help="override [server] port")
+    serving.add_argument("--workers", type=int, help="override [server] workers (processes sharing the port)")
 
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("keys", "usage"):
             storage = args.storage or (load_config(args.config) if args.config else Config()).storage.url
             return asyncio.run(admin.run(args, storage))
-        asyncio.run(serve_forever(args.config, args.host, args.port))
+        serve(args.config, args.host, args.port, args.workers)
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
@@ -87,7 +89,48 @@ def check_config(path: str) -> int:
     return 0
 
 
-async def serve_forever(config_path: str | None, host: str | None, port: int | None) -> None:
+def serve(config_path: str | None, host: str | None, port: int | None, workers: int | None) -> None:
+    """Run the gateway until SIGTERM or Ctrl-C; with several workers, one process each, sharing
+    the port (SO_REUSEPORT lets the kernel spread connections over them)."""
+    workers = workers or (load_config(config_path).server.workers if config_path else 1)
+    if workers == 1:
+        _run(serve_forever(config_path, host, port))
+        return
+    if not config_path:
+        raise SystemExit("--workers needs --config: workers share its storage (the embedded mode is one process)")
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=_worker, args=(config_path, host, port)) for _ in range(workers)]
+    for process in processes:
+        process.start()
+
+    def stop(signum, frame) -> None:  # each worker shuts down gracefully on its own SIGTERM
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for process in processes:
+        process.join()
+
+
+def _worker(config_path: str, host: str | None, port: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
+    _run(serve_forever(config_path, host, port, reuse_port=True))
+
+
+def _run(main) -> None:
+    """asyncio.run, on uvloop when it is installed (a faster event loop, same behaviour)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)
+
+
+async def serve_forever(config_path: str | None, host: str | None, port: int | None, *, reuse_port: bool = False) -> None:
     mock = None
     if config_path:
         config = load_config(config_path)
@@ -96,10 +139,17 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
         config, demo_key, mock = await embedded_config()
     server = replace(config.server, host=host or config.server.host, port=port or config.server.port)
 
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+    # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
+    # timeout), then close; the app's cleanup writes every ledger row still pending.
+    runner = web.AppRunner(
+        build_app(config),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=server.shutdown_timeout_seconds,
+    )
     await runner.setup()
-    await web.TCPSite(runner, server.host, server.port).start()
-    log.info("ezat-gateway listening on http://%s:%d", server.host, server.port)
+    await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None).start()
+    log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
     if demo_key:
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
 
@@ -107,6 +157,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     await stop.wait()
+    log.info("shutting down: finishing open requests (up to %g s)", server.shutdown_timeout_seconds)
     await runner.cleanup()
     if mock is not None:
         await mock.close()
