@@ -44,6 +44,7 @@ def _rule(is_fine: Callable[[Any], bool], problem: str) -> Callable[[Any], str |
 _port = _rule(lambda v: 1 <= v <= 65535, "expected an integer from 1 to 65535")
 _positive = _rule(lambda v: v > 0, "expected a positive integer")
 _non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
+_zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
 _positive_number = _rule(lambda v: v > 0, "expected a positive number")
 _non_empty = _rule(bool, "expected a non-empty string")
 _some_deployments = _rule(bool, "expected at least one deployment name")
@@ -139,7 +140,7 @@ class Model:
     sampling: bool = False
     efforts: tuple[str, ...] = _field(EFFORTS, check_each=_effort)
     forced_tool_choice: bool = True
-    min_cache_tokens: int = _field(1024, check=_positive)
+    min_cache_tokens: int = _field(1024, check=_zero_or_more)  # 0: the model has no prompt cache
     pricing: Pricing = Pricing()
 
 

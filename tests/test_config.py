@@ -404,7 +404,7 @@ pricing = { input = -1, output = 15, cache_write = -0.01, cache_read = 0 }
         "models[0].max_output_tokens: expected a positive integer",
         "models[0].efforts[1]: expected one of low, medium, high, xhigh, max",
         "models[0].efforts[3]: expected one of low, medium, high, xhigh, max",
-        "models[0].min_cache_tokens: expected a positive integer",
+        "models[0].min_cache_tokens: expected 0 or a positive integer",
         "models[0].pricing.input: expected a non-negative number",
         "models[0].pricing.cache_write: expected a non-negative number",
     ]
