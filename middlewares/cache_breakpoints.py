@@ -77,12 +77,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _count_breakpoints(body: dict[str, Any]) -> int:
     tools = body.get("tools")
-    count = sum(1 for tool in tools if isinstance(tool, dict) and "cache_control" in tool) if isinstance(tools, list) else 0
+    count = sum(1 for tool in tools if _marked(tool)) if isinstance(tools, list) else 0
     for message in _messages(body):
         content = message.get("content")
         if isinstance(content, list):
-            count += sum(1 for part in content if isinstance(part, dict) and "cache_control" in part)
+            count += sum(1 for part in content if _marked(part))
     return count
+
+
+def _marked(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("cache_control") is not None
 
 
 def _mark_prefix(body: dict[str, Any]) -> None:
@@ -111,5 +115,9 @@ def _mark_last_part(message: dict[str, Any]) -> None:
     content = message["content"]
     if isinstance(content, str):
         message["content"] = [{"type": "text", "text": content, "cache_control": dict(EPHEMERAL)}]
-    elif isinstance(content[-1], dict):
-        content[-1]["cache_control"] = dict(EPHEMERAL)
+        return
+    # The last part that reaches the upstream: blank text is never sent, and its mark would go with it.
+    for part in reversed(content):
+        if isinstance(part, dict) and not (part.get("type") == "text" and not str(part.get("text", "")).strip()):
+            part["cache_control"] = dict(EPHEMERAL)
+            return

@@ -222,6 +222,9 @@ def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
         "tool_use_id": upstream_identifier(_non_empty(message.get("tool_call_id"), f"{path}.tool_call_id")),
     }
     blocks = _text_blocks(message.get("content", ""), f"{path}.content")
+    for block in blocks:  # a breakpoint in the result's text belongs on the result block itself
+        if "cache_control" in block:
+            result["cache_control"] = block.pop("cache_control")
     if blocks:
         result["content"] = blocks
     return result
