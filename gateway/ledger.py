@@ -38,21 +38,33 @@ class Ledger:
             while self._pending:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-                error = await self._write([row for row, _ in batch])
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(error) if error else done.set_result(None)
+                await self._write(batch)
         finally:
             self._writer = None
 
-    async def _write(self, rows: list[LedgerRow]) -> Exception | None:
+    async def _write(self, batch: list[tuple[LedgerRow, asyncio.Future[None]]]) -> None:
+        rows = [row for row, _ in batch]
         for attempt in range(1, self._attempts + 1):
             try:
                 await self._store.write_ledger(rows)
-                return None
+                return _settle(batch, None)
             except Exception as exc:  # the database may be briefly unavailable: try again
                 log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
-                if attempt == self._attempts:
-                    return exc
-                await asyncio.sleep(0.05 * 2**attempt)
-        return None
+                if attempt < self._attempts:
+                    await asyncio.sleep(0.05 * 2**attempt)
+                elif len(batch) == 1:
+                    return _settle(batch, exc)
+        # A batch that keeps failing may hold one bad row: it must not take its neighbours down.
+        for entry in batch:
+            try:
+                await self._store.write_ledger([entry[0]])
+                _settle([entry], None)
+            except Exception as exc:
+                log.error("ledger row %s could not be written: %r", entry[0].request_id, exc)
+                _settle([entry], exc)
+
+
+def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], error: Exception | None) -> None:
+    for _, done in batch:
+        if not done.done():
+            done.set_exception(error) if error else done.set_result(None)

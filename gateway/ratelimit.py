@@ -113,7 +113,7 @@ class RedisRateLimiter:
     """Buckets shared through Redis. If Redis is unreachable, requests go through (fail open)
     and the failure is logged, at most every 30 s: a rate limit must not take the gateway down."""
 
-    def __init__(self, url: str, *, timeout: float = 0.25) -> None:
+    def __init__(self, url: str, *, timeout: float = 1.0) -> None:
         import redis.asyncio as redis
 
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)

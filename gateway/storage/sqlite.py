@@ -7,6 +7,8 @@ kept as exact decimal strings.
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -36,7 +38,7 @@ class SQLiteStore:
 
     async def open(self) -> None:
         self._db = await self._connect()
-        await self._db.execute("PRAGMA journal_mode=WAL")
+        await _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
         await self._migrate()
         # WAL lets a second connection read while the first writes; ":memory:" is one database per connection.
         self._reader = self._db if self.path == ":memory:" else await self._connect()
@@ -54,14 +56,21 @@ class SQLiteStore:
         self._db = self._reader = None
 
     async def _migrate(self) -> None:
+        """All in one write transaction, so processes opening the file at once migrate it once."""
         db = self._db
-        await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        async with db.execute("SELECT coalesce(max(version), 0) FROM schema_version") as cursor:
-            (version,) = await cursor.fetchone()
-        for number, script in enumerate(SQLITE[version:], start=version + 1):
-            await db.executescript(
-                f"BEGIN IMMEDIATE; {script}; INSERT INTO schema_version VALUES ({number}); COMMIT;"
-            )
+        await _when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
+        try:
+            await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            async with db.execute("SELECT coalesce(max(version), 0) FROM schema_version") as cursor:
+                (version,) = await cursor.fetchone()
+            for number, script in enumerate(SQLITE[version:], start=version + 1):
+                for statement in filter(str.strip, script.split(";")):  # executescript would COMMIT
+                    await db.execute(statement)
+                await db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
 
     # --- keys
 
@@ -172,6 +181,19 @@ class SQLiteStore:
             query += " WHERE " + " AND ".join(where)
         async with self._reader.execute(query + " ORDER BY ledger.id", params) as cursor:
             return [_ledger_row(row) for row in await cursor.fetchall()]
+
+
+async def _when_unlocked(statement, attempts: int = 100) -> None:
+    """Run a statement that SQLite refuses at once, without waiting, while another connection
+    sets the file up (switching it to WAL, or starting a write)."""
+    for attempt in range(attempts):
+        try:
+            await statement()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.02)
 
 
 def _text(moment: datetime | None) -> str | None:

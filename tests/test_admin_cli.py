@@ -1,0 +1,315 @@
+"""`ezat-gateway keys …` and `ezat-gateway usage` as an operator runs them: the installed console
+script in a subprocess, against the same store a gateway serves from (a SQLite file from the
+config, or PostgreSQL through `--storage`)."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.config import StorageConfig, load_config
+from gateway.mock_upstream import Scenario
+from gateway.storage import open_store
+from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL
+
+COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
+CONFIG_KEY = "sk-config-key-for-cfg"
+
+CONFIG = """
+[storage]
+url = "sqlite:///{db}"
+
+[[deployments]]
+name = "primary"
+base_url = "{upstream}"
+api_key = "{upstream_key}"
+
+[[models]]
+id = "{model}"
+upstream_model = "{upstream_model}"
+deployments = ["primary"]
+pricing = {{ input = 3, output = 15, cache_write = 3.75, cache_read = 0.30 }}
+
+[[models]]
+id = "test/small"
+upstream_model = "small-1"
+deployments = ["primary"]
+
+[[keys]]
+key = "{config_key}"
+name = "cfg"
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request, tmp_path, upstream):
+    """(config file, storage options for the command, storage URL) for each backend. With
+    PostgreSQL the config still names a SQLite file: `--storage` must win over it."""
+    db = tmp_path / "ezat.db"
+    path = tmp_path / "gateway.toml"
+    path.write_text(CONFIG.format(db=db, upstream=upstream.url, upstream_key=UPSTREAM_KEY, model=MODEL,
+                                  upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
+    if request.param == "sqlite":
+        return path, [], f"sqlite:///{db}"
+    url = request.getfixturevalue("postgres_url")
+    return path, ["--storage", url], url
+
+
+async def ezat(backend, *args: str) -> tuple[int, str]:
+    """Runs `ezat-gateway <args> --config <file> [--storage url]`; (exit status, stdout and stderr)."""
+    path, storage, _ = backend
+    environment = {k: v for k, v in os.environ.items() if k not in ("EZAT_CONFIG", "ANTHROPIC_API_KEY", "EZAT_API_KEY")}
+    process = await asyncio.create_subprocess_exec(
+        COMMAND, *args, "--config", str(path), *storage, env=environment, cwd=path.parent,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 20)
+    return process.returncode, output.decode()
+
+
+async def serve(start_gateway, backend):
+    """A gateway from the same config file (and store), reading keys afresh on every request."""
+    path, _, url = backend
+    config = replace(load_config(path), storage=StorageConfig(url=url))
+    return await start_gateway(config, key_cache_seconds=0)
+
+
+async def in_database_files(url: str, needle: str) -> bool:
+    """Whether `needle` is anywhere in the SQLite file or its WAL. Read by another process: closing
+    a descriptor of the file here would drop the SQLite locks this process (the gateway) holds."""
+    path = url.removeprefix("sqlite:///")
+    script = "import glob, sys; sys.exit(any(sys.argv[2].encode() in open(p, 'rb').read() for p in glob.glob(sys.argv[1] + '*')))"
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, path, needle)
+    return await asyncio.wait_for(process.wait(), 10) == 1
+
+
+async def stored_keys(url: str) -> dict:
+    store = open_store(url)
+    await store.open()
+    try:
+        return {key.name: key for key in await store.list_keys()}
+    finally:
+        await store.close()
+
+
+async def stored_ledger(url: str):
+    store = open_store(url)
+    await store.open()
+    try:
+        return await store.ledger()
+    finally:
+        await store.close()
+
+
+async def ask(gateway, secret: str, model: str = MODEL):
+    async with gateway.client(api_key=secret) as client:
+        return await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+
+
+LIMITS = ("--models", "anthropic/*", "--spend-limit", "5", "--rpm", "10", "--tpm", "1000", "--expires", "2030-01-01")
+
+
+async def create_ci_key(backend, *options: str) -> str:
+    status, output = await ezat(backend, "keys", "create", "--name", "ci", *options)
+    assert status == 0, output
+    secrets = re.findall(r"sk-ezat-[A-Za-z0-9_-]+", output)
+    assert len(secrets) == 1, output  # shown once
+    return secrets[0]
+
+
+async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, caplog):
+    caplog.set_level(logging.DEBUG)
+    _, _, url = backend
+    secret = await create_ci_key(backend, *LIMITS)
+
+    created = (await stored_keys(url))["ci"]
+    assert created.models == ("anthropic/*",)
+    assert (created.spend_limit_usd, created.rpm, created.tpm) == (Decimal("5"), 10, 1000)
+    assert created.expires_at == datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert created.revoked is False
+
+    gateway = await serve(start_gateway, backend)
+    completion = await ask(gateway, secret)
+    assert completion.choices[0].message.content
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await ask(gateway, secret, model="test/small")  # not one of its models
+    assert refused.value.status_code == 403
+    for _ in range(9):  # rpm 10: the first request and nine more...
+        await ask(gateway, secret)
+    with pytest.raises(openai.RateLimitError) as limited:  # ...then the eleventh is refused
+        await ask(gateway, secret)
+    assert limited.value.body["code"] == "rate_limit_exceeded"
+    assert int(limited.value.response.headers["retry-after"]) >= 1
+
+    status, listed = await ezat(backend, "keys", "list")
+    assert status == 0, listed
+    header, *lines = listed.splitlines()
+    assert header.split()[:4] == ["id", "name", "models", "spent_usd"]
+    (ci_line,) = [line for line in lines if line.split()[1] == "ci"]
+    assert ci_line.split()[2:3] == ["anthropic/*"]
+    for shown in ("5", "10", "1000", "2030-01-01T00:00:00+00:00", "False"):
+        assert shown in ci_line.split(), ci_line
+    assert any(line.split()[1] == "cfg" for line in lines)
+    assert secret not in listed
+    if url.startswith("sqlite:///"):
+        assert await in_database_files(url, created.key_sha256)  # the search works: the digest is there
+        assert not await in_database_files(url, secret)
+
+    status, output = await ezat(backend, "keys", "update", "ci", "--spend-limit", "none", "--rpm", "0")
+    assert status == 0, output
+    updated = (await stored_keys(url))["ci"]
+    assert (updated.spend_limit_usd, updated.rpm) == (None, None)  # cleared
+    assert (updated.tpm, updated.models, updated.expires_at) == (1000, ("anthropic/*",), created.expires_at)
+    await ask(gateway, secret)  # no request limit any more: the twelfth goes through
+
+    status, output = await ezat(backend, "keys", "revoke", "ci")
+    assert status == 0, output
+    assert (await stored_keys(url))["ci"].revoked is True
+    with pytest.raises(openai.AuthenticationError) as revoked:
+        await ask(gateway, secret)
+    assert revoked.value.status_code == 401
+    assert revoked.value.body["code"] == "invalid_api_key"
+    await ask(gateway, CONFIG_KEY)  # the other key is untouched
+
+    status, output = await ezat(backend, "keys", "update", "ci", "--unrevoke")
+    assert status == 0, output
+    await ask(gateway, secret)
+
+    for command in (["keys", "revoke", "nobody"], ["keys", "update", "nobody", "--rpm", "3"]):
+        status, output = await ezat(backend, *command)
+        assert status == 1, output
+        assert "nobody" in output
+
+    assert secret not in caplog.text  # the key never appears in a log line
+
+
+async def test_keys_update_changes_expiry_and_models(backend, start_gateway, upstream):
+    secret = await create_ci_key(backend, *LIMITS)
+    gateway = await serve(start_gateway, backend)
+    status, output = await ezat(backend, "keys", "update", "ci", "--models", "test/*", "anthropic/*", "--tpm", "0")
+    assert status == 0, output
+    await ask(gateway, secret, model="test/small")
+    status, output = await ezat(backend, "keys", "update", "ci", "--expires", "2020-01-01T00:00:00")
+    assert status == 0, output
+    with pytest.raises(openai.AuthenticationError):
+        await ask(gateway, secret)
+    status, output = await ezat(backend, "keys", "update", "ci", "--expires", "never")
+    assert status == 0, output
+    await ask(gateway, secret)
+    key = (await stored_keys(backend[2]))["ci"]
+    assert (key.models, key.tpm, key.expires_at, key.rpm) == (("test/*", "anthropic/*"), None, None, 10)
+
+
+# --- usage
+
+SMALL = "test/small"
+CI_USAGE = [  # (model, usage the upstream reports, exact cost at 3/15/3.75/0.30 USD per million)
+    (MODEL, {"input_tokens": 1000, "output_tokens": 200}, Decimal("0.006")),
+    (MODEL, {"input_tokens": 10, "cache_creation_input_tokens": 2000, "cache_read_input_tokens": 5000,
+             "output_tokens": 50, "thinking_tokens": 20}, Decimal("0.00978")),
+]
+CFG_USAGE = [
+    (MODEL, {"input_tokens": 7, "output_tokens": 3}, Decimal("0.000066")),
+    (SMALL, {"input_tokens": 40, "output_tokens": 9}, Decimal(0)),  # no pricing: free, still counted
+]
+
+
+def totals(rows) -> dict:
+    return {
+        "requests": len(rows),
+        "input_tokens": sum(r.input_tokens for r in rows),
+        "cache_write_tokens": sum(r.cache_write_tokens for r in rows),
+        "cache_read_tokens": sum(r.cache_read_tokens for r in rows),
+        "output_tokens": sum(r.output_tokens for r in rows),
+        "reasoning_tokens": sum(r.reasoning_tokens for r in rows),
+        "cost_usd": sum((r.cost_usd for r in rows), Decimal(0)),
+    }
+
+
+def parsed(output: str, format: str, by: str) -> dict:
+    """{group: totals} from the command's csv, json or table output."""
+    if format == "json":
+        lines = json.loads(output)
+    elif format == "csv":
+        lines = list(csv.DictReader(io.StringIO(output)))
+    else:
+        header, *rest = output.splitlines()
+        lines = [dict(zip(header.split(), line.split())) for line in rest]
+    result = {}
+    for line in lines:
+        assert set(line) == {by, *totals([])}, line
+        result[line[by]] = {
+            name: Decimal(str(value)) if name == "cost_usd" else int(value)
+            for name, value in line.items() if name != by
+        }
+    return result
+
+
+async def billed(gateway, secret: str, model: str, usage: dict, upstream) -> None:
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "billed"}], usage=usage))
+    await ask(gateway, secret, model=model)
+
+
+async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start_gateway, upstream):
+    _, _, url = backend
+    secret = await create_ci_key(backend)
+    gateway = await serve(start_gateway, backend)
+    for model, usage, _ in CI_USAGE:
+        await billed(gateway, secret, model, usage, upstream)
+    between = datetime.now(timezone.utc)
+    for model, usage, _ in CFG_USAGE:
+        await billed(gateway, CONFIG_KEY, model, usage, upstream)
+
+    rows = await stored_ledger(url)
+    assert [r.cost_usd for r in rows] == [cost for _, _, cost in CI_USAGE + CFG_USAGE]
+    ci_id = (await stored_keys(url))["ci"].id
+    ci_rows = [r for r in rows if r.key_id == ci_id]
+    cfg_rows = [r for r in rows if r.key_id != ci_id]
+    assert totals(rows)["cost_usd"] == Decimal("0.015846")
+    assert totals(ci_rows)["reasoning_tokens"] == 20
+    days = {r.finished_at.date().isoformat() for r in rows}
+
+    expected = {
+        "day": {day: totals([r for r in rows if r.finished_at.date().isoformat() == day]) for day in days},
+        "model": {MODEL: totals([r for r in rows if r.answered_model == MODEL]),
+                  SMALL: totals([r for r in rows if r.answered_model == SMALL])},
+        "key": {"ci": totals(ci_rows), "cfg": totals(cfg_rows)},
+    }
+    runs = [(by, format) for by in ("day", "model", "key") for format in ("table", "csv", "json")]
+    outputs = await asyncio.gather(*(ezat(backend, "usage", "--by", by, "--format", f) for by, f in runs))
+    for (by, format), (status, output) in zip(runs, outputs):
+        assert status == 0, output
+        assert parsed(output, format, by) == expected[by], (by, format, output)
+
+    default_status, default_output = await ezat(backend, "usage")  # --by day --format table
+    assert default_status == 0
+    assert parsed(default_output, "table", "day") == expected["day"]
+
+    filters = {
+        ("--key", "ci"): {"ci": totals(ci_rows)},
+        ("--key", str(ci_id)): {"ci": totals(ci_rows)},
+        ("--key", "nobody"): {},
+        ("--since", between.isoformat()): {"cfg": totals(cfg_rows)},
+        ("--since", (between - timedelta(days=1)).date().isoformat()): expected["key"],
+        ("--since", (between + timedelta(days=1)).date().isoformat()): {},
+        ("--key", "ci", "--since", between.isoformat()): {},
+    }
+    outputs = await asyncio.gather(
+        *(ezat(backend, "usage", *options, "--by", "key", "--format", "json") for options in filters)
+    )
+    for (options, want), (status, output) in zip(filters.items(), outputs):
+        assert status == 0, output
+        assert parsed(output, "json", "key") == want, (options, output)

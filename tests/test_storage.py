@@ -1,0 +1,463 @@
+"""The Store contract (gateway.storage), the same on SQLite and PostgreSQL, through the store's
+own interface; and the group-commit ledger (gateway.ledger) on top of a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+import asyncpg
+import pytest
+
+from gateway.config import KeyConfig, parse_config
+from gateway.ledger import Ledger
+from gateway.storage import LedgerRow, open_store, schema
+from gateway.storage.sqlite import SPEND_TTL
+
+UTC = timezone.utc
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path) -> str:
+    """A storage URL for each backend: a SQLite file in tmp_path, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ezat.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def opened():
+    """Opens stores and closes them at the end of the test."""
+    stores = []
+
+    async def open_(url: str, store=None):
+        store = store or open_store(url)
+        await store.open()
+        stores.append(store)
+        return store
+
+    yield open_
+    for store in stores:
+        await store.close()
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def migrations(url: str) -> list:
+    return schema.SQLITE if url.startswith("sqlite") else schema.POSTGRES
+
+
+async def query(url: str, sql: str) -> list[tuple]:
+    """Reads the database behind `url` directly, not through the store."""
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+            return db.execute(sql).fetchall()
+    db = await asyncpg.connect(url)
+    try:
+        return [tuple(row) for row in await db.fetch(sql)]
+    finally:
+        await db.close()
+
+
+async def every_table_text(url: str) -> str:
+    """Every value of every table in the store's database, as text."""
+    if url.startswith("sqlite:///"):
+        tables = [name for (name,) in await query(url, "SELECT name FROM sqlite_master WHERE type = 'table'")]
+    else:
+        tables = [
+            name
+            for (name,) in await query(
+                url, "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            )
+        ]
+    assert {"keys", "ledger", "schema_version"} <= set(tables)
+    return "\n".join([repr(await query(url, f"SELECT * FROM {table}")) for table in tables])
+
+
+async def in_database_files(url: str, needle: str) -> bool:
+    """Whether `needle` is anywhere in the SQLite file or its WAL. Read by another process: closing
+    a descriptor of the file here would drop the SQLite locks this process's store holds."""
+    path = url.removeprefix("sqlite:///")
+    script = "import glob, sys; sys.exit(any(sys.argv[2].encode() in open(p, 'rb').read() for p in glob.glob(sys.argv[1] + '*')))"
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, path, needle)
+    return await asyncio.wait_for(process.wait(), 10) == 1
+
+
+def row(request_id: str, key_id: int, cost: str, finished: datetime | None = None, **fields) -> LedgerRow:
+    finished = finished or datetime.now(UTC)
+    values = dict(
+        request_id=request_id,
+        key_id=key_id,
+        model="anthropic/claude-sonnet-5-5",
+        answered_model="anthropic/claude-sonnet-5-5",
+        deployment="primary",
+        input_tokens=100,
+        cache_write_tokens=20,
+        cache_read_tokens=30,
+        output_tokens=40,
+        reasoning_tokens=5,
+        cost_usd=Decimal(cost),
+        outcome="complete",
+        started_at=finished - timedelta(milliseconds=250),
+        finished_at=finished,
+    )
+    return LedgerRow(**{**values, **fields})
+
+
+# --- schema and migrations
+
+
+async def test_open_creates_the_schema_and_records_its_version(store_url, opened):
+    await opened(store_url)
+    assert await query(store_url, "SELECT version FROM schema_version") == [
+        (n,) for n in range(1, len(migrations(store_url)) + 1)
+    ]
+    await every_table_text(store_url)  # keys, ledger and schema_version exist and are readable
+    assert await query(store_url, "SELECT count(*) FROM keys") == [(0,)]
+
+
+async def test_reopening_applies_no_migration_twice_and_keeps_the_data(store_url, opened):
+    first = await opened(store_url)
+    key = await first.create_key(digest("sk-kept"), name="kept")
+    await first.write_ledger([row("req-kept", key.id, "0.25")])
+    await first.close()
+
+    second = await opened(store_url)
+    third = await opened(store_url)  # and again, beside the second: nothing is applied twice
+    assert await query(store_url, "SELECT version FROM schema_version") == [
+        (n,) for n in range(1, len(migrations(store_url)) + 1)
+    ]
+    assert await second.find_key(digest("sk-kept")) == replace(key, spent_usd=Decimal("0.25"))
+    assert [r.request_id for r in await third.ledger()] == ["req-kept"]
+    assert await third.spent(key.id) == Decimal("0.25")
+
+
+async def test_replicas_opening_a_fresh_postgres_schema_at_once_migrate_it_once(postgres_url, opened):
+    stores = [open_store(postgres_url) for _ in range(4)]
+    await asyncio.gather(*(opened(postgres_url, store) for store in stores))
+    assert await query(postgres_url, "SELECT version FROM schema_version") == [
+        (n,) for n in range(1, len(schema.POSTGRES) + 1)
+    ]
+    key = await stores[0].create_key(digest("sk-race"), name="race")
+    assert await stores[3].find_key(digest("sk-race")) == key
+
+
+async def open_or_close(store) -> None:
+    """Opens the store; one that fails to open is closed at once, as its process would exit."""
+    try:
+        await store.open()
+    except BaseException:
+        await store.close()
+        raise
+
+
+async def test_processes_opening_a_fresh_sqlite_file_at_once_migrate_it_once(tmp_path):
+    # e.g. two gateway workers, or the gateway and `ezat-gateway keys create`, started together
+    for attempt in range(10):  # a race: several fresh files, so losing it is not left to luck
+        url = f"sqlite:///{tmp_path / f'fresh-{attempt}.db'}"
+        stores = [open_store(url) for _ in range(4)]
+        results = await asyncio.gather(*(open_or_close(store) for store in stores), return_exceptions=True)
+        for store in stores:  # every open has finished: each connection is closed
+            await store.close()
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        assert await query(url, "SELECT version FROM schema_version") == [
+            (n,) for n in range(1, len(schema.SQLITE) + 1)
+        ]
+
+
+# --- keys
+
+
+async def test_sync_config_keys_creates_then_updates_and_keeps_spend(store_url, opened):
+    store = await opened(store_url)
+    config = KeyConfig(
+        name="ci",
+        key_sha256=digest("sk-ci"),
+        models=("anthropic/*",),
+        spend_limit_usd=Decimal("5"),
+        rpm=10,
+        tpm=1000,
+        expires_at=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    other = KeyConfig(name="other", key_sha256=digest("sk-other"))
+    await store.sync_config_keys([config, other])
+
+    created = await store.find_key(digest("sk-ci"))
+    assert created is not None
+    assert (created.name, created.key_sha256, created.models) == ("ci", digest("sk-ci"), ("anthropic/*",))
+    assert (created.spend_limit_usd, created.rpm, created.tpm) == (Decimal("5"), 10, 1000)
+    assert created.expires_at == datetime(2030, 1, 1, tzinfo=UTC)
+    assert created.revoked is False
+    assert created.spent_usd == Decimal(0)
+    default = await store.find_key(digest("sk-other"))
+    assert (default.models, default.spend_limit_usd, default.rpm, default.tpm, default.expires_at) == (
+        ("*",), None, None, None, None)
+
+    await store.write_ledger([row("req-1", created.id, "1.234567")])
+    changed = replace(
+        config, name="ci-renamed", models=("anthropic/*", "test/*"), spend_limit_usd=Decimal("7.25"),
+        rpm=None, tpm=2000, expires_at=None, revoked=True,
+    )
+    await store.sync_config_keys([changed, other])  # and again: the same file read by a restart
+
+    updated = await store.find_key(digest("sk-ci"))
+    assert updated == replace(
+        created, name="ci-renamed", models=("anthropic/*", "test/*"), spend_limit_usd=Decimal("7.25"),
+        rpm=None, tpm=2000, expires_at=None, revoked=True, spent_usd=Decimal("1.234567"),
+    )
+    assert [k.key_sha256 for k in await store.list_keys()] == [digest("sk-ci"), digest("sk-other")]
+    assert await store.spent(created.id) == Decimal("1.234567")
+
+
+async def test_the_plaintext_key_is_stored_nowhere(store_url, opened):
+    secret = "sk-plaintext-Zq7vX2"
+    config = parse_config(f'[[keys]]\nkey = "{secret}"\nname = "laptop"\n')
+    store = await opened(store_url)
+    await store.sync_config_keys(config.keys)
+    created = await store.create_key(digest(secret + "-2"), name="cli")
+    await store.write_ledger([row("req-secret", created.id, "0.5")])
+
+    assert (await store.find_key(digest(secret))).name == "laptop"
+    text = await every_table_text(store_url)
+    assert digest(secret) in text  # what is kept is the digest
+    assert secret not in text
+    if store_url.startswith("sqlite:///"):  # nor anywhere in the files, the WAL included
+        assert await in_database_files(store_url, digest(secret))
+        assert not await in_database_files(store_url, secret)
+
+
+async def test_find_key_by_digest(store_url, opened):
+    store = await opened(store_url)
+    created = await store.create_key(digest("sk-find"), name="find", rpm=3)
+    assert await store.find_key(digest("sk-find")) == created
+    assert await store.find_key(digest("sk-unknown")) is None
+    assert await store.find_key("sk-find") is None  # the secret itself matches nothing
+
+
+async def test_create_list_and_update_keys_by_name_and_by_id(store_url, opened):
+    store = await opened(store_url)
+    alpha = await store.create_key(
+        digest("sk-alpha"), name="alpha", models=("anthropic/*",), spend_limit_usd=Decimal("2.50"),
+        rpm=60, tpm=10000, expires_at=datetime(2031, 6, 1, 12, 30, tzinfo=UTC),
+    )
+    assert alpha.id > 0
+    assert (alpha.name, alpha.models, alpha.spend_limit_usd, alpha.rpm, alpha.tpm) == (
+        "alpha", ("anthropic/*",), Decimal("2.50"), 60, 10000)
+    assert alpha.expires_at == datetime(2031, 6, 1, 12, 30, tzinfo=UTC)
+    assert (alpha.revoked, alpha.spent_usd) == (False, Decimal(0))
+    beta = await store.create_key(digest("sk-beta"), name="beta")
+    assert beta.id != alpha.id
+    assert await store.list_keys() == [alpha, beta]
+
+    by_name = await store.update_key("alpha", rpm=None, spend_limit_usd=Decimal("9"))
+    assert by_name == replace(alpha, rpm=None, spend_limit_usd=Decimal("9"))
+    by_id = await store.update_key(str(beta.id), revoked=True, models=("test/*",), name="beta2")
+    assert by_id == replace(beta, revoked=True, models=("test/*",), name="beta2")
+    assert await store.update_key("alpha") == by_name  # no fields: unchanged
+    assert await store.list_keys() == [by_name, by_id]
+
+    assert await store.update_key("nobody", rpm=1) is None
+    assert await store.update_key("999999", rpm=1) is None
+    twin = await store.create_key(digest("sk-twin"), name="alpha")
+    assert await store.update_key("alpha", rpm=5) is None  # two keys named alpha: ambiguous
+    assert await store.update_key(str(twin.id), rpm=5) == replace(twin, rpm=5)
+    assert await store.find_key(digest("sk-alpha")) == by_name  # the ambiguous update changed nothing
+
+
+# --- spend and ledger
+
+
+async def test_write_ledger_adds_exact_spend_and_ledger_filters(store_url, opened):
+    store = await opened(store_url)
+    alpha = await store.create_key(digest("sk-alpha"), name="alpha")
+    beta = await store.create_key(digest("sk-beta"), name="beta")
+    day = lambda d: datetime(2026, 1, d, tzinfo=UTC)
+    rows = [
+        row("r1", alpha.id, "0.000123", day(1)),
+        row("r2", alpha.id, "0.1", day(2), outcome="client_closed", deployment="secondary"),
+        row("r3", beta.id, "0.2", day(2) + timedelta(microseconds=1)),
+        row("r4", alpha.id, "0.000000001", day(3), answered_model="test/small", input_tokens=7),
+    ]
+    await store.write_ledger(rows[:2])
+    await store.write_ledger(rows[2:])
+
+    # exact decimals: 0.1 + 0.000123 + 0.000000001 would not survive floats
+    assert await store.spent(alpha.id) == Decimal("0.100123001")
+    assert await store.spent(beta.id) == Decimal("0.2")
+    assert {k.name: k.spent_usd for k in await store.list_keys()} == {
+        "alpha": Decimal("0.100123001"), "beta": Decimal("0.2")}
+    assert (await store.find_key(digest("sk-alpha"))).spent_usd == Decimal("0.100123001")
+    reader = await opened(store_url)  # not this process's cache: what is in the database
+    assert await reader.spent(alpha.id) == Decimal("0.100123001")
+
+    assert await store.ledger() == rows  # every field read back as written
+    assert await store.ledger(key="alpha") == [rows[0], rows[1], rows[3]]
+    assert await store.ledger(key=str(beta.id)) == [rows[2]]
+    assert await store.ledger(key="nobody") == []
+    assert await store.ledger(since=day(2)) == rows[1:]  # since is inclusive
+    assert await store.ledger(since=day(2) + timedelta(microseconds=1)) == rows[2:]
+    plus_two = timezone(timedelta(hours=2))
+    assert await store.ledger(since=datetime(2026, 1, 2, 2, 0, tzinfo=plus_two)) == rows[1:]  # any offset
+    assert await store.ledger(key="alpha", since=day(2)) == [rows[1], rows[3]]
+    assert await store.ledger(since=day(4)) == []
+
+
+async def test_a_failed_batch_writes_nothing_and_adds_no_spend(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-atomic"), name="atomic")
+    other = await store.create_key(digest("sk-other"), name="other")
+    first = row("req-1", key.id, "1.5")
+    await store.write_ledger([first])
+
+    # the batch's other rows come first, so only atomicity can keep them out
+    failing = [row("req-2", key.id, "2"), row("req-3", other.id, "3"), row("req-1", key.id, "4")]
+    with pytest.raises(Exception):
+        await store.write_ledger(failing)
+    with pytest.raises(Exception):
+        await store.write_ledger([row("req-4", other.id, "5"), row("req-4", other.id, "6")])
+
+    assert await store.ledger() == [first]
+    assert await store.spent(key.id) == Decimal("1.5")
+    assert await store.spent(other.id) == Decimal(0)
+    fresh = await opened(store_url)
+    assert await fresh.ledger() == [first]
+    assert {k.name: k.spent_usd for k in await fresh.list_keys()} == {"atomic": Decimal("1.5"), "other": Decimal(0)}
+
+    await store.write_ledger([row("req-5", key.id, "0.5")])  # the store still works afterwards
+    assert await fresh.spent(key.id) == Decimal("2.0")
+
+
+async def test_two_sqlite_stores_on_one_file_see_each_others_spend(tmp_path, opened):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a, b = await opened(url), await opened(url)
+    key = await a.create_key(digest("sk-shared"), name="shared")
+    assert await b.spent(key.id) == Decimal(0)  # b now holds the spend it read
+
+    written = time.monotonic()
+    await a.write_ledger([row("a-1", key.id, "1.25")])
+    assert await a.spent(key.id) == Decimal("1.25")  # the writer sees its own write at once
+    while await b.spent(key.id) != Decimal("1.25"):
+        assert time.monotonic() - written < SPEND_TTL + 0.5, "b never saw a's spend"
+        await asyncio.sleep(0.02)
+
+    # both write at once, each as its one ledger writer would: every row is added, none lost to a
+    # read-modify-write race between the two
+    async def writes(store, prefix, numbers, cost):
+        for i in numbers:
+            await store.write_ledger([row(f"{prefix}-{i}", key.id, cost)])
+
+    await asyncio.gather(writes(a, "a", range(2, 22), "0.01"), writes(b, "b", range(20), "0.001"))
+    expected = Decimal("1.25") + 20 * Decimal("0.01") + 20 * Decimal("0.001")
+    written = time.monotonic()
+    for store in (a, b):
+        while await store.spent(key.id) != expected:
+            assert time.monotonic() - written < SPEND_TTL + 0.5, f"spend stayed {await store.spent(key.id)}"
+            await asyncio.sleep(0.02)
+    assert len(await a.ledger()) == 41
+
+
+async def test_two_postgres_stores_see_each_others_spend_at_once(postgres_url, opened):
+    a, b = await opened(postgres_url), await opened(postgres_url)
+    key = await a.create_key(digest("sk-shared"), name="shared")
+    assert await b.spent(key.id) == Decimal(0)
+    await a.write_ledger([row("a-1", key.id, "1.25")])
+    assert await b.spent(key.id) == Decimal("1.25")  # immediately: replicas share one limit
+
+    await asyncio.gather(
+        *(a.write_ledger([row(f"a-{i}", key.id, "0.01")]) for i in range(2, 22)),
+        *(b.write_ledger([row(f"b-{i}", key.id, "0.001")]) for i in range(20)),
+    )
+    expected = Decimal("1.25") + 20 * Decimal("0.01") + 20 * Decimal("0.001")
+    assert await a.spent(key.id) == expected
+    assert await b.spent(key.id) == expected
+    assert len(await b.ledger()) == 41
+
+
+# --- the group-commit ledger
+
+
+def counting_store(url: str):
+    """The real store for `url`, which also notes the size of each batch it is asked to write."""
+    base = type(open_store(url))
+
+    class CountingStore(base):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self.batches: list[int] = []
+            self.gate: asyncio.Event | None = None  # when set up, writes wait for it (a slow disk)
+            self.writing = asyncio.Event()
+
+        async def write_ledger(self, rows) -> None:
+            self.batches.append(len(rows))
+            self.writing.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            await super().write_ledger(rows)
+
+    return CountingStore(url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url)
+
+
+async def test_ledger_groups_500_concurrent_records_into_few_transactions(store_url, opened):
+    store = await opened(store_url, counting_store(store_url))
+    keys = [await store.create_key(digest(f"sk-{i}"), name=f"k{i}") for i in range(3)]
+    ledger = Ledger(store)
+    rows = [row(f"req-{i:03d}", keys[i % 3].id, f"0.00{i % 10}1") for i in range(500)]
+
+    await asyncio.wait_for(asyncio.gather(*(ledger.record(r) for r in rows)), 20)
+    await ledger.close()
+
+    assert sum(store.batches) == 500
+    assert len(store.batches) <= 10, store.batches  # far fewer transactions than rows
+    assert sorted(await store.ledger(), key=lambda r: r.request_id) == rows
+    for i, key in enumerate(keys):
+        assert await store.spent(key.id) == sum((r.cost_usd for r in rows[i::3]), Decimal(0))
+
+
+async def test_ledger_records_arriving_during_a_write_go_in_the_next_batch(store_url, opened):
+    store = await opened(store_url, counting_store(store_url))
+    key = await store.create_key(digest("sk-batch"), name="batch")
+    ledger = Ledger(store)
+    store.gate = asyncio.Event()
+
+    first = asyncio.create_task(ledger.record(row("req-first", key.id, "1")))
+    await asyncio.wait_for(store.writing.wait(), 5)  # its batch is being written...
+    later = [asyncio.create_task(ledger.record(row(f"req-{i:03d}", key.id, "0.001"))) for i in range(499)]
+    await asyncio.sleep(0)
+    assert not first.done() and not any(t.done() for t in later)  # ...and record() waits for the commit
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), 20)
+
+    assert store.batches == [1, 499]
+    assert len(await store.ledger()) == 500
+    assert await store.spent(key.id) == Decimal("1.499")
+
+
+async def test_one_bad_row_does_not_take_its_batch_down(store_url, opened):
+    store = await opened(store_url, counting_store(store_url))
+    key = await store.create_key(digest("sk-poison"), name="poison")
+    await store.write_ledger([row("req-taken", key.id, "1")])
+    ledger = Ledger(store, attempts=1)
+    store.gate = asyncio.Event()
+    blocker = asyncio.create_task(ledger.record(row("req-first", key.id, "0.1")))
+    await asyncio.wait_for(store.writing.wait(), 5)
+    # these three go in one batch; one of them repeats a request id the ledger already has
+    good = [asyncio.create_task(ledger.record(row(f"req-good-{i}", key.id, "0.01"))) for i in range(2)]
+    bad = asyncio.create_task(ledger.record(row("req-taken", key.id, "5")))
+    await asyncio.sleep(0)
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(blocker, *good), 10)
+    with pytest.raises(Exception):
+        await bad
+
+    # after the setup's row and the blocker: the batch of three failed whole, then went row by row
+    assert store.batches[2:] == [3, 1, 1, 1]
+    assert sorted(r.request_id for r in await store.ledger()) == ["req-first", "req-good-0", "req-good-1", "req-taken"]
+    assert await store.spent(key.id) == Decimal("1.12")
