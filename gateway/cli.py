@@ -110,8 +110,13 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for process in processes:
-        process.join()
+    while any(process.is_alive() for process in processes):
+        for process in processes:
+            process.join(timeout=0.5)
+            if process.exitcode not in (None, 0):  # a worker that died takes the others down: fail loudly
+                stop(None, None)
+    if any(process.exitcode != 0 for process in processes):
+        raise SystemExit(1)
 
 
 def _worker(config_path: str, host: str | None, port: int | None) -> None:

@@ -37,17 +37,25 @@ class SQLiteStore:
         self._spent: dict[int, tuple[Decimal, float]] = {}
 
     async def open(self) -> None:
-        self._db = await self._connect()
-        await _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
-        await self._migrate()
-        # WAL lets a second connection read while the first writes; ":memory:" is one database per connection.
-        self._reader = self._db if self.path == ":memory:" else await self._connect()
+        try:
+            self._db = await self._connect()
+            await _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
+            await self._migrate()
+            # WAL lets a second connection read while the first writes; ":memory:" is one database per connection.
+            self._reader = self._db if self.path == ":memory:" else await self._connect()
+        except BaseException:
+            await self.close()  # an open connection's thread would keep the process alive
+            raise
 
     async def _connect(self) -> aiosqlite.Connection:
         db = await aiosqlite.connect(self.path, isolation_level=None)
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.execute("PRAGMA busy_timeout=10000")
-        await db.execute("PRAGMA foreign_keys=ON")
+        try:
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA busy_timeout=10000")
+            await db.execute("PRAGMA foreign_keys=ON")
+        except BaseException:
+            await db.close()
+            raise
         return db
 
     async def close(self) -> None:
