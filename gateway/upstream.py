@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from typing import Any
 
@@ -21,6 +22,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
+# Background reads of finished bodies' last bytes (kept referenced until done).
+_draining: set[asyncio.Future] = set()
 _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
 
 
@@ -90,6 +93,8 @@ class UpstreamEvents:
         self._buffer = b""
         self._pending: deque[list[dict[str, Any]]] = deque()
         self._finished = False
+        self._cut_short = False
+        self._closed = False
 
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
@@ -119,11 +124,29 @@ class UpstreamEvents:
         return await self._read_batch()
 
     async def aclose(self) -> None:
+        """Give the connection back: to the pool once the body has ended, closed if the stream
+        was cut short (an unread body makes a connection unusable)."""
+        if self._closed:
+            return
+        self._closed = True
+        ended = self._finished and not self._cut_short
         self._finished = True
-        # A finished body goes back to the pool; an unfinished one must not be reused.
         if self._content.at_eof():
             self._response.release()
+        elif ended:
+            # message_stop arrived before the chunked body's last bytes: read those in the background,
+            # so the connection (a TLS handshake, against a real upstream) is kept.
+            _draining.add(task := asyncio.ensure_future(self._release_when_ended()))
+            task.add_done_callback(_draining.discard)
         else:
+            self._response.close()
+
+    async def _release_when_ended(self) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await self._content.read()
+            self._response.release()
+        except (TimeoutError, aiohttp.ClientError, OSError):
             self._response.close()
 
     async def _read_batch(self) -> list[dict[str, Any]]:
@@ -141,17 +164,19 @@ class UpstreamEvents:
             log.warning("upstream stream broke: %r", exc)
             chunk = b""
         if not chunk:
+            self._cut_short = True
             await self.aclose()
             return [_CUT_SHORT]
         data = self._buffer + chunk
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
-        *complete, self._buffer = data.split(b"\n\n")
+        end = data.rfind(b"\n\n")
+        if end == -1:
+            self._buffer = data
+            return []
+        complete, self._buffer = data[: end + 2], data[end + 2 :]
         batch = []
-        for raw in complete:
-            event = _parse_event(raw)
-            if event is None:
-                continue
+        for event in _parse_events(complete):
             batch.append(event)
             if event["type"] in ("message_stop", "error"):
                 self._finished = True
@@ -161,13 +186,31 @@ class UpstreamEvents:
         return batch
 
 
+_DATA_LINE = re.compile(rb"^data: ?(.*)$", re.MULTILINE)
+
+
+def _parse_events(complete: bytes) -> list[dict[str, Any]]:
+    """The events in `complete` (whole SSE events, "\n"-separated). Every event the upstream
+    sends has one data line, so all of them parse as one JSON array: one call for the whole
+    batch, not one per event. Anything else takes the event-by-event way."""
+    payloads = _DATA_LINE.findall(complete)
+    if len(payloads) == complete.count(b"\n\n"):
+        try:
+            events = orjson.loads(b"[" + b",".join(payloads) + b"]")
+            if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events):
+                return events
+        except orjson.JSONDecodeError:
+            pass
+    return [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
+
+
 def _parse_event(raw: bytes) -> dict[str, Any] | None:
     """One SSE event's JSON data, or None for comments and events without data."""
-    data = [line[5:] for line in raw.split(b"\n") if line.startswith(b"data:")]
+    data = b"\n".join(line[5:] for line in raw.split(b"\n") if line.startswith(b"data:"))
     if not data:
         return None
     try:
-        event = orjson.loads(b"\n".join(data))
+        event = orjson.loads(data)
     except orjson.JSONDecodeError:
         log.warning("upstream sent an event that is not JSON: %r", raw[:200])
         return None

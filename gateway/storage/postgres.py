@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import astuple
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -105,7 +104,7 @@ class PostgresStore:
             totals[row.key_id] += row.cost_usd
         async with self._pool.acquire() as db, db.transaction():
             await db.copy_records_to_table(
-                "ledger", records=[astuple(row) for row in rows], columns=[c.strip() for c in LEDGER_COLUMNS.split(",")]
+                "ledger", records=[row.values() for row in rows], columns=[c.strip() for c in LEDGER_COLUMNS.split(",")]
             )
             # In key order, so two replicas' batches never wait on each other's locks in a cycle.
             await db.executemany(

@@ -49,3 +49,11 @@ class LedgerRow:
     outcome: Outcome
     started_at: datetime
     finished_at: datetime
+
+    def values(self) -> tuple:
+        """The fields in column order (dataclasses.astuple would deep-copy each one)."""
+        return (
+            self.request_id, self.key_id, self.model, self.answered_model, self.deployment, self.input_tokens,
+            self.cache_write_tokens, self.cache_read_tokens, self.output_tokens, self.reasoning_tokens,
+            self.cost_usd, self.outcome, self.started_at, self.finished_at,
+        )

@@ -1,23 +1,30 @@
 """The SQLite store: the embedded default, one file, nothing to run.
 
-WAL mode, so readers never wait for the ledger writer; `synchronous=NORMAL`, so a committed row
-survives the gateway process being killed (it is in the OS before COMMIT returns). Money is
-kept as exact decimal strings.
+WAL mode, so the reading connection never waits for the writing one; `synchronous=NORMAL`, so
+a committed row survives the gateway process being killed (it is in the OS before COMMIT
+returns). Connections live on threads of their own and every operation, a whole transaction
+included, is one call there: one hop from the event loop, never one per statement.
+
+The ledger's batches are the exception: committing one is a WAL append of a few pages, tens of
+microseconds, less than the hop to a thread costs, so they are written on the event loop by a
+connection that never waits (no busy timeout, no automatic checkpoint). When another writer
+holds the file, the batch goes to the writer thread, which waits its turn; checkpoints run
+there too. Money is kept as exact decimal strings.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import astuple
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
-import aiosqlite
 import orjson
 
 from gateway.config import KeyConfig
@@ -27,119 +34,130 @@ from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, SQLI
 # How long a key's spend read from the file is trusted. Writes of this process update it at
 # once; this bounds how late another process's writes to the same file are seen.
 SPEND_TTL = 1.0
+log = logging.getLogger("ezat.storage")
+# Ledger batches written on the event loop between two checkpoints of the WAL into the file.
+CHECKPOINT_EVERY = 500
+T = TypeVar("T")
+
+
+class Connection:
+    """One sqlite3 connection and the one thread that uses it."""
+
+    def __init__(self, path: str) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ezat-sqlite")
+        self._path = path
+        self._db: sqlite3.Connection | None = None
+
+    async def call(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work, self._db, *args)
+
+    async def open(self) -> None:
+        def connect(_) -> None:
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+            try:
+                for pragma in ("synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
+                    db.execute(f"PRAGMA {pragma}")
+            except BaseException:
+                db.close()
+                raise
+            self._db = db
+
+        await self.call(connect)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self.call(sqlite3.Connection.close)
+            self._db = None
+        self._thread.shutdown(wait=False)
+
+
+def _transaction(db: sqlite3.Connection, work: Callable[..., T], *args: Any, wait: bool = True) -> T:
+    """`work` in one write transaction (BEGIN IMMEDIATE serialises writers, across processes too)."""
+    if wait:
+        _when_unlocked(db, "BEGIN IMMEDIATE")
+    else:
+        db.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(db, *args)
+        db.execute("COMMIT")
+        return result
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _when_unlocked(db: sqlite3.Connection, statement: str, attempts: int = 100) -> None:
+    """A statement SQLite refuses at once, without its busy wait, while another connection sets
+    the file up (switching it to WAL, or migrating it): tried again shortly."""
+    for attempt in range(attempts):
+        try:
+            db.execute(statement)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.02)
 
 
 class SQLiteStore:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._db: aiosqlite.Connection | None = None  # writes
-        self._reader: aiosqlite.Connection | None = None  # reads, never queued behind a write
+        self._writer = Connection(path)
+        # ":memory:" is one database per connection: there, reads share the writer's.
+        self._reader = self._writer if path == ":memory:" else Connection(path)
         self._spent: dict[int, tuple[Decimal, float]] = {}
+        self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
+        self._since_checkpoint = 0
+        self._checkpoint: asyncio.Future | None = None  # one at a time, in the background
 
     async def open(self) -> None:
         try:
-            self._db = await self._connect()
-            await _when_unlocked(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
-            await self._migrate()
-            # WAL lets a second connection read while the first writes; ":memory:" is one database per connection.
-            self._reader = self._db if self.path == ":memory:" else await self._connect()
+            await self._writer.open()
+            await self._writer.call(_when_unlocked, "PRAGMA journal_mode=WAL")
+            await self._writer.call(_transaction, _migrate)
+            if self._reader is not self._writer:
+                await self._reader.open()
+                self._inline = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                for pragma in ("synchronous=NORMAL", "busy_timeout=0", "wal_autocheckpoint=0", "foreign_keys=ON"):
+                    self._inline.execute(f"PRAGMA {pragma}")
         except BaseException:
-            await self.close()  # an open connection's thread would keep the process alive
+            await self.close()  # a connection's thread would keep the process alive
             raise
-
-    async def _connect(self) -> aiosqlite.Connection:
-        db = await aiosqlite.connect(self.path, isolation_level=None)
-        try:
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.execute("PRAGMA busy_timeout=10000")
-            await db.execute("PRAGMA foreign_keys=ON")
-        except BaseException:
-            await db.close()
-            raise
-        return db
 
     async def close(self) -> None:
-        for db in {self._reader, self._db} - {None}:
-            await db.close()
-        self._db = self._reader = None
-
-    async def _migrate(self) -> None:
-        """All in one write transaction, so processes opening the file at once migrate it once."""
-        db = self._db
-        await _when_unlocked(lambda: db.execute("BEGIN IMMEDIATE"))
-        try:
-            await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            async with db.execute("SELECT coalesce(max(version), 0) FROM schema_version") as cursor:
-                (version,) = await cursor.fetchone()
-            for number, script in enumerate(SQLITE[version:], start=version + 1):
-                for statement in filter(str.strip, script.split(";")):  # executescript would COMMIT
-                    await db.execute(statement)
-                await db.execute("INSERT INTO schema_version VALUES (?)", (number,))
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
+        if self._checkpoint is not None:
+            await asyncio.wait({self._checkpoint})
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
+        await self._writer.close()
+        if self._reader is not self._writer:
+            await self._reader.close()
 
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:
-        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE key_sha256 = ?", (key_sha256,)) as cur:
-            row = await cur.fetchone()
-        return _key(row) if row else None
+        return await self._reader.call(_select_key, "key_sha256 = ?", key_sha256)
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         now = _text(datetime.now(timezone.utc))
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
-            await self._db.executemany(
-                """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                                     from_config, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
-                   ON CONFLICT (key_sha256) DO UPDATE SET
-                     name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
-                     rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
-                     revoked = excluded.revoked, from_config = 1""",
-                [
-                    (k.key_sha256, *_key_values(k.name, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked), now)
-                    for k in keys
-                ],
-            )
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
+        values = [
+            (k.key_sha256, *_key_values(k.name, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked), now)
+            for k in keys
+        ]
+        await self._writer.call(_transaction, _upsert_config_keys, values)
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
-        await self._db.execute(
-            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (key_sha256, *_key_values(*(getattr(record, f) for f in KEY_FIELDS)), _text(datetime.now(timezone.utc))),
-        )
-        return await self.find_key(key_sha256)
+        values = (key_sha256, *_key_values(*(getattr(record, f) for f in KEY_FIELDS)), _text(datetime.now(timezone.utc)))
+        await self._writer.call(_insert_key, values)
+        return await self._writer.call(_select_key, "key_sha256 = ?", key_sha256)
 
     async def list_keys(self) -> list[KeyRecord]:
-        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id") as cursor:
-            return [_key(row) for row in await cursor.fetchall()]
+        return await self._reader.call(_select_keys)
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
-        found = await self._lookup(name_or_id)
-        if found is None:
-            return None
-        if fields:
-            merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
-            assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
-            await self._db.execute(
-                f"UPDATE keys SET {assignments} WHERE id = ?",
-                (*_key_values(*(merged[f] for f in KEY_FIELDS)), found.id),
-            )
-        return await self.find_key(found.key_sha256)
-
-    async def _lookup(self, name_or_id: str) -> KeyRecord | None:
-        query = "id = ?" if name_or_id.isdigit() else "name = ?"
-        async with self._reader.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE {query}", (name_or_id,)) as cursor:
-            rows = await cursor.fetchall()
-        return _key(rows[0]) if len(rows) == 1 else None
+        return await self._writer.call(_transaction, _update_key, name_or_id, fields)
 
     # --- spend and ledger
 
@@ -147,33 +165,37 @@ class SQLiteStore:
         cached = self._spent.get(key_id)
         if cached is not None and time.monotonic() - cached[1] < SPEND_TTL:
             return cached[0]
-        async with self._reader.execute("SELECT spent_usd FROM keys WHERE id = ?", (key_id,)) as cursor:
-            row = await cursor.fetchone()
-        spent = Decimal(row[0]) if row else Decimal(0)
+        spent = await self._reader.call(_select_spent, key_id)
         self._spent[key_id] = (spent, time.monotonic())
         return spent
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        values = [_ledger_values(row) for row in rows]
         totals: dict[int, Decimal] = defaultdict(Decimal)
         for row in rows:
             totals[row.key_id] += row.cost_usd
-        db = self._db
-        await db.execute("BEGIN IMMEDIATE")  # serialises writers, across processes too
-        try:
-            await db.executemany(
-                f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * 14)})",
-                [_ledger_values(row) for row in rows],
-            )
-            marks = ", ".join("?" * len(totals))
-            async with db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)) as cursor:
-                spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in await cursor.fetchall()}
-            await db.executemany("UPDATE keys SET spent_usd = ? WHERE id = ?", [(str(v), k) for k, v in spent.items()])
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
+        spent = None
+        if self._inline is not None:
+            try:
+                spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    raise
+            else:
+                self._since_checkpoint += 1
+                if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None:
+                    self._since_checkpoint = 0
+                    self._checkpoint = asyncio.ensure_future(self._writer.call(_fetch_all, "PRAGMA wal_checkpoint(PASSIVE)"))
+                    self._checkpoint.add_done_callback(self._checkpointed)
+        if spent is None:  # another writer has the file: wait for it on the writer thread
+            spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
         now = time.monotonic()
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
+
+    def _checkpointed(self, done: asyncio.Future) -> None:
+        self._checkpoint = None
+        if not done.cancelled() and done.exception() is not None:
+            log.warning("WAL checkpoint failed: %r", done.exception())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {', '.join('ledger.' + c.strip() for c in LEDGER_COLUMNS.split(','))} FROM ledger"
@@ -187,22 +209,82 @@ class SQLiteStore:
             params.append(_text(since))
         if where:
             query += " WHERE " + " AND ".join(where)
-        async with self._reader.execute(query + " ORDER BY ledger.id", params) as cursor:
-            return [_ledger_row(row) for row in await cursor.fetchall()]
+        rows = await self._reader.call(_fetch_all, query + " ORDER BY ledger.id", params)
+        return [_ledger_row(row) for row in rows]
 
 
-async def _when_unlocked(statement, attempts: int = 100) -> None:
-    """Run a statement that SQLite refuses at once, without waiting, while another connection
-    sets the file up (switching it to WAL, or starting a write)."""
-    for attempt in range(attempts):
-        try:
-            await statement()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.02)
+# --- What runs on a connection's thread.
 
+def _migrate(db: sqlite3.Connection) -> None:
+    """Inside one write transaction, so processes opening the file at once migrate it once."""
+    db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    (version,) = db.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    for number, script in enumerate(SQLITE[version:], start=version + 1):
+        for statement in filter(str.strip, script.split(";")):  # executescript would COMMIT
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+
+
+def _fetch_all(db: sqlite3.Connection, query: str, params: Sequence[Any] = ()) -> list[tuple]:
+    return db.execute(query, params).fetchall()
+
+
+def _select_key(db: sqlite3.Connection, condition: str, value: Any) -> KeyRecord | None:
+    rows = db.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE {condition}", (value,)).fetchall()
+    return _key(rows[0]) if len(rows) == 1 else None
+
+
+def _select_keys(db: sqlite3.Connection) -> list[KeyRecord]:
+    return [_key(row) for row in db.execute(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
+
+
+def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
+    row = db.execute("SELECT spent_usd FROM keys WHERE id = ?", (key_id,)).fetchone()
+    return Decimal(row[0]) if row else Decimal(0)
+
+
+def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
+    db.executemany(
+        """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
+                             from_config, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
+           ON CONFLICT (key_sha256) DO UPDATE SET
+             name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
+             rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
+             revoked = excluded.revoked, from_config = 1""",
+        values,
+    )
+
+
+def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
+    db.execute(
+        "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        values,
+    )
+
+
+def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any]) -> KeyRecord | None:
+    found = _select_key(db, "id = ?" if name_or_id.isdigit() else "name = ?", name_or_id)
+    if found is None or not fields:
+        return found
+    merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
+    assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
+    db.execute(f"UPDATE keys SET {assignments} WHERE id = ?", (*_key_values(*merged.values()), found.id))
+    return _select_key(db, "id = ?", found.id)
+
+
+def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
+    """The rows, and each key's spend raised by their cost; the keys' new spend."""
+    db.executemany(f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * 14)})", values)
+    marks = ", ".join("?" * len(totals))
+    rows = db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
+    spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in rows}
+    db.executemany("UPDATE keys SET spent_usd = ? WHERE id = ?", [(str(v), k) for k, v in spent.items()])
+    return spent
+
+
+# --- Values as the file keeps them.
 
 def _text(moment: datetime | None) -> str | None:
     # Fixed-width UTC ISO text sorts (and so compares) as time does.
@@ -235,8 +317,8 @@ def _key(row: tuple) -> KeyRecord:
 
 
 def _ledger_values(row: LedgerRow) -> tuple:
-    values = astuple(row)
-    return (*values[:10], str(row.cost_usd), row.outcome, _text(row.started_at), _text(row.finished_at))
+    *counts, cost, outcome, started, finished = row.values()
+    return (*counts, str(cost), outcome, _text(started), _text(finished))
 
 
 def _ledger_row(values: tuple) -> LedgerRow:
