@@ -13,6 +13,7 @@ from gateway.errors import error_envelope
 from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.ratelimit import rate_limiter
+from gateway.reply import Pinger
 from gateway.storage import Store, open_store
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
@@ -67,9 +68,8 @@ def build_app(
         translator_middleware(config.model),
         billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
     ]
-    proxy = proxy_handler(
-        config, upstream, non_streaming_deadline=non_streaming_deadline, ping_interval=ping_interval
-    )
+    pinger = Pinger(ping_interval)
+    proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, pinger=pinger)
     chat_completions = chain(openai_chain, proxy)
     healthz, list_models, model_catalog = catalog_handlers(config)
 
@@ -86,6 +86,7 @@ def build_app(
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
     app.cleanup_ctx.append(fetcher.lifespan)
+    app.cleanup_ctx.append(pinger.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.router.add_post("/openai/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

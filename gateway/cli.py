@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import logging
 import multiprocessing
@@ -153,6 +154,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
         shutdown_timeout=server.shutdown_timeout_seconds,
     )
     await runner.setup()
+    _tune_garbage_collector()
     await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None).start()
     log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
     if demo_key:
@@ -166,6 +168,16 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
     await runner.cleanup()
     if mock is not None:
         await mock.close()
+
+
+def _tune_garbage_collector() -> None:
+    """Requests allocate many short-lived dicts (parsed JSON above all), nearly none in cycles;
+    at Python's default threshold the cyclic collector runs every 700 allocations and costs more
+    than parsing the JSON itself (measured: bench/RESULTS.md). Collect young objects far less
+    often, and leave what start-up made (modules, the app) out of every collection."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 async def embedded_config():

@@ -22,7 +22,7 @@ from gateway.config import Config, Deployment, Model
 from gateway.context import AFFINITY, ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS
 from gateway.errors import GatewayError, model_not_found
 from gateway.health import Health
-from gateway.reply import EventStreamReply, MessageReply
+from gateway.reply import EventStreamReply, MessageReply, Pinger
 from gateway.routing import ranked
 from gateway.upstream import UpstreamClient, UpstreamEvents
 
@@ -38,7 +38,7 @@ def proxy_handler(
     *,
     health: Health | None = None,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
-    ping_interval: float = 15.0,
+    pinger: Pinger | None = None,
 ):
     health = health or Health(
         failures_before_cooldown=config.routing.failures_before_cooldown, cooldown=config.routing.cooldown_seconds
@@ -47,7 +47,7 @@ def proxy_handler(
     async def stream(deployment: Deployment, body: dict[str, Any]) -> EventStreamReply:
         try:
             async with asyncio.timeout(deployment.first_token_timeout_seconds):
-                events = UpstreamEvents(await upstream.post(deployment, body), idle=ping_interval)
+                events = UpstreamEvents(await upstream.post(deployment, body))
                 await events.first_output()
         except TimeoutError:
             raise GatewayError(
@@ -56,7 +56,7 @@ def proxy_handler(
                 type="server_error",
                 code="timeout",
             ) from None
-        return EventStreamReply(events, ping_interval=ping_interval)
+        return EventStreamReply(events, pinger=pinger)
 
     async def message(deployment: Deployment, body: dict[str, Any]) -> MessageReply:
         try:

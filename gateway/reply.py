@@ -57,22 +57,54 @@ class AnthropicSSE:
         )
 
 
+class Pinger:
+    """Keeps quiet streams alive: one task for every open stream of the app, which writes a
+    `: ping` comment into each stream that has sent nothing for `interval` seconds (the
+    upstream silent, or busy with output the client never sees, such as thinking). One timer
+    for all streams costs less than one per read."""
+
+    def __init__(self, interval: float = 15.0) -> None:
+        self.interval = interval
+        self._streams: dict[EventStreamReply, float] = {}  # stream → when it last wrote
+
+    def wrote(self, stream: EventStreamReply) -> None:
+        self._streams[stream] = asyncio.get_running_loop().time()
+
+    def done(self, stream: EventStreamReply) -> None:
+        self._streams.pop(stream, None)
+
+    async def lifespan(self, app: web.Application):
+        """aiohttp cleanup context: the pinging task lives as long as the app."""
+        task = asyncio.create_task(self._ping_forever())
+        yield
+        task.cancel()
+
+    async def _ping_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, self.interval / 2))
+            due = loop.time() - self.interval
+            for stream, last in list(self._streams.items()):
+                if last <= due:
+                    self._streams[stream] = loop.time()
+                    asyncio.ensure_future(stream.ping())
+
+
 class EventStreamReply(web.StreamResponse):
     """An SSE stream, written batch by batch as the upstream produces it.
 
     Each batch is encoded and written at once, so events that arrived together leave in one
-    write. After `ping_interval` seconds without output a `: ping` comment keeps proxies from
-    closing the connection. However the loop ends (done, client gone, cancelled), the
-    upstream stream is closed with it.
+    write. While it is open, `pinger` keeps it alive through long pauses. However the loop ends
+    (done, client gone, cancelled), the upstream stream is closed with it.
     """
 
-    def __init__(self, events: EventStream, *, ping_interval: float = 15.0, headers: dict[str, str] | None = None):
+    def __init__(self, events: EventStream, *, pinger: Pinger | None = None, headers: dict[str, str] | None = None):
         super().__init__(headers=headers)
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"
         self.events = events
         self.encoder: EventEncoder = AnthropicSSE()
-        self.ping_interval = ping_interval
+        self._pinger = pinger
 
     async def prepare(self, request: web.BaseRequest):
         try:
@@ -80,21 +112,28 @@ class EventStreamReply(web.StreamResponse):
             await self._send_events()
             return writer
         finally:
+            if self._pinger is not None:
+                self._pinger.done(self)
             await self.events.aclose()
 
-    async def _send_events(self) -> None:
-        loop = asyncio.get_running_loop()
-        encode = self.encoder.encode
-        quiet_since = loop.time()
+    async def ping(self) -> None:
         try:
+            await self.write(PING)  # whole writes: never inside another chunk
+        except (ConnectionError, RuntimeError):
+            pass  # the stream ended meanwhile
+
+    async def _send_events(self) -> None:
+        encode = self.encoder.encode
+        pinger = self._pinger
+        try:
+            if pinger is not None:
+                pinger.wrote(self)
             async for batch in self.events:
                 data = encode(batch)
-                if not data:
-                    if loop.time() - quiet_since < self.ping_interval:
-                        continue
-                    data = PING
-                await self.write(data)
-                quiet_since = loop.time()
+                if data:
+                    await self.write(data)
+                    if pinger is not None:
+                        pinger.wrote(self)
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception:

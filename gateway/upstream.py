@@ -81,15 +81,14 @@ class UpstreamClient:
 class UpstreamEvents:
     """An upstream SSE body as batches of parsed events: the events that arrived in one read.
 
-    A silence of `idle` seconds yields an empty batch (the writer may ping). The stream ends
+    The stream ends
     after `message_stop` or `error`; a body that ends before either yields an `error` event,
     so nothing downstream mistakes a cut stream for a finished one.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse, *, idle: float = 15.0) -> None:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self._content = response.content
-        self._idle = idle
         self._buffer = b""
         self._pending: deque[list[dict[str, Any]]] = deque()
         self._finished = False
@@ -154,12 +153,7 @@ class UpstreamEvents:
             return []
         try:
             # What is already buffered needs no timer: bursts cost one read, not one per event.
-            chunk = self._content.read_nowait()
-            if not chunk:
-                async with asyncio.timeout(self._idle):
-                    chunk = await self._content.readany()
-        except TimeoutError:
-            return []
+            chunk = self._content.read_nowait() or await self._content.readany()
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream stream broke: %r", exc)
             chunk = b""
@@ -193,14 +187,13 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
     """The events in `complete` (whole SSE events, "\n"-separated). Every event the upstream
     sends has one data line, so all of them parse as one JSON array: one call for the whole
     batch, not one per event. Anything else takes the event-by-event way."""
-    payloads = _DATA_LINE.findall(complete)
-    if len(payloads) == complete.count(b"\n\n"):
-        try:
-            events = orjson.loads(b"[" + b",".join(payloads) + b"]")
-            if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events):
-                return events
-        except orjson.JSONDecodeError:
-            pass
+    # (An event of several data lines yields pieces that are not JSON objects, and so the slow way.)
+    try:
+        events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(complete)) + b"]")
+        if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events):
+            return events
+    except orjson.JSONDecodeError:
+        pass
     return [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
 
 

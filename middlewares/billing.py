@@ -122,9 +122,13 @@ class BilledEvents:
             await self._record_complete()
             return end
         batch = await self._events.__anext__()
+        # A batch that ends the stream is billed from the upstream's usage: its text needs no counting.
+        count = not batch or batch[-1]["type"] != "message_stop"
         for index, event in enumerate(batch):
             kind = event["type"]
             if kind == "content_block_delta":
+                if not count:
+                    continue
                 delta = event.get("delta") or {}
                 dtype = delta.get("type")
                 if dtype == "text_delta":

@@ -287,8 +287,10 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
 # --- Values as the file keeps them.
 
 def _text(moment: datetime | None) -> str | None:
-    # Fixed-width UTC ISO text sorts (and so compares) as time does.
-    return None if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Fixed-width UTC ISO text ("2026-11-30T05:52:01.123456Z") sorts, and so compares, as time does.
+    if moment is None:
+        return None
+    return moment.astimezone(timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _time(text: str | None) -> datetime | None:
