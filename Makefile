@@ -9,7 +9,7 @@ READY  := $(VENV)/.ready
 $(READY): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,fast]'
 	touch $(READY)
 
 demo: $(READY)
@@ -20,3 +20,13 @@ test: $(READY)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# Benchmarks (bench/README.md): `make bench BENCH_ARGS=--quick`; `make profile PROFILE=nonstream`.
+PROFILE ?= stream50,nonstream
+.PHONY: bench profile
+
+bench: $(READY)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+profile: $(READY)
+	$(BIN)/python bench/run.py --profile $(PROFILE) $(BENCH_ARGS)

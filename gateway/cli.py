@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway import admin
 from gateway.app import build_app
+from gateway.runtime import run, until_stopped
 from gateway.config import Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config
 
 log = logging.getLogger("ezat")
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     admin.add_commands(commands, storage_options)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging()
     try:
         if args.command == "check-config":
             return check_config(args.file)
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
     return 0
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
 
 
 def check_config(path: str) -> int:
@@ -95,7 +100,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     the port (SO_REUSEPORT lets the kernel spread connections over them)."""
     workers = workers or (load_config(config_path).server.workers if config_path else 1)
     if workers == 1:
-        _run(serve_forever(config_path, host, port))
+        run(serve_forever(config_path, host, port))
         return
     if not config_path:
         raise SystemExit("--workers needs --config: workers share its storage (the embedded mode is one process)")
@@ -122,18 +127,8 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
 def _worker(config_path: str, host: str | None, port: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
-    _run(serve_forever(config_path, host, port, reuse_port=True))
-
-
-def _run(main) -> None:
-    """asyncio.run, on uvloop when it is installed (a faster event loop, same behaviour)."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(main)
+    _configure_logging()  # a spawned process starts with none
+    run(serve_forever(config_path, host, port, reuse_port=True))
 
 
 async def serve_forever(config_path: str | None, host: str | None, port: int | None, *, reuse_port: bool = False) -> None:
@@ -160,10 +155,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
     if demo_key:
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
 
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await until_stopped()
     log.info("shutting down: finishing open requests (up to %g s)", server.shutdown_timeout_seconds)
     await runner.cleanup()
     if mock is not None:

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+from gateway import runtime
 from gateway.mock_cache import PromptCache
+from gateway.runtime import until_stopped
 from gateway.mock_validation import Invalid, validate
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
@@ -354,18 +356,13 @@ class MockUpstream:
 
 
 def run(host: str, port: int) -> None:
-    """Serve the mock until Ctrl-C (the `ezat-gateway mock-upstream` command)."""
+    """Serve the mock until Ctrl-C or SIGTERM (the `ezat-gateway mock-upstream` command)."""
 
     async def serve() -> None:
         mock = MockUpstream()
         url = await mock.start(host, port)
         print(f"Mock Anthropic upstream listening on {url} (POST /v1/messages)", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await mock.close()
+        await until_stopped()
+        await mock.close()
 
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
+    runtime.run(serve())

@@ -39,7 +39,6 @@ class UpstreamClient:
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None),  # per deployment, below; overall, in the handler
-            json_serialize=lambda obj: orjson.dumps(obj).decode(),
             skip_auto_headers=("User-Agent",),
         )
         yield

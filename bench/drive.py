@@ -1,0 +1,129 @@
+"""Driving one system with a load generator, and measuring it from /proc meanwhile."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from scenarios import Scenario, closing_marker
+from systems import BENCH, PYTHON, CpuClock, System, machine_ticks, memory_kib, reset_peak_rss
+
+LOADGEN = BENCH / "loadgen.py"
+WRK_SCRIPT = BENCH / "wrk_post.lua"
+SETTLE = 0.2  # seconds after the client ends before reading /proc, so connection teardown counts
+
+
+def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: float) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [wrk, "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "30s", "-s", str(WRK_SCRIPT),
+         f"http://127.0.0.1:{system.port}{system.path}", "--", str(body), *system.headers],
+        capture_output=True, text=True, timeout=duration + 60,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("WRK_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
+    data = json.loads(line.removeprefix("WRK_JSON "))
+    requests = data["requests"]
+    return {
+        "client": "wrk",
+        "requests": requests,
+        "errors": sum(data["errors"].values()),
+        "rps": requests / (data["duration_us"] / 1e6),
+        "p50_ms": data["latency_us"]["p50"] / 1000,
+        "p99_ms": data["latency_us"]["p99"] / 1000,
+        "first_byte_p50_ms": None,
+        "first_token_p50_ms": None,
+        "client_cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+    }
+
+
+def drive_asyncio(system: System, body: Path, expect: str, concurrency: int, duration: float,
+                  streams: int | None = None) -> dict:
+    argv = [PYTHON, str(LOADGEN), "--port", str(system.port), "--path", system.path, "--body-file", str(body),
+            "--expect", expect, "-H", "Content-Type: application/json"]
+    for header in system.headers:
+        argv += ["-H", header]
+    argv += ["--streams", str(streams), "--timeout", "60"] if streams else [
+        "--concurrency", str(concurrency), "--duration", str(duration)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {done.stderr[-3000:]}")
+    data = json.loads(done.stdout)
+    return {
+        "client": "asyncio",
+        "requests": data["requests"],
+        "errors": sum(data["errors"].values()),
+        "error_kinds": data["errors"],
+        "rps": data["rps"],
+        "p50_ms": data["latency_ms"]["p50"],
+        "p99_ms": data["latency_ms"]["p99"],
+        "max_ms": data["latency_ms"]["max"],
+        "first_byte_p50_ms": data["first_byte_ms"]["p50"],
+        "first_token_p50_ms": data["first_token_ms"]["p50"],
+        "max_in_flight": data["max_in_flight"],
+        "client_cpu_s": data["client_cpu_s"],
+    }
+
+
+def measure(system: System, mock: System, drive) -> dict:
+    """One run: the system's and the mock's CPU time and the system's peak RSS around `drive()`
+    (with several workers: their sums)."""
+    pids = system.pids()
+    for pid in pids:
+        reset_peak_rss(pid)
+    rss_before = sum(memory_kib(pid)["VmRSS"] for pid in pids)
+    clocks, mock_cpu = [CpuClock(pid) for pid in pids], CpuClock(mock.pid)
+    ticks, started = machine_ticks(), time.monotonic()
+    run = drive()
+    wall = time.monotonic() - started
+    time.sleep(SETTLE)
+    cpu, mock_cpu = sum(clock.elapsed() for clock in clocks), mock_cpu.elapsed()
+    total, idle, steal = (after - before for after, before in zip(machine_ticks(), ticks))
+    n = run["requests"]
+    per_request = (lambda seconds: seconds / n * 1e6) if n else (lambda seconds: None)
+    run.update(
+        cpu_s=round(cpu, 3),
+        cores_busy=round(cpu / wall, 3),  # the system's CPU time over the run's wall time
+        cpu_us=per_request(cpu),
+        mock_cpu_us=per_request(mock_cpu),
+        client_cpu_us=per_request(run.pop("client_cpu_s")),
+        machine_busy=round(1 - idle / total, 3) if total else None,  # all cores, every process
+        machine_steal=round(steal / total, 3) if total else None,
+        rss_before_mib=rss_before / 1024,
+        peak_rss_mib=sum(memory_kib(pid)["VmHWM"] for pid in pids) / 1024,
+    )
+    return run
+
+
+def driver(args, wrk: str | None, system: System, scenario: Scenario, body: Path, concurrency: int, duration: float):
+    use_wrk = wrk and (args.client == "wrk" or (args.client == "auto" and not scenario.stream))
+    if use_wrk:
+        return lambda: drive_wrk(wrk, system, body, concurrency, duration)
+    expect = closing_marker(system.kind, scenario)
+    if scenario.stream:
+        return lambda: drive_asyncio(system, body, expect, concurrency, duration)
+    return lambda: drive_asyncio(system, body, expect, concurrency, duration) | {"first_token_p50_ms": None}
+
+
+def check(system: System, scenario: Scenario, body: Path) -> None:
+    """One request of each scenario, checked, so no run measures an error path."""
+    headers = {"Content-Type": "application/json", **dict(h.split(": ", 1) for h in system.headers)}
+    request = urllib.request.Request(f"http://127.0.0.1:{system.port}{system.path}", data=body.read_bytes(),
+                                     headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        status, data = response.status, response.read()
+    expected = {
+        ("gateway", False): b'"chat.completion"',
+        ("gateway", True): b"data: [DONE]",
+        ("floor", False): b'"type":"message"',
+        ("floor", True): b'"type":"message_stop"',
+    }[(system.kind, scenario.stream)]
+    needs = [expected] + ([b"get_weather"] if scenario.tools else [b"Tokens a"])
+    if status != 200 or not all(n in data for n in needs):
+        raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")

@@ -1,0 +1,78 @@
+"""The floor: the least any Python aiohttp proxy in front of an Anthropic upstream can do.
+
+One shared ClientSession (a pool without a connection limit, as the gateway's); the request body
+is forwarded as it came to {upstream}/v1/messages, and the response's status, headers and bytes
+are streamed back untouched, each read written as it arrives. No parsing, no auth, no billing.
+The gateway is measured against this, in the same run, on the same machine.
+
+    python bench/passthrough.py --upstream http://127.0.0.1:8081 --port 8082
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import aiohttp
+from aiohttp import web
+
+from gateway.runtime import run, until_stopped
+
+# Hop-by-hop headers (and those aiohttp recomputes) are not forwarded; everything else is.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+     "host", "content-length"}
+)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+
+
+def make_app(upstream: str) -> web.Application:
+    target = upstream.rstrip("/") + "/v1/messages"
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        async with request.app[SESSION].post(target, data=body, headers=headers) as upstream_response:
+            response = web.StreamResponse(
+                status=upstream_response.status,
+                headers={k: v for k, v in upstream_response.headers.items() if k.lower() not in HOP_BY_HOP},
+            )
+            if upstream_response.content_length is not None:
+                response.content_length = upstream_response.content_length
+            await response.prepare(request)
+            async for chunk in upstream_response.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def session(app: web.Application):
+        connector = aiohttp.TCPConnector(limit=0)
+        app[SESSION] = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+        yield
+        await app[SESSION].close()
+
+    app = web.Application()
+    app.cleanup_ctx.append(session)
+    app.router.add_post("/v1/messages", forward)
+    return app
+
+
+async def serve(host: str, port: int, upstream: str) -> None:
+    # As `ezat-gateway serve` runs the gateway.
+    runner = web.AppRunner(make_app(upstream), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    print(f"pass-through proxy on http://{host}:{port} -> {upstream}", flush=True)
+    await until_stopped()
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    args = parser.parse_args()
+    run(serve(args.host, args.port, args.upstream))

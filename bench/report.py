@@ -1,0 +1,144 @@
+"""From runs to figures: medians over rounds, the gateway's ratios to the floor, the
+Markdown tables and the issue's targets."""
+
+from __future__ import annotations
+
+from statistics import median
+
+# (key in a run, column title, format); ratios are gateway ÷ floor.
+COLUMNS = [
+    ("rps", "req/s", "{:,.0f}"),
+    ("p50_ms", "p50 ms", "{:.2f}"),
+    ("p99_ms", "p99 ms", "{:.2f}"),
+    ("first_token_p50_ms", "1st token p50 ms", "{:.2f}"),
+    ("cpu_us", "CPU µs/req", "{:,.0f}"),
+    ("peak_rss_mib", "peak RSS MiB", "{:.1f}"),
+    ("mock_cpu_us", "mock µs/req", "{:,.0f}"),
+    ("client_cpu_us", "client µs/req", "{:,.0f}"),
+]
+SYSTEMS = ("floor", "gateway")
+
+
+def medians(runs: list[dict]) -> dict:
+    """Each figure's median over the rounds (errors are summed)."""
+    out = {}
+    for key, _, _ in COLUMNS:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = median(values) if values else None
+    out["requests"] = sum(r["requests"] for r in runs)
+    out["errors"] = sum(r["errors"] for r in runs)
+    return out
+
+
+def ratios(floor: dict, gateway: dict) -> dict:
+    return {
+        key: (gateway[key] / floor[key]) if floor.get(key) and gateway.get(key) is not None else None
+        for key, _, _ in COLUMNS
+    }
+
+
+def summarise_cell(cell: dict) -> None:
+    cell["median"] = {name: medians(cell["runs"][name]) for name in SYSTEMS}
+    cell["ratio"] = ratios(cell["median"]["floor"], cell["median"]["gateway"])
+    f, g = cell["median"]["floor"], cell["median"]["gateway"]
+    cell["added_p50_ms"] = g["p50_ms"] - f["p50_ms"] if f["p50_ms"] is not None and g["p50_ms"] is not None else None
+
+
+def _fmt(value, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def cells_table(cells: list[dict]) -> str:
+    head = ["scenario", "conc.", "system", *(title for _, title, _ in COLUMNS), "errors"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + " |"]
+    for cell in cells:
+        for name in SYSTEMS:
+            m = cell["median"][name]
+            values = [_fmt(m[key], pattern) for key, _, pattern in COLUMNS]
+            lines.append(f"| {cell['scenario']} | {cell['concurrency']} | {name} | " + " | ".join(values)
+                         + f" | {m['errors']} |")
+        values = [_fmt(cell["ratio"][key], "**{:.2f}×**" if key == "cpu_us" else "{:.2f}×") for key, _, _ in COLUMNS]
+        lines.append("| | | gateway ÷ floor | " + " | ".join(values) + " | |")
+    return "\n".join(lines)
+
+
+def slow_table(slow: dict) -> str:
+    lines = [
+        "| system | streams | completed | dropped | simultaneous | p50 s | max s | 1st token p50 ms | peak RSS MiB | RSS per stream KiB | CPU µs/stream |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in SYSTEMS:
+        m = slow["median"][name]
+        lines.append(
+            f"| {name} | {slow['streams']:,} | {m['completed']:,.0f} | {m['dropped']:,.0f} | {m['max_in_flight']:,.0f} "
+            f"| {_fmt(m['p50_s'], '{:.2f}')} | {_fmt(m['max_s'], '{:.2f}')} | {_fmt(m['first_token_p50_ms'], '{:.1f}')} "
+            f"| {m['peak_rss_mib']:.1f} | {_fmt(m['rss_per_stream_kib'], '{:.1f}')} | {_fmt(m['cpu_us'], '{:,.0f}')} |"
+        )
+    r = slow["ratio"]
+    lines.append(f"| gateway ÷ floor | | | | | | | | {_fmt(r['peak_rss_mib'], '{:.2f}×')} "
+                 f"| {_fmt(r['rss_per_stream_kib'], '{:.2f}×')} | {_fmt(r['cpu_us'], '{:.2f}×')} |")
+    return "\n".join(lines)
+
+
+def ledger_table(ledger: dict) -> str:
+    lines = ["| concurrent record() | rows/s | record p50 ms | p99 ms | batches | mean batch | rows in file |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in ledger["levels"]:
+        lines.append(f"| {r['concurrency']:,} | {r['rows_per_s']:,} | {r['record_ms']['p50']} | {r['record_ms']['p99']} "
+                     f"| {r['batches']:,} | {r['mean_batch']} | {r['rows_in_file']:,} |")
+    return "\n".join(lines)
+
+
+def workers_table(workers: dict) -> str:
+    lines = ["| workers | req/s | p50 ms | p99 ms | CPU µs/req | cores busy |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for n, m in workers["median"].items():
+        cores = m["rps"] * m["cpu_us"] / 1e6 if m["rps"] and m["cpu_us"] else None
+        lines.append(f"| {n} | {m['rps']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {m['cpu_us']:,.0f} "
+                     f"| {_fmt(cores, '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: dict | None) -> list[dict]:
+    """The issue's targets, each with the measured figure and whether it is met."""
+    found = []
+
+    def cpu_target(scenario: str, limit: float, what: str) -> None:
+        mine = [c for c in cells if c["scenario"] == scenario and c["ratio"]["cpu_us"] is not None]
+        if mine:
+            figures = ", ".join(f"c={c['concurrency']}: {c['ratio']['cpu_us']:.2f}×" for c in mine)
+            met = all(c["ratio"]["cpu_us"] <= limit for c in mine)
+            found.append({"target": f"CPU per {what} ≤ {limit}× the floor's", "measured": figures, "met": met})
+
+    cpu_target("nonstream", 1.5, "non-streaming request")
+    cpu_target("stream50", 2.5, "50-chunk stream")
+    cpu_target("paced", 1.5, "paced stream")
+    c1 = next((c for c in cells if c["scenario"] == "nonstream" and c["concurrency"] == 1), None)
+    if c1 and c1["added_p50_ms"] is not None:
+        found.append({"target": "added latency at concurrency 1, non-streaming, p50 < 1 ms",
+                      "measured": f"{c1['added_p50_ms']:+.3f} ms", "met": c1["added_p50_ms"] < 1.0})
+    if slow:
+        g = slow["median"]["gateway"]
+        mb = g["peak_rss_mib"] * 1.048576
+        found.append({"target": f"{slow['streams']:,} simultaneous open streams: under 400 MB RSS, none dropped",
+                      "measured": f"{mb:.0f} MB peak, {g['dropped']:.0f} dropped, {g['max_in_flight']:.0f} at once",
+                      "met": mb < 400 and g["dropped"] == 0 and g["max_in_flight"] >= slow["streams"]})
+    if ledger:
+        best = max(ledger["levels"], key=lambda r: r["rows_per_s"])
+        found.append({"target": "ledger ≥ 5,000 recorded requests/s on SQLite",
+                      "measured": f"{best['rows_per_s']:,} rows/s ({best['concurrency']:,} concurrent record())",
+                      "met": best["rows_per_s"] >= 5000})
+    if workers and workers["speedup"]:
+        found.append({"target": "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)",
+                      "measured": f"{workers['speedup']:.2f}× req/s with 2 workers; judged only with cores to spare "
+                                  "(here the mock and the load generator share the 2 cores)", "met": None})
+    else:
+        found.append({"target": "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)",
+                      "measured": "not measured (no `serve --workers` here, or --no-workers)", "met": None})
+    return found
+
+
+def targets_table(found: list[dict]) -> str:
+    lines = ["| target | measured | met |", "| --- | --- | :---: |"]
+    verdict = {True: "yes", False: "**no**", None: "–"}
+    lines += [f"| {t['target']} | {t['measured']} | {verdict[t['met']]} |" for t in found]
+    return "\n".join(lines)

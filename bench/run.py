@@ -1,0 +1,330 @@
+"""The benchmark suite: the gateway side by side with a pass-through floor, in one run.
+
+Starts the fast mock upstream, the floor (bench/passthrough.py) and the gateway
+(`ezat-gateway serve --config …`), each in its own process; drives them in turns (A, B, A, B)
+with a load generator in a process of its own; reports medians and the gateway's ratios to
+the floor as Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
+bench/README.md explains the method and every figure.
+
+    python bench/run.py                      # the whole suite (about 6 minutes on 2 cores)
+    python bench/run.py --quick              # a smaller one (about a minute)
+    python bench/run.py --profile stream50,nonstream   # py-spy flame graphs of the gateway
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from statistics import median
+
+import report
+from drive import check, drive_asyncio, driver, measure
+from environment import ensure_py_spy, ensure_wrk, log, machine, raise_open_files_limit
+from scenarios import (SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request,
+                       upstream_differences)
+from systems import BENCH, PYTHON, floor_system, gateway_config, gateway_system, machine_ticks, mock_system
+
+RESULTS = BENCH / "results"
+
+
+# --- the suite --------------------------------------------------------------------------
+
+def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, str], Path]:
+    bodies = {}
+    for s in scenarios:
+        for system, encode in (("gateway", openai_request), ("floor", anthropic_request)):
+            path = bodies[(system, s.name)] = workdir / f"{s.name}-{system}.json"
+            path.write_bytes(encode(s))
+    return bodies
+
+
+def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
+    cells = []
+    total = len(args.cells) * args.rounds * len(systems)
+    done = 0
+    for scenario, concurrency in args.cells:
+        cell = {"scenario": scenario.name, "concurrency": concurrency, "runs": {s.name: [] for s in systems}}
+        drives = {s.name: (lambda d, s=s: driver(args, wrk, s, scenario, bodies[(s.name, scenario.name)],
+                                                  concurrency, d)) for s in systems}
+        for system in systems:  # warm up: connection pools, caches, the allocator
+            drives[system.name](args.warmup)()
+        for round_ in range(args.rounds):
+            for system in systems:  # A, B, A, B: drift of the machine cancels out
+                run = measure(system, mock, drives[system.name](args.duration))
+                cell["runs"][system.name].append(run)
+                done += 1
+                log(f"[{done:3}/{total}] {scenario.name:9} c={concurrency:<3} {system.name:7} round {round_ + 1}: "
+                    f"{run['rps']:8,.0f} req/s  p50 {run['p50_ms']:7.2f} ms  "
+                    f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)")
+        report.summarise_cell(cell)
+        cells.append(cell)
+    return cells
+
+
+def bench_slow(args, mock, systems, workdir) -> dict:
+    """Thousands of slow streams open at once, for memory; none may be dropped."""
+    body = {}
+    for system, encode in (("gateway", openai_request), ("floor", anthropic_request)):
+        body[system] = workdir / f"slow-{system}.json"
+        body[system].write_bytes(encode(SLOW))
+    runs = {s.name: [] for s in systems}
+    for round_ in range(args.slow_rounds):
+        for system in systems:
+            expect = closing_marker(system.kind, SLOW)
+            run = measure(system, mock, lambda: drive_asyncio(system, body[system.name], expect, 0, 15,
+                                                              streams=args.slow_streams))
+            run["completed"] = run["requests"]
+            run["dropped"] = args.slow_streams - run["requests"]
+            run["p50_s"] = run["p50_ms"] / 1000 if run["p50_ms"] is not None else None
+            run["max_s"] = run["max_ms"] / 1000 if run["max_ms"] is not None else None
+            run["rss_per_stream_kib"] = (run["peak_rss_mib"] - run["rss_before_mib"]) * 1024 / args.slow_streams
+            runs[system.name].append(run)
+            log(f"slow streams {system.name:7} round {round_ + 1}: {run['completed']:,}/{args.slow_streams:,} completed, "
+                f"{run['max_in_flight']:,} at once, peak RSS {run['peak_rss_mib']:.1f} MiB, errors {run.get('error_kinds')}")
+    keys = ("completed", "dropped", "max_in_flight", "p50_s", "first_token_p50_ms", "rss_per_stream_kib", "cpu_us")
+    med = {
+        name: {k: _median([r[k] for r in rs]) for k in keys}
+        | {"max_s": max((r["max_s"] or 0) for r in rs), "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+           "dropped": max(r["dropped"] for r in rs), "max_in_flight": min(r["max_in_flight"] for r in rs)}
+        for name, rs in runs.items()
+    }
+    ratio = {k: med["gateway"][k] / med["floor"][k] if med["floor"].get(k) else None
+             for k in ("peak_rss_mib", "rss_per_stream_kib", "cpu_us")}
+    return {"streams": args.slow_streams, "runs": runs, "median": med, "ratio": ratio}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return median(values) if values else None
+
+
+def bench_ledger(duration: float) -> dict:
+    done = subprocess.run([PYTHON, str(BENCH / "ledger.py"), "--json", "--duration", str(duration)],
+                          capture_output=True, text=True, timeout=120, cwd=BENCH)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/ledger.py failed: {done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def bench_workers(args, wrk, mock, gateway, workdir, models) -> dict:
+    """`serve --workers 2` against the one-process gateway already running: non-streaming
+    requests at concurrency 64, in turns. Two cores are shared with the mock and the load
+    generator here, so this shows the direction more than the slope."""
+    scenario = SCENARIOS["nonstream"]
+    body = workdir / "workers-gateway.json"
+    body.write_bytes(openai_request(scenario))
+    two = gateway_system(f"http://127.0.0.1:{mock.port}", workdir, models, workers=2)
+    runs = {1: [], 2: []}
+    # Two workers migrating a new SQLite file at once race ("table keys already exists"), so the
+    # file is made first, as a first one-process start would have made it.
+    subprocess.run([str(Path(PYTHON).parent / "ezat-gateway"), "keys", "list", "--config", two.extra["config"]],
+                   capture_output=True, timeout=60, cwd=workdir)
+    try:
+        two.start(workdir)
+        check(two, scenario, body)
+        systems = {1: gateway, 2: two}
+        for system in systems.values():
+            driver(args, wrk, system, scenario, body, 64, args.warmup)()
+        for round_ in range(args.rounds):
+            for n, system in systems.items():
+                run = measure(system, mock, driver(args, wrk, system, scenario, body, 64, args.duration))
+                runs[n].append(run)
+                log(f"workers={n} round {round_ + 1}: {run['rps']:8,.0f} req/s  CPU {run['cpu_us'] or 0:7,.0f} µs/req")
+    finally:
+        two.stop()
+    med = {n: {k: _median([r[k] for r in rs]) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")} for n, rs in runs.items()}
+    speedup = med[2]["rps"] / med[1]["rps"] if med[1]["rps"] else None
+    return {"scenario": scenario.name, "concurrency": 64, "runs": runs, "median": med, "speedup": speedup}
+
+
+def has_workers_option() -> bool:
+    usage = subprocess.run([str(Path(PYTHON).parent / "ezat-gateway"), "serve", "--help"],
+                           capture_output=True, text=True, timeout=30).stdout
+    return "--workers" in usage
+
+
+def ledger_rows(db: Path) -> int | None:
+    try:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT count(*) FROM ledger").fetchone()[0]
+    except sqlite3.Error:
+        return None
+
+
+# --- profile mode -----------------------------------------------------------------------
+
+def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> None:
+    """Record the gateway under load with py-spy; write a flame graph and a summary of the top frames."""
+    import flame
+
+    spy = ensure_py_spy()
+    scenarios = [SCENARIOS[n] for n in names]
+    bodies = write_bodies(workdir, scenarios)
+    for scenario in scenarios:
+        body = bodies[("gateway", scenario.name)]
+        check(gateway, scenario, body)
+        drive = driver(args, wrk, gateway, scenario, body, args.profile_concurrency, args.profile_duration)
+        driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
+        raw = RESULTS / f"profile-{scenario.name}-{stamp}.raw"
+        # --nonblocking: pausing the process for each sample would make py-spy count idle threads as running.
+        argv = [spy, "record", "--pid", str(gateway.pid), "--rate", "250", "--nonblocking", "--threads",
+                "--format", "raw", "--output", str(raw)]
+        for _ in range(3):  # attaching now and then fails ("failed to find python version"): try again
+            recorder = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            time.sleep(1.0)
+            if recorder.poll() is None:
+                break
+        else:
+            raise RuntimeError(f"py-spy could not attach to the gateway: {recorder.stdout.read()[-2000:]!r}")
+        run = measure(gateway, mock, drive)
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(60)
+        title = f"gateway, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
+        svg, text = flame.render(raw, title)
+        header = (f"# Profile: {title}\n\n{run['rps']:,.0f} req/s, {run['cpu_us']:,.0f} µs CPU per request "
+                  f"(inflated by sampling), {run['errors']} errors\n\n")
+        summary = raw.with_suffix(".md")
+        summary.write_text(header + text + f"\nFlame graph: {svg.name}\n")
+        print(header + text)
+        log(f"flame graph: {svg}\nsummary: {summary}")
+
+
+# --- main -------------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (about a minute)")
+    parser.add_argument("--rounds", type=int, help="measured runs of each system per cell (default 3; quick 2)")
+    parser.add_argument("--duration", type=float, help="seconds per run (default 3; quick 1)")
+    parser.add_argument("--warmup", type=float, help="seconds of unmeasured load per system per cell (default 1; quick 0.5)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}")
+    parser.add_argument("--concurrency", help="comma-separated connection counts (default 1,64,256; "
+                                               "quick: 64, and 1 for nonstream)")
+    parser.add_argument("--slow-streams", type=int, help="simultaneous slow streams (default 2000; quick 500; 0: skip)")
+    parser.add_argument("--slow-rounds", type=int, help="runs of each system with the slow streams (default 2; quick 1)")
+    parser.add_argument("--client", choices=("auto", "asyncio", "wrk"), default="auto",
+                        help="auto: wrk for non-streaming requests, the asyncio client for streams (first-token times)")
+    parser.add_argument("--no-ledger", action="store_true", help="skip the ledger micro-benchmark")
+    parser.add_argument("--no-workers", action="store_true",
+                        help="skip `serve --workers 2` against one process (skipped by --quick)")
+    parser.add_argument("--profile", metavar="SCENARIOS", help="profile the gateway on these scenarios instead")
+    parser.add_argument("--profile-duration", type=float, default=10.0)
+    parser.add_argument("--profile-concurrency", type=int, default=64)
+    args = parser.parse_args()
+    q = args.quick
+    args.rounds = args.rounds or (2 if q else 3)
+    args.duration = args.duration or (1.0 if q else 3.0)
+    args.warmup = args.warmup or (0.5 if q else 1.0)
+    args.slow_streams = (500 if q else 2000) if args.slow_streams is None else args.slow_streams
+    args.slow_rounds = args.slow_rounds or (1 if q else 2)
+    args.scenarios = [SCENARIOS[n] for n in args.scenarios.split(",")]
+    if args.concurrency or not q:
+        levels = [int(c) for c in (args.concurrency or "1,64,256").split(",")]
+        args.cells = [(s, c) for s in args.scenarios for c in levels]
+    else:  # quick: the throughput regime, plus the one cell the latency target is about
+        args.cells = [(s, c) for s in args.scenarios for c in ((1, 64) if s.name == "nonstream" else (64,))]
+    args.no_workers = args.no_workers or q
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    began, ticks = time.monotonic(), machine_ticks()
+    raise_open_files_limit()
+    wrk = ensure_wrk()
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    workdir = Path(tempfile.mkdtemp(prefix="ezat-bench-"))
+    models = [s.model for s in (*SCENARIOS.values(), SLOW)]
+    mock = mock_system().start(workdir)
+    mock_url = f"http://127.0.0.1:{mock.port}"
+    gateway = gateway_system(mock_url, workdir, models)
+    floor = floor_system(mock_url)
+    started = [mock]
+    try:
+        gateway.start(workdir)
+        started.append(gateway)
+        if args.profile:
+            profile(args, wrk, mock, gateway, workdir, args.profile.split(","), stamp)
+            return 0
+        floor.start(workdir)
+        started.append(floor)
+        systems = [floor, gateway]
+        meta = machine(wrk) | {"args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
+                               | {"cells": [f"{s.name}@{c}" for s, c in args.cells]},
+                               "sqlite": gateway.extra["db"], "pids": {s.name: s.pid for s in started}}
+        log(f"mock {mock_url}, floor :{floor.port}, gateway :{gateway.port}; wrk: {wrk or 'none'}; work dir {workdir}")
+        bodies = write_bodies(workdir, args.scenarios)
+        for scenario in args.scenarios:
+            for system in systems:
+                check(system, scenario, bodies[(system.name, scenario.name)])
+        config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
+        differences = asyncio.run(upstream_differences(config, args.scenarios))
+        meta["same_upstream_requests"] = not differences
+        for difference in differences:
+            log(f"WARNING: the floor's request differs from what the gateway sends upstream: {difference}")
+        cells = bench_cells(args, wrk, mock, systems, bodies)
+        slow = bench_slow(args, mock, systems, workdir) if args.slow_streams else None
+        workers = None
+        if not args.no_workers and has_workers_option():
+            workers = bench_workers(args, wrk, mock, gateway, workdir, models)
+    finally:
+        for system in reversed(started):
+            system.stop()  # the gateway writes its last ledger rows before it exits
+    gateway_requests = sum(r["requests"] for c in cells for r in c["runs"]["gateway"])
+    rows = ledger_rows(Path(gateway.extra["db"]))
+    ledger = None if args.no_ledger else bench_ledger(1.0 if args.quick else 2.0)
+    found = report.targets(cells, slow, ledger, workers)
+    elapsed = time.monotonic() - began
+    total, _, steal = (after - before for after, before in zip(machine_ticks(), ticks))
+    meta["steal"] = round(steal / total, 3) if total else None
+
+    markdown = [
+        f"## ezat-gateway benchmark, {meta['date']}",
+        "",
+        *([] if meta["same_upstream_requests"] else [
+            "**Warning: the floor's requests differ from what the gateway sends upstream (see the log); "
+            "bench/scenarios.py needs updating.**", ""]),
+        f"{meta['cpu']}, {meta['cores']} cores, {meta['memory']}, Linux {meta['kernel']}; Python {meta['python']}, "
+        f"aiohttp {meta['aiohttp']}, orjson {meta['orjson']}, uvloop {'installed' if meta['uvloop'] else 'not installed'}; "
+        f"{meta['wrk'] or 'no wrk'}; commit {meta['commit']}{' (with uncommitted changes)' if meta['dirty'] else ''}. "
+        f"{args.rounds} rounds of {args.duration:g} s per system and cell, medians; {elapsed / 60:.1f} minutes in all; "
+        f"the hypervisor took {100 * (meta['steal'] or 0):.1f}% of the machine's CPU time (steal).",
+        "",
+        report.cells_table(cells),
+        "",
+    ]
+    if slow:
+        markdown += [f"### {slow['streams']:,} simultaneous slow streams ({SLOW.what})", "", report.slow_table(slow), ""]
+    if workers:
+        markdown += ["### `serve --workers 2` against one process (nonstream, concurrency 64)", "",
+                     report.workers_table(workers), ""]
+    if ledger:
+        markdown += ["### Ledger micro-benchmark (SQLite, group commit)", "", report.ledger_table(ledger), ""]
+    markdown += [f"Ledger rows the gateway wrote in this run: {'?' if rows is None else f'{rows:,}'} for "
+                 f"{gateway_requests:,} measured requests (plus warm-ups, checks and slow streams).", "",
+                 "### Targets (issue 5)", "",
+                 report.targets_table(found), ""]
+    text = "\n".join(markdown)
+    print(text)
+    result = {"meta": meta, "cells": cells, "slow_streams": slow, "workers": workers, "ledger": ledger, "ledger_rows": rows,
+              "targets": found, "elapsed_s": round(elapsed, 1)}
+    (RESULTS / f"{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
+    (RESULTS / f"{stamp}.md").write_text(text)
+    log(f"results: {RESULTS / (stamp + '.json')} and .md")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

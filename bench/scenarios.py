@@ -1,0 +1,120 @@
+"""What the clients send: each scenario as an OpenAI request (to the gateway) and the
+equivalent Anthropic request (to the floor), so that both cause the same upstream work. The
+fast mock picks its reply by `model` (gateway.mock_upstream.FAST_MODELS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: str
+    stream: bool
+    tools: bool
+    what: str
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("nonstream", "bench-nonstream", False, False, "non-streaming small request, 400 characters back"),
+        Scenario("stream50", "bench-stream50", True, False, "stream of 50 text deltas, arriving in one burst"),
+        Scenario("tool", "bench-tool", True, True, "stream of a short text and a tool call (12 deltas), one burst"),
+        Scenario("paced", "bench-paced", True, False, "stream of 50 text deltas arriving one by one, 10 ms apart"),
+    )
+}
+SLOW = Scenario("slow", "bench-slow", True, False, "each 10 deltas one second apart, 10 s")
+
+SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
+QUESTION = "What is the weather like in Paris this week? Please check before answering."
+WEATHER = {
+    "name": "get_weather",
+    "description": "The forecast for a city.",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "country": {"type": "string", "description": "ISO 3166 code"},
+            "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 10},
+        },
+        "required": ["city"],
+    },
+}
+
+
+def openai_request(s: Scenario) -> bytes:
+    body = {
+        "model": s.model,
+        "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTION}],
+        "max_tokens": 1024,
+    }
+    if s.stream:
+        body["stream"] = True
+    if s.tools:
+        body["tools"] = [{"type": "function", "function": {
+            "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["schema"]}}]
+    return orjson.dumps(body)
+
+
+def anthropic_request(s: Scenario) -> bytes:
+    body = {
+        "model": s.model,
+        "max_tokens": 1024,
+        # In content blocks, as the gateway's translator sends them.
+        "system": [{"type": "text", "text": SYSTEM_PROMPT}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}],
+    }
+    if s.stream:
+        body["stream"] = True
+    if s.tools:
+        body["tools"] = [{"name": WEATHER["name"], "description": WEATHER["description"],
+                          "input_schema": WEATHER["schema"]}]
+    return orjson.dumps(body)
+
+
+async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> list[str]:
+    """Send each scenario's OpenAI request through the gateway's app (in this process) to the
+    project's validating mock, and compare what reached the mock with the floor's request.
+    Returns the differences (none: both systems ask the same of the upstream). The mock's
+    validation also proves the floor's requests are ones the real API accepts."""
+    import aiohttp
+
+    from gateway.app import build_app
+    from gateway.config import parse_config
+    from gateway.mock_upstream import MockUpstream
+    from systems import GATEWAY_KEY
+
+    differences = []
+    mock = MockUpstream()
+    url = await mock.start()
+    config = parse_config(config_toml.replace("{UPSTREAM}", url))
+    runner = aiohttp.web.AppRunner(build_app(config))
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    gateway = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for s in scenarios:
+                headers = {"Authorization": f"Bearer {GATEWAY_KEY}", "Content-Type": "application/json"}
+                async with session.post(gateway, data=openai_request(s), headers=headers) as response:
+                    await response.read()
+                sent = mock.requests[-1].body if mock.requests else None
+                if response.status != 200 or sent != orjson.loads(anthropic_request(s)):
+                    differences.append(f"{s.name}: status {response.status}; the gateway sent upstream {sent}")
+    finally:
+        await runner.cleanup()
+        await mock.close()
+    return differences
+
+
+def closing_marker(system: str, s: Scenario) -> str:
+    """What the end of a complete response body contains (checked by the asyncio client)."""
+    if not s.stream:
+        return ""
+    return "[DONE]" if system == "gateway" else "message_stop"

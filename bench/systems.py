@@ -1,0 +1,244 @@
+"""The processes a benchmark runs, and what /proc says about them.
+
+Each system runs in a process of its own, so that its CPU time (utime + stime from
+/proc/<pid>/stat, every thread included) and its peak RSS (VmHWM from /proc/<pid>/status,
+reset before each run through /proc/<pid>/clear_refs) are its alone.
+
+utime + stime come in clock ticks (10 ms), too coarse for a short run of a cheap process; the
+same time is kept to the nanosecond per thread in /proc/<pid>/task/*/schedstat, so `CpuClock`
+adds that up, checked against stat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PYTHON = sys.executable
+GATEWAY_KEY = "sk-bench-" + hashlib.sha256(b"ezat bench").hexdigest()[:24]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CpuClock:
+    """A process's CPU time between two readings, in seconds: the living threads' schedstat
+    run time (to the nanosecond), unless it disagrees with stat's utime + stime by more than
+    stat's resolution (a thread exited meanwhile, taking its schedstat with it): then stat's."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._start = self._read()
+
+    def elapsed(self) -> float:
+        fine0, coarse0 = self._start
+        fine1, coarse1 = self._read()
+        coarse = coarse1 - coarse0
+        if fine0 is None or fine1 is None:
+            return coarse
+        fine = fine1 - fine0
+        return fine if abs(fine - coarse) <= 2 / CLOCK_TICKS + 0.05 * coarse else coarse
+
+    def _read(self) -> tuple[float | None, float]:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        coarse = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime: fields 14, 15 of stat(5)
+        try:
+            fine = 0
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
+                    fine += int(f.read().split()[0])
+            return fine / 1e9, coarse
+        except (OSError, ValueError):  # a thread exited while we read, or no schedstat here
+            return None, coarse
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """(all, idle, steal) CPU ticks of the whole machine since boot, from /proc/stat: how busy
+    the machine was during a run, and how much a hypervisor took from it (steal)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + fields[4], fields[7]  # user … steal; idle + iowait; steal
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    found = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                name, value = line.split(":")
+                found[name] = int(value.split()[0])
+    return found
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Make VmHWM start again from the current RSS (Linux 4.0+), so each run has its own peak."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class System:
+    """A server process the benchmark drives (or the mock behind both)."""
+
+    name: str
+    port: int
+    path: str  # the route the clients POST to
+    headers: list[str]  # the clients' request headers (besides Host, Content-Length)
+    argv: list[str]
+    ready_path: str | None = None  # GET this until 200; else wait for the port to accept
+    workers: int = 1  # processes serving the port (the gateway's --workers)
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def kind(self) -> str:
+        """gateway, floor or mock (a gateway with workers is named gateway-N-workers)."""
+        return self.name.partition("-")[0]
+
+    def pids(self) -> list[int]:
+        """The process and its descendants (the workers of `serve --workers N`)."""
+        found, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            try:
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo += [int(child) for child in f.read().split()]
+            except OSError:
+                pass
+        return found
+
+    def start(self, workdir: Path, env: dict | None = None) -> System:
+        self.log = workdir / f"{self.name}.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True
+            )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if self.workers > 1 and len(self._listening()) < self.workers:
+                    time.sleep(0.05)
+                    continue
+                if self.ready_path:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=1) as r:
+                        if r.status == 200:
+                            return
+                else:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not get ready in {timeout:g} s:\n{self.log.read_text()[-3000:]}")
+
+    def _listening(self) -> set[int]:
+        """The processes of this system that have a socket listening on its port."""
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table) as f:
+                    for line in list(f)[1:]:
+                        fields = line.split()
+                        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == self.port:  # 0A: LISTEN
+                            inodes.add(f"socket:[{fields[9]}]")
+            except OSError:
+                pass
+        found = set()
+        for pid in self.pids():
+            try:
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                    found.add(pid)
+            except OSError:
+                pass
+        return found
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def mock_system() -> System:
+    port = free_port()
+    return System("mock", port, "/v1/messages", [], [PYTHON, str(BENCH / "mock.py"), "--port", str(port)])
+
+
+def floor_system(upstream_url: str) -> System:
+    port = free_port()
+    return System(
+        "floor",
+        port,
+        "/v1/messages",
+        ["x-api-key: bench", "anthropic-version: 2023-06-01"],
+        [PYTHON, str(BENCH / "passthrough.py"), "--port", str(port), "--upstream", upstream_url],
+    )
+
+
+def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1) -> System:
+    """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
+    one key, the benchmark models on one deployment (the mock), and the ledger in SQLite."""
+    port = free_port()
+    name = "gateway" if workers == 1 else f"gateway-{workers}-workers"
+    config = workdir / f"{name}.toml"
+    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models))
+    console_script = Path(PYTHON).parent / "ezat-gateway"
+    return System(
+        name,
+        port,
+        "/v1/chat/completions",
+        [f"Authorization: Bearer {GATEWAY_KEY}"],
+        [str(console_script), "serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
+        ready_path="/healthz",
+        workers=workers,
+        extra={"config": str(config), "db": str(workdir / f"{name}.db")},
+    )
+
+
+def gateway_config(port: int, upstream_url: str, db: Path, models: list[str]) -> str:
+    lines = [
+        "[server]", 'host = "127.0.0.1"', f"port = {port}", "",
+        "[storage]", f'url = "sqlite:///{db}"', "",
+        "[[deployments]]", 'name = "mock"', f'base_url = "{upstream_url}"', 'api_key = "bench"', "",
+    ]
+    for model in models:
+        lines += [
+            "[[models]]", f'id = "{model}"', 'deployments = ["mock"]', "max_output_tokens = 64000",
+            "pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }", "",
+        ]
+    lines += ["[[keys]]", f'key = "{GATEWAY_KEY}"', 'name = "bench"', ""]
+    return "\n".join(lines)
