@@ -17,9 +17,9 @@ from gateway.storage.records import KeyRecord
 BODY = web.RequestKey("ezat.body", dict[str, Any])
 # The size of the request body in bytes, set by size_limit.
 BODY_BYTES = web.RequestKey("ezat.body_bytes", int)
-# What keeps a conversation on one deployment (its session name or its stable prefix's digest),
-# set by cache_breakpoints; None: no preference.
-AFFINITY = web.RequestKey("ezat.affinity", str | None)
+# The conversation the request belongs to (`x-ezat-session`, else `prompt_cache_key`), set by
+# cache_breakpoints; routing keeps a conversation on one deployment.
+SESSION = web.RequestKey("ezat.session", str | None)
 # The caller's key, set by auth.
 API_KEY = web.RequestKey("ezat.api_key", KeyRecord)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.

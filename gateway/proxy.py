@@ -19,11 +19,11 @@ import orjson
 from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
-from gateway.context import AFFINITY, ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS
+from gateway.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, SESSION
 from gateway.errors import GatewayError, model_not_found
 from gateway.health import Health
 from gateway.reply import EventStreamReply, MessageReply, Pinger
-from gateway.routing import ranked
+from gateway.routing import affinity, ranked
 from gateway.upstream import UpstreamClient, UpstreamEvents
 
 # Spec, "Errors": a non-streaming request that takes longer than this ends with 504.
@@ -77,8 +77,11 @@ def proxy_handler(
         models = [asked, *(config.model(name) for name in request.get(FALLBACK_MODELS, ()))]
         attempt = stream if body.get("stream") else message
         attempts, error = config.routing.max_attempts, None
+        # Worked out only when there is a deployment to choose (the digest costs a serialisation).
+        choosing = any(len(model.deployments) > 1 for model in models)
+        stick_by = affinity(request.get(SESSION), body) if choosing else None
         for model in models:
-            deployments = ranked(model.deployments, request.get(AFFINITY))
+            deployments = ranked(model.deployments, stick_by)
             usable = health.available(deployments)
             if not usable:
                 error = error or _all_cooling(health.cooling_ends(deployments))

@@ -1,6 +1,7 @@
 """Which deployment of a model gets a request.
 
-Requests with an affinity (a conversation's name, or the digest of a stable prompt prefix) go
+Requests with an affinity (a conversation's name, or else the digest of the stable prompt
+prefix: system prompt and tools, so apps sharing a long system prompt share its cache) go
 to the deployment that ranks highest for it by rendezvous (highest-random-weight) hashing: every
 replica computes the same order with no shared state, so a conversation finds its prompt cache
 again; when its deployment fails only its conversations move, each to its own next choice.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
+
+import orjson
 
 
 def ranked(deployments: Sequence[str], affinity: str | None) -> list[str]:
@@ -22,3 +26,16 @@ def ranked(deployments: Sequence[str], affinity: str | None) -> list[str]:
 def _weight(affinity: str, deployment: str) -> int:
     digest = hashlib.blake2b(f"{affinity}\0{deployment}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def affinity(session: str | None, body: dict[str, Any]) -> str | None:
+    """What a request should stick by: its conversation, else its stable prefix, else nothing."""
+    if session:
+        return "session:" + session
+    prefix = body.get("system"), body.get("tools")
+    if prefix == (None, None):
+        return None
+    try:
+        return "prefix:" + hashlib.blake2b(orjson.dumps(prefix), digest_size=16).hexdigest()
+    except orjson.JSONEncodeError:
+        return None  # nested too deep to send anyway: the upstream call says so

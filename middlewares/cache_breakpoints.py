@@ -6,22 +6,20 @@ text, or the last tool when there is no system prompt) and one on the newest mes
 the next turn reads back. A request that places its own (`cache_control` on content parts or
 tools, OpenRouter style) keeps them and gets none added.
 
-The stage also names the conversation for routing: `x-ezat-session`, else `prompt_cache_key`,
-else a digest of the stable prefix, so requests that can share a cache go to one deployment.
+The stage also names the conversation for routing: `x-ezat-session`, else `prompt_cache_key`
+(routing falls back on the stable prefix), so requests that can share a cache go to one deployment.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from gateway.config import Model
-from gateway.context import AFFINITY, BODY, BODY_BYTES
-from gateway.errors import invalid_request, too_deeply_nested
+from gateway.context import BODY, BODY_BYTES, SESSION
+from gateway.errors import invalid_request
 
 MAX_BREAKPOINTS = 4  # the upstream's limit per request
 MAX_CACHE_KEY = 256
@@ -31,7 +29,7 @@ EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minu
 def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
-        request[AFFINITY] = _affinity(request, body)
+        request[SESSION] = _session(request, body)
         placed = _count_breakpoints(body)
         if placed > MAX_BREAKPOINTS:
             raise invalid_request(
@@ -54,20 +52,11 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
     return cache_breakpoints
 
 
-def _affinity(request: web.Request, body: dict[str, Any]) -> str | None:
+def _session(request: web.Request, body: dict[str, Any]) -> str | None:
     key = body.get("prompt_cache_key")
     if key is not None and (not isinstance(key, str) or len(key) > MAX_CACHE_KEY):
         raise invalid_request(f"prompt_cache_key: expected a string of at most {MAX_CACHE_KEY} characters", "prompt_cache_key")
-    session = request.headers.get("x-ezat-session") or key
-    if session:
-        return "session:" + session
-    prefix = [m for m in _messages(body) if m.get("role") in ("system", "developer")], body.get("tools")
-    if not prefix[0] and not prefix[1]:
-        return None
-    try:
-        return "prefix:" + hashlib.blake2b(orjson.dumps(prefix), digest_size=16).hexdigest()
-    except orjson.JSONEncodeError:
-        raise too_deeply_nested() from None
+    return request.headers.get("x-ezat-session") or key or None
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
