@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 from decimal import Decimal
 
 import openai
@@ -33,6 +34,13 @@ def make_config(upstream_url: str, storage_url: str = "sqlite:///:memory:", **mo
         models=(model, small),
         keys=(KeyConfig(name="test", key_sha256=hashlib.sha256(KEY.encode()).hexdigest()),),
     )
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (for a server a test starts as a process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Gateway:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -14,15 +13,9 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support import MODEL
+from tests.support import MODEL, free_port
 
 COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_until_up(url: str, process: asyncio.subprocess.Process) -> None:

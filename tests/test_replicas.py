@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 from decimal import Decimal
@@ -18,7 +17,7 @@ import pytest
 
 from gateway.mock_upstream import Scenario
 from gateway.storage import Store, open_store
-from tests.support import KEY, MODEL, UPSTREAM_KEY
+from tests.support import KEY, MODEL, UPSTREAM_KEY, free_port
 
 COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
 
@@ -49,12 +48,6 @@ key = "{key}"
 name = "replicas"
 {key_fields}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GatewayProcess:

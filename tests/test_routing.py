@@ -29,7 +29,7 @@ from gateway.app import STORE
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, RoutingConfig
 from gateway.mock_upstream import MockUpstream, Scenario
 from gateway.storage import open_store
-from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
+from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, free_port, make_config
 
 COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
 
@@ -557,12 +557,6 @@ pricing = {{ input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }
 key = "{key}"
 name = "routing"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
