@@ -40,8 +40,8 @@ class EventEncoder(Protocol):
 
 
 class EventStream(Protocol):
-    """Batches of Anthropic stream events: the events that arrived together, or [] when the
-    upstream has been silent for a while."""
+    """Batches of Anthropic stream events: the events that arrived together ([] when a read
+    held no whole event)."""
 
     def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]: ...
     async def __anext__(self) -> list[dict[str, Any]]: ...
@@ -49,7 +49,7 @@ class EventStream(Protocol):
 
 
 class AnthropicSSE:
-    """Anthropic's own SSE framing: the handler's default, kept by the native endpoint."""
+    """Anthropic's own SSE framing: what a stream sends when no stage translates it."""
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         return b"".join(

@@ -80,9 +80,8 @@ class UpstreamClient:
 class UpstreamEvents:
     """An upstream SSE body as batches of parsed events: the events that arrived in one read.
 
-    The stream ends
-    after `message_stop` or `error`; a body that ends before either yields an `error` event,
-    so nothing downstream mistakes a cut stream for a finished one.
+    The stream ends after `message_stop` or `error`; a body that ends before either yields an
+    `error` event, so nothing downstream mistakes a cut stream for a finished one.
     """
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
