@@ -7,6 +7,7 @@ mounts the stage renders it, with no error middleware of ours.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,11 @@ class GatewayError(web.HTTPException):
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     """A 400 for something the client sent; `message` starts with the field's path."""
     return GatewayError(400, message, param=param)
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The `retry-after` header for a wait: whole seconds, at least one."""
+    return {"retry-after": str(max(1, math.ceil(seconds)))}
 
 
 def too_deeply_nested() -> GatewayError:

@@ -11,7 +11,6 @@ invalid (other 4xx) is answered at once.
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import aiohttp
@@ -20,7 +19,7 @@ from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
 from gateway.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, SESSION
-from gateway.errors import GatewayError, model_not_found
+from gateway.errors import GatewayError, model_not_found, retry_after
 from gateway.health import Health
 from gateway.reply import EventStreamReply, MessageReply, Pinger
 from gateway.routing import affinity, ranked
@@ -81,6 +80,7 @@ def proxy_handler(
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
         for model in models:
+            upstream_body = _for_model(body, model, asked)
             deployments = ranked(model.deployments, stick_by)
             usable = health.available(deployments)
             if not usable:
@@ -90,7 +90,7 @@ def proxy_handler(
                     raise error
                 attempts -= 1
                 try:
-                    reply = await attempt(config.deployment(name), _for_model(body, model, asked))
+                    reply = await attempt(config.deployment(name), upstream_body)
                 except GatewayError as failure:
                     if failure.status not in RETRYABLE:
                         raise
@@ -130,7 +130,11 @@ def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, An
     upstream_body["max_tokens"] = min(body["max_tokens"], model.max_output_tokens)
     effort = (body.get("output_config") or {}).get("effort")
     if effort is not None and effort not in model.efforts:
-        upstream_body["output_config"] = {k: v for k, v in body["output_config"].items() if k != "effort"}
+        rest = {k: v for k, v in body["output_config"].items() if k != "effort"}
+        if rest:
+            upstream_body["output_config"] = rest
+        else:
+            del upstream_body["output_config"]
     if not model.sampling:
         for field in ("temperature", "top_p"):
             upstream_body.pop(field, None)
@@ -143,7 +147,7 @@ def _all_cooling(seconds: float) -> GatewayError:
         "No deployment of this model is available right now.",
         type="server_error",
         code="overloaded",
-        headers={"retry-after": str(max(1, math.ceil(seconds)))},
+        headers=retry_after(seconds),
     )
 
 

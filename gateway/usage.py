@@ -40,6 +40,13 @@ class Usage:
             reasoning_tokens=reasoning,
         )
 
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Usage:
+        """A whole (non-streamed) message's usage; its thinking text backs the reasoning estimate."""
+        content = message.get("content") or ()
+        thinking_chars = sum(len(block.get("thinking", "")) for block in content if isinstance(block, dict))
+        return cls.from_anthropic(message.get("usage") or {}, thinking_chars)
+
     @property
     def prompt_tokens(self) -> int:
         """All input, cached or not (Anthropic's input_tokens leaves cache reads and writes out)."""

@@ -6,7 +6,6 @@ produced, with the output estimated from the text seen."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -16,7 +15,7 @@ from aiohttp import web
 
 from gateway.config import Model
 from gateway.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, FALLBACK_MODELS, request_id
-from gateway.errors import GatewayError, model_not_found
+from gateway.errors import GatewayError, model_not_found, retry_after
 from gateway.ledger import Ledger
 from gateway.ratelimit import RateLimiter
 from gateway.reply import EventStreamReply, MessageReply
@@ -54,7 +53,7 @@ def billing_middleware(
                 "Too many requests for this key; wait and try again.",
                 type="rate_limit_error",
                 code="rate_limit_exceeded",
-                headers={"retry-after": str(max(1, math.ceil(wait)))},
+                headers=retry_after(wait),
             )
 
         started = datetime.now(timezone.utc)
@@ -62,7 +61,7 @@ def billing_middleware(
         answered = find_model(request.get(ANSWERED_MODEL, model.id)) or model
         bill = Bill(request_id(request), key, model, answered, request.get(DEPLOYMENT, ""), started, ledger, limiter)
         if isinstance(reply, MessageReply):
-            await bill.record(Usage.from_anthropic(reply.payload.get("usage") or {}, _thinking_chars(reply.payload)))
+            await bill.record(Usage.from_message(reply.payload))
         elif isinstance(reply, EventStreamReply):
             reply.events = BilledEvents(reply.events, bill)
         return reply
@@ -167,7 +166,3 @@ class BilledEvents:
                 await self._bill.record(Usage.from_anthropic(usage, self._thinking_chars), "client_closed")
         finally:
             await self._events.aclose()
-
-
-def _thinking_chars(message: dict[str, Any]) -> int:
-    return sum(len(b.get("thinking", "")) for b in message.get("content") or () if isinstance(b, dict))

@@ -51,16 +51,13 @@ def to_completion(
     """`renamed` maps tool names the upstream was sent back to the client's."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    thinking_chars = 0
     for block in message.get("content") or ():
         kind = block.get("type")
         if kind == "text":
             texts.append(block.get("text", ""))
         elif kind == "tool_use":
             calls.append(tool_call(block, renamed))
-        elif kind == "thinking":
-            thinking_chars += len(block.get("thinking", ""))
-        # redacted thinking and server-side tool blocks are not the client's to see
+        # thinking (counted in usage), redacted thinking and server-side tool blocks are not the client's to see
     reply: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(texts) if texts or not calls else None,
@@ -81,5 +78,5 @@ def to_completion(
                 "finish_reason": finish_reason(message.get("stop_reason")),
             }
         ],
-        "usage": openai_usage(Usage.from_anthropic(message.get("usage") or {}, thinking_chars)),
+        "usage": openai_usage(Usage.from_message(message)),
     }
