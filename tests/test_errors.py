@@ -3,6 +3,7 @@ traceback for anything a client can send."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -253,4 +254,19 @@ async def test_revoked_or_expired_key(start_gateway, upstream, fields, message):
             await client.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.body["message"] == message
     assert caught.value.code == "invalid_api_key"
+    assert upstream.requests == []
+
+
+async def test_an_oversized_body_is_refused_without_waiting_for_it(gateway, upstream):
+    """The 413 comes from the Content-Length alone: the client has sent 1 KB of the 33 MB it announced."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {33 * 1024 * 1024}\r\n\r\n".encode() + b" " * 1024
+    )
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), 5)  # never came if the gateway waited for the body
+    writer.close()
+    assert status_line.startswith(b"HTTP/1.1 413 ")
     assert upstream.requests == []
