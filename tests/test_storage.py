@@ -18,7 +18,7 @@ import pytest
 from gateway.config import KeyConfig, parse_config
 from gateway.ledger import Ledger
 from gateway.storage import LedgerRow, open_store, schema
-from gateway.storage.sqlite import SPEND_TTL
+from gateway.storage.sqlite import CHECKPOINT_EVERY, SPEND_TTL
 
 UTC = timezone.utc
 
@@ -461,3 +461,38 @@ async def test_one_bad_row_does_not_take_its_batch_down(store_url, opened):
     assert store.batches[2:] == [3, 1, 1, 1]
     assert sorted(r.request_id for r in await store.ledger()) == ["req-first", "req-good-0", "req-good-1", "req-taken"]
     assert await store.spent(key.id) == Decimal("1.12")
+
+
+async def test_a_recorder_cancelled_while_its_batch_is_written_does_not_unwrite_its_row(store_url, opened):
+    store = await opened(store_url, counting_store(store_url))
+    key = await store.create_key(digest("sk-cancel"), name="cancel")
+    ledger = Ledger(store)
+    store.gate = asyncio.Event()
+
+    recorder = asyncio.create_task(ledger.record(row("req-left", key.id, "0.5")))
+    await asyncio.wait_for(store.writing.wait(), 5)
+    recorder.cancel()  # the client went away while its row was being committed
+    with pytest.raises(asyncio.CancelledError):
+        await recorder
+    store.gate.set()
+    await asyncio.wait_for(ledger.close(), 5)
+
+    assert [r.request_id for r in await store.ledger()] == ["req-left"]
+    assert await store.spent(key.id) == Decimal("0.5")
+
+
+async def test_sqlite_wal_stays_bounded_under_steady_ledger_writes(tmp_path, opened):
+    # Checkpoints run beside the writes; one that the writes overtake must not let the WAL grow
+    # without end: it restarts from its beginning once the checkpoint is through.
+    store = await opened(f"sqlite:///{tmp_path / 'steady.db'}")
+    key = await store.create_key(digest("sk-steady"), name="steady")
+    ledger = Ledger(store)
+    batches = 6 * CHECKPOINT_EVERY
+    for i in range(batches):
+        await ledger.record(row(f"req-{i:05d}", key.id, "0.001"))
+
+    page = (await query(f"sqlite:///{tmp_path / 'steady.db'}", "PRAGMA page_size"))[0][0]
+    wal = (tmp_path / "steady.db-wal").stat().st_size
+    # a batch writes about 5 pages; without restarts the WAL would hold all of them
+    assert wal < 2 * CHECKPOINT_EVERY * 6 * (page + 24), (wal, batches)
+    assert len(await store.ledger()) == batches

@@ -9,7 +9,10 @@ The ledger's batches are the exception: committing one is a WAL append of a few 
 microseconds, less than the hop to a thread costs, so they are written on the event loop by a
 connection that never waits (no busy timeout, no automatic checkpoint). When another writer
 holds the file, the batch goes to the writer thread, which waits its turn; checkpoints run
-there too. Money is kept as exact decimal strings.
+there too, in TRUNCATE mode, with the ledger's batches queued behind them: a passive
+checkpoint that writes keep overtaking never lets the WAL start again, and under steady load
+it grows without bound. Money is kept as exact
+decimal strings.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, SQLI
 # once; this bounds how late another process's writes to the same file are seen.
 SPEND_TTL = 1.0
 log = logging.getLogger("ezat.storage")
-# Ledger batches written on the event loop between two checkpoints of the WAL into the file.
+# Ledger batches written on the event loop between two checkpoints of the WAL into the file:
+# about 5 pages each, so the WAL stays near 10 MB.
 CHECKPOINT_EVERY = 500
 T = TypeVar("T")
 
@@ -175,7 +179,9 @@ class SQLiteStore:
         for row in rows:
             totals[row.key_id] += row.cost_usd
         spent = None
-        if self._inline is not None:
+        # While a checkpoint runs, batches queue behind it on the writer thread: competing for
+        # the write lock from here would starve it.
+        if self._inline is not None and self._checkpoint is None:
             try:
                 spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
             except sqlite3.OperationalError as exc:
@@ -183,11 +189,11 @@ class SQLiteStore:
                     raise
             else:
                 self._since_checkpoint += 1
-                if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None:
+                if self._since_checkpoint >= CHECKPOINT_EVERY:
                     self._since_checkpoint = 0
-                    self._checkpoint = asyncio.ensure_future(self._writer.call(_fetch_all, "PRAGMA wal_checkpoint(PASSIVE)"))
+                    self._checkpoint = asyncio.ensure_future(self._writer.call(_fetch_all, "PRAGMA wal_checkpoint(TRUNCATE)"))
                     self._checkpoint.add_done_callback(self._checkpointed)
-        if spent is None:  # another writer has the file: wait for it on the writer thread
+        if spent is None:  # another writer has the file, or a checkpoint: wait on the writer thread
             spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
         now = time.monotonic()
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
