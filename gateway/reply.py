@@ -35,6 +35,8 @@ class MessageReply(web.Response):
 
 
 class EventEncoder(Protocol):
+    finished: bool  # the last batch encoded ended the stream
+
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         """The bytes to send for a batch of upstream events (b"" when none)."""
 
@@ -51,7 +53,10 @@ class EventStream(Protocol):
 class AnthropicSSE:
     """Anthropic's own SSE framing: what a stream sends when no stage translates it."""
 
+    finished = False
+
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
+        self.finished = bool(batch) and batch[-1]["type"] in ("message_stop", "error")
         return b"".join(
             b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n" for event in batch
         )
@@ -94,9 +99,14 @@ class EventStreamReply(web.StreamResponse):
     """An SSE stream, written batch by batch as the upstream produces it.
 
     Each batch is encoded and written at once, so events that arrived together leave in one
-    write. While it is open, `pinger` keeps it alive through long pauses. However the loop ends
+    write; the headers go with the first batch, and the chunked body's terminator with the
+    last. While it is open, `pinger` keeps it alive through long pauses. However the loop ends
     (done, client gone, cancelled), the upstream stream is closed with it.
     """
+
+    # prepare() runs once the first output is at hand (the proxy primes the stream): the
+    # headers can wait for it and share its write, as aiohttp's own Response does.
+    _send_headers_immediately = False
 
     def __init__(self, events: EventStream, *, pinger: Pinger | None = None, headers: dict[str, str] | None = None):
         super().__init__(headers=headers)
@@ -123,13 +133,17 @@ class EventStreamReply(web.StreamResponse):
             pass  # the stream ended meanwhile
 
     async def _send_events(self) -> None:
-        encode = self.encoder.encode
+        encoder = self.encoder
+        encode = encoder.encode
         pinger = self._pinger
         try:
             if pinger is not None:
                 pinger.wrote(self)
             async for batch in self.events:
                 data = encode(batch)
+                if encoder.finished:
+                    await self.write_eof(data)
+                    return
                 if data:
                     await self.write(data)
                     if pinger is not None:
@@ -137,6 +151,6 @@ class EventStreamReply(web.StreamResponse):
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception:
-            # Headers are out: the only way left to say it failed is in the stream itself.
+            # The 200 is committed: the only way left to say it failed is in the stream itself.
             log.exception("stream to the client failed")
             await self.write(encode([INTERNAL_ERROR]))

@@ -35,10 +35,10 @@ class ChunkEncoder:
         self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
         self._thinking_chars = 0
         self._renamed = renamed  # tool names the upstream was sent → the client's
-        self._done = False
+        self.finished = False  # the stream's end is encoded: nothing follows
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
-        if self._done:
+        if self.finished:
             return b""
         out: list[bytes] = []
         text: list[str] = []
@@ -78,13 +78,13 @@ class ChunkEncoder:
                     usage = openai_usage(Usage.from_anthropic(self._usage, self._thinking_chars))
                     out.append(self._head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
                 out.append(DONE)
-                self._done = True
+                self.finished = True
                 break
             elif kind == "ping":
                 out.append(PING)
             elif kind == "error":
                 out.append(b"data: " + orjson.dumps({"error": stream_error(event).payload()}) + b"\n\n" + DONE)
-                self._done = True
+                self.finished = True
                 break
         self._flush(out, text)
         return b"".join(out)
