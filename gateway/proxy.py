@@ -64,9 +64,12 @@ def proxy_handler(
         except (aiohttp.ClientError, OSError):
             raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
         try:
-            return MessageReply(orjson.loads(raw))
+            message = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise GatewayError(500, "The upstream sent a reply that is not JSON.", type="server_error") from None
+            message = None
+        if not isinstance(message, dict):
+            raise GatewayError(500, "The upstream sent a reply that is not a JSON message.", type="server_error")
+        return MessageReply(message)
 
     async def first_answer(request: web.Request) -> web.StreamResponse:
         body = request[BODY]

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from gateway.usage import Usage
+
 log = logging.getLogger("ezat.reply")
 
 PING = b": ping\n\n"
@@ -23,11 +25,13 @@ INTERNAL_ERROR = {"type": "error", "error": {"type": "api_error", "message": "Th
 
 
 class MessageReply(web.Response):
-    """One JSON document: an Anthropic message until a stage replaces `payload`."""
+    """One JSON document: an Anthropic message until a stage replaces `payload`. Its usage is
+    read once, here, for every stage that needs it (billing, the translator)."""
 
     def __init__(self, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
         super().__init__(headers=headers, content_type="application/json")
         self.payload = payload
+        self.usage = Usage.from_message(payload)
 
     async def prepare(self, request: web.BaseRequest):
         self.body = orjson.dumps(self.payload)

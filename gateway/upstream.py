@@ -32,6 +32,8 @@ class UpstreamClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # Per deployment, made once: the URL, the headers and the timeout of every request.
+        self._targets: dict[Deployment, tuple[str, dict[str, str], aiohttp.ClientTimeout]] = {}
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pool lives as long as the app."""
@@ -47,22 +49,20 @@ class UpstreamClient:
     async def post(self, deployment: Deployment, body: dict[str, Any]) -> aiohttp.ClientResponse:
         """POST {base_url}/v1/messages; a non-2xx answer is raised as the client's error."""
         assert self._session is not None, "UpstreamClient.lifespan is not running"
-        headers = {
-            "x-api-key": deployment.api_key,
-            "anthropic-version": ANTHROPIC_VERSION,
-            "content-type": "application/json",
-        }
+        target = self._targets.get(deployment)
+        if target is None:
+            target = self._targets[deployment] = (
+                deployment.base_url + "/v1/messages",
+                {"x-api-key": deployment.api_key, "anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"},
+                aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
+            )
+        url, headers, timeout = target
         try:
             data = orjson.dumps(body)
         except orjson.JSONEncodeError:
             raise too_deeply_nested() from None
         try:
-            response = await self._session.post(
-                deployment.base_url + "/v1/messages",
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
-            )
+            response = await self._session.post(url, data=data, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
             raise GatewayError(500, "Could not reach the upstream.", type="server_error") from None
@@ -178,7 +178,9 @@ class UpstreamEvents:
         return batch
 
 
-_DATA_LINE = re.compile(rb"^data: ?(.*)$", re.MULTILINE)
+# A data line's value. A line starts after "\n" (JSON holds none raw), so the pattern starts
+# with a literal, which re searches for fast: half the time of "^data: ?(.*)$" in MULTILINE.
+_DATA_LINE = re.compile(rb"\ndata: ?(.*)")
 
 
 def _parse_events(complete: bytes) -> list[dict[str, Any]]:
@@ -187,7 +189,7 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
     batch, not one per event. Anything else takes the event-by-event way."""
     # (An event of several data lines yields pieces that are not JSON objects, and so the slow way.)
     try:
-        events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(complete)) + b"]")
+        events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(b"\n" + complete)) + b"]")
         if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events):
             return events
     except orjson.JSONDecodeError:

@@ -61,7 +61,7 @@ def billing_middleware(
         answered = find_model(request.get(ANSWERED_MODEL, model.id)) or model
         bill = Bill(request_id(request), key, model, answered, request.get(DEPLOYMENT, ""), started, ledger, limiter)
         if isinstance(reply, MessageReply):
-            await bill.record(Usage.from_message(reply.payload))
+            await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
             reply.events = BilledEvents(reply.events, bill)
         return reply

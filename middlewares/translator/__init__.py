@@ -42,7 +42,7 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
         created = int(time.time())
         if isinstance(reply, MessageReply):
             reply.payload = to_completion(
-                reply.payload, completion_id=completion_id, model=name, created=created, renamed=renamed
+                reply.payload, reply.usage, completion_id=completion_id, model=name, created=created, renamed=renamed
             )
         elif isinstance(reply, EventStreamReply):
             reply.encoder = ChunkEncoder(

@@ -46,7 +46,7 @@ def tool_call(block: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
 
 
 def to_completion(
-    message: dict[str, Any], *, completion_id: str, model: str, created: int, renamed: dict[str, str]
+    message: dict[str, Any], usage: Usage, *, completion_id: str, model: str, created: int, renamed: dict[str, str]
 ) -> dict[str, Any]:
     """`renamed` maps tool names the upstream was sent back to the client's."""
     texts: list[str] = []
@@ -78,5 +78,5 @@ def to_completion(
                 "finish_reason": finish_reason(message.get("stop_reason")),
             }
         ],
-        "usage": openai_usage(Usage.from_message(message)),
+        "usage": openai_usage(usage),
     }
