@@ -8,11 +8,9 @@ included, is one call there: one hop from the event loop, never one per statemen
 The ledger's batches are the exception: committing one is a WAL append of a few pages, tens of
 microseconds, less than the hop to a thread costs, so they are written on the event loop by a
 connection that never waits (no busy timeout, no automatic checkpoint). When another writer
-holds the file, the batch goes to the writer thread, which waits its turn; checkpoints run
-there too, in TRUNCATE mode, with the ledger's batches queued behind them: a passive
-checkpoint that writes keep overtaking never lets the WAL start again, and under steady load
-it grows without bound. Money is kept as exact
-decimal strings.
+holds the file, the batch goes to the writer thread, which waits its turn; every
+CHECKPOINT_EVERY batches one goes there behind a checkpoint of the WAL into the file. Money is
+kept as exact decimal strings.
 """
 
 from __future__ import annotations
@@ -39,8 +37,9 @@ from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, SQLI
 SPEND_TTL = 1.0
 log = logging.getLogger("ezat.storage")
 # Ledger batches written on the event loop between two checkpoints of the WAL into the file:
-# about 5 pages each, so the WAL stays near 10 MB.
-CHECKPOINT_EVERY = 500
+# about 5 pages each (more for batches of many rows), so the WAL stays near 20 MB. Writes wait
+# for a checkpoint (two fsyncs, about 8 ms here), so it is not made too often.
+CHECKPOINT_EVERY = 1000
 T = TypeVar("T")
 
 
@@ -112,7 +111,6 @@ class SQLiteStore:
         self._spent: dict[int, tuple[Decimal, float]] = {}
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._since_checkpoint = 0
-        self._checkpoint: asyncio.Future | None = None  # one at a time, in the background
 
     async def open(self) -> None:
         try:
@@ -129,8 +127,6 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
-        if self._checkpoint is not None:
-            await asyncio.wait({self._checkpoint})
         if self._inline is not None:
             self._inline.close()
             self._inline = None
@@ -179,29 +175,25 @@ class SQLiteStore:
         for row in rows:
             totals[row.key_id] += row.cost_usd
         spent = None
-        # While a checkpoint runs, batches queue behind it on the writer thread: competing for
-        # the write lock from here would starve it.
-        if self._inline is not None and self._checkpoint is None:
-            try:
-                spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    raise
+        if self._inline is not None:
+            if self._since_checkpoint >= CHECKPOINT_EVERY:
+                # Now and then a batch goes to the writer thread behind a checkpoint, which lets
+                # it start the WAL again from its beginning; starting it syncs the WAL's header,
+                # so that stays off the event loop too. Meanwhile the ledger's rows gather for
+                # the next batch.
+                self._since_checkpoint = 0
+                spent = await self._writer.call(_checkpoint_then_insert, values, totals)
             else:
-                self._since_checkpoint += 1
-                if self._since_checkpoint >= CHECKPOINT_EVERY:
-                    self._since_checkpoint = 0
-                    self._checkpoint = asyncio.ensure_future(self._writer.call(_fetch_all, "PRAGMA wal_checkpoint(TRUNCATE)"))
-                    self._checkpoint.add_done_callback(self._checkpointed)
-        if spent is None:  # another writer has the file, or a checkpoint: wait on the writer thread
+                try:
+                    spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
+                    self._since_checkpoint += 1
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc):
+                        raise
+        if spent is None:  # another writer has the file: wait for it on the writer thread
             spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
         now = time.monotonic()
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
-
-    def _checkpointed(self, done: asyncio.Future) -> None:
-        self._checkpoint = None
-        if not done.cancelled() and done.exception() is not None:
-            log.warning("WAL checkpoint failed: %r", done.exception())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {', '.join('ledger.' + c.strip() for c in LEDGER_COLUMNS.split(','))} FROM ledger"
@@ -278,6 +270,16 @@ def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any])
     assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
     db.execute(f"UPDATE keys SET {assignments} WHERE id = ?", (*_key_values(*merged.values()), found.id))
     return _select_key(db, "id = ?", found.id)
+
+
+def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
+    """RESTART waits until no other connection reads the WAL, so the write after it starts the
+    WAL again from its beginning. A passive checkpoint that writes keep overtaking never lets
+    it: under steady load the WAL then grows without bound."""
+    busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+    if busy:
+        log.warning("WAL checkpoint could not finish: another connection kept reading")
+    return _transaction(db, _insert_ledger, values, totals)
 
 
 def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
