@@ -70,17 +70,17 @@ class Pinger:
     """Keeps quiet streams alive: one task for every open stream of the app, which writes a
     `: ping` comment into each stream that has sent nothing for `interval` seconds (the
     upstream silent, or busy with output the client never sees, such as thinking). One timer
-    for all streams costs less than one per read."""
+    for all streams costs less than one per read; a stream notes the time of its own writes."""
 
     def __init__(self, interval: float = 15.0) -> None:
         self.interval = interval
-        self._streams: dict[EventStreamReply, float] = {}  # stream → when it last wrote
+        self._streams: set[EventStreamReply] = set()
 
-    def wrote(self, stream: EventStreamReply) -> None:
-        self._streams[stream] = asyncio.get_running_loop().time()
+    def watch(self, stream: EventStreamReply) -> None:
+        self._streams.add(stream)
 
     def done(self, stream: EventStreamReply) -> None:
-        self._streams.pop(stream, None)
+        self._streams.discard(stream)
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pinging task lives as long as the app."""
@@ -92,10 +92,10 @@ class Pinger:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(1.0, self.interval / 2))
-            due = loop.time() - self.interval
-            for stream, last in list(self._streams.items()):
-                if last <= due:
-                    self._streams[stream] = loop.time()
+            now = loop.time()
+            for stream in list(self._streams):
+                if stream.last_write <= now - self.interval:
+                    stream.last_write = now
                     asyncio.ensure_future(stream.ping())
 
 
@@ -119,6 +119,7 @@ class EventStreamReply(web.StreamResponse):
         self.events = events
         self.encoder: EventEncoder = AnthropicSSE()
         self._pinger = pinger
+        self.last_write = 0.0  # loop time of the last write, for the pinger
 
     async def prepare(self, request: web.BaseRequest):
         try:
@@ -139,10 +140,11 @@ class EventStreamReply(web.StreamResponse):
     async def _send_events(self) -> None:
         encoder = self.encoder
         encode = encoder.encode
-        pinger = self._pinger
+        clock = asyncio.get_running_loop().time
+        self.last_write = clock()
+        if self._pinger is not None:
+            self._pinger.watch(self)
         try:
-            if pinger is not None:
-                pinger.wrote(self)
             async for batch in self.events:
                 data = encode(batch)
                 if encoder.finished:
@@ -150,8 +152,7 @@ class EventStreamReply(web.StreamResponse):
                     return
                 if data:
                     await self.write(data)
-                    if pinger is not None:
-                        pinger.wrote(self)
+                    self.last_write = clock()
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception:

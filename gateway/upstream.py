@@ -22,6 +22,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
+# Events that end a stream: nothing after one of them is read.
+_ENDS = frozenset({"message_stop", "error"})
 # Background reads of finished bodies' last bytes (kept referenced until done).
 _draining: set[asyncio.Future] = set()
 _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
@@ -162,18 +164,17 @@ class UpstreamEvents:
         data = self._buffer + chunk
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end == -1:
+        end = data.rfind(b"\n\n") + 2
+        if end == 1:
             self._buffer = data
             return []
-        complete, self._buffer = data[: end + 2], data[end + 2 :]
-        batch = []
-        for event in _parse_events(complete):
-            batch.append(event)
-            if event["type"] in ("message_stop", "error"):
-                self._finished = True
-                break
-        if self._finished:
+        if end == len(data):  # the read ended where an event did, as reads mostly do
+            complete, self._buffer = data, b""
+        else:
+            complete, self._buffer = data[:end], data[end:]
+        batch = _parse_events(complete)
+        if batch and batch[-1]["type"] in _ENDS:
+            self._finished = True
             await self.aclose()
         return batch
 
@@ -184,17 +185,26 @@ _DATA_LINE = re.compile(rb"\ndata: ?(.*)")
 
 
 def _parse_events(complete: bytes) -> list[dict[str, Any]]:
-    """The events in `complete` (whole SSE events, "\n"-separated). Every event the upstream
-    sends has one data line, so all of them parse as one JSON array: one call for the whole
-    batch, not one per event. Anything else takes the event-by-event way."""
+    """The events in `complete` (whole SSE events, "\n"-separated), through the first one that
+    ends the stream. Every event the upstream sends has one data line, so all of them parse as
+    one JSON array: one call for the whole batch, not one per event. Anything else takes the
+    event-by-event way."""
     # (An event of several data lines yields pieces that are not JSON objects, and so the slow way.)
     try:
         events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(b"\n" + complete)) + b"]")
-        if all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in events):
-            return events
     except orjson.JSONDecodeError:
-        pass
-    return [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
+        events = None
+    if events is not None:
+        for index, event in enumerate(events):
+            if not isinstance(event, dict) or not isinstance(kind := event.get("type"), str):
+                break
+            if kind in _ENDS:
+                return events[: index + 1]
+        else:
+            return events
+    events = [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
+    ends = [index for index, event in enumerate(events) if event["type"] in _ENDS]
+    return events[: ends[0] + 1] if ends else events
 
 
 def _parse_event(raw: bytes) -> dict[str, Any] | None:
