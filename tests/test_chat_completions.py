@@ -248,3 +248,22 @@ async def test_many_concurrent_requests_share_one_upstream_pool(client, upstream
     )
     assert [r.choices[0].message.content.rsplit(" ", 1)[-1] for r in results] == [f"n{i}" for i in range(50)]
     assert len(upstream.requests) == 50
+
+
+async def test_request_ids_are_unique_and_later_ones_sort_later(gateway, client, upstream):
+    # The ledger's unique index on request ids grows at its end only if later ids sort later.
+    async def ask() -> str:
+        upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "ok"}]))
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+        return raw.headers["x-request-id"]
+
+    in_turn = []
+    for _ in range(3):
+        in_turn.append(await ask())
+        await asyncio.sleep(0.002)
+    assert in_turn == sorted(in_turn)
+    together = await asyncio.gather(*(ask() for _ in range(50)))
+    assert len(set(together) | set(in_turn)) == 53
+    assert all(len(rid) == 24 and int(rid, 16) >= 0 for rid in together)
