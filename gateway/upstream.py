@@ -152,8 +152,7 @@ class UpstreamEvents:
         if self._finished:
             return []
         try:
-            # What is already buffered needs no timer: bursts cost one read, not one per event.
-            chunk = self._content.read_nowait() or await self._content.readany()
+            chunk = await self._content.readany()  # all that is buffered: a burst is one read
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream stream broke: %r", exc)
             chunk = b""
