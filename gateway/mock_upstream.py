@@ -55,6 +55,7 @@ class Scenario:
     chunk_size: int = 8  # characters per streamed delta
     error_after: int | None = None  # stream: send `event: error` after N events
     drop_after: int | None = None  # stream: close the connection after N events
+    end_delay: float = 0.0  # stream: between the last event and the body's end (its last chunk)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # lower-cased names
     body: dict
+    connection: int = 0  # which TCP connection it came on (the client's port)
 
 
 # fast=True: the reply to each model, as (content blocks, streamed?, seconds between deltas).
@@ -167,7 +169,10 @@ class MockUpstream:
             body = None
         headers = {k.lower(): v for k, v in request.headers.items()}
         # Record before validating, so tests can inspect rejected requests too.
-        self.requests.append(RecordedRequest(request.path, headers, body if isinstance(body, dict) else {}))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.requests.append(
+            RecordedRequest(request.path, headers, body if isinstance(body, dict) else {}, peer[1] if peer else 0)
+        )
 
         if self.api_key is not None:
             bearer = headers.get("authorization", "").removeprefix("Bearer ")
@@ -348,6 +353,8 @@ class MockUpstream:
                     await resp.write(_sse({"type": "error", "error": error, "request_id": resp.headers["request-id"]}))
                     break
                 await resp.write(_sse(event))
+            if sc.end_delay:
+                await asyncio.sleep(sc.end_delay)
             await resp.write_eof()
         except ConnectionError:
             # A write hit a closed socket (aiohttp's ClientConnectionResetError); not a server bug.

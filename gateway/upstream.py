@@ -24,8 +24,8 @@ ANTHROPIC_VERSION = "2023-06-01"
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
 # Events that end a stream: nothing after one of them is read.
 _ENDS = frozenset({"message_stop", "error"})
-# Background reads of finished bodies' last bytes (kept referenced until done).
-_draining: set[asyncio.Future] = set()
+# Seconds a finished stream's connection waits for the body's last bytes before it is closed.
+_LAST_BYTES_WITHIN = 5.0
 _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
 
 
@@ -133,19 +133,12 @@ class UpstreamEvents:
         if self._content.at_eof():
             self._response.release()
         elif ended:
-            # message_stop arrived before the chunked body's last bytes: read those in the background,
-            # so the connection (a TLS handshake, against a real upstream) is kept.
-            _draining.add(task := asyncio.ensure_future(self._release_when_ended()))
-            task.add_done_callback(_draining.discard)
+            # message_stop arrived before the chunked body's last bytes. aiohttp gives the
+            # connection back to the pool when they come (a TLS handshake kept, against a real
+            # upstream); if they do not come soon, the connection is closed.
+            timer = asyncio.get_running_loop().call_later(_LAST_BYTES_WITHIN, self._response.close)
+            self._content.on_eof(timer.cancel)
         else:
-            self._response.close()
-
-    async def _release_when_ended(self) -> None:
-        try:
-            async with asyncio.timeout(5):
-                await self._content.read()
-            self._response.release()
-        except (TimeoutError, aiohttp.ClientError, OSError):
             self._response.close()
 
     async def _read_batch(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import aiohttp
 import openai
 import pytest
 
+from gateway import upstream as gateway_upstream
 from gateway.mock_upstream import Scenario
 from tests.support import KEY, MODEL
 
@@ -218,3 +219,22 @@ async def test_upstream_error_status_on_a_streamed_request(client, upstream):
         await client.chat.completions.create(model=MODEL, stream=True, messages=[{"role": "user", "content": "x"}])
     assert caught.value.response.headers["retry-after"] == "7"
     assert caught.value.body["message"] == "slow down"
+
+
+async def test_a_finished_streams_connection_serves_the_next_once_its_body_ends(gateway, upstream):
+    # message_stop comes before the chunked body's last bytes: the gateway answers at once, and
+    # the connection goes back to the pool when those bytes arrive (no new TLS handshake upstream).
+    for _ in range(3):
+        upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], end_delay=0.1))
+        _, events = await raw_stream(gateway, {})
+        assert events[-1] == "data: [DONE]"
+        await asyncio.sleep(0.3)
+    assert len({request.connection for request in upstream.requests}) == 1
+
+
+async def test_a_finished_streams_connection_is_closed_when_its_body_never_ends(gateway, upstream, monkeypatch):
+    monkeypatch.setattr(gateway_upstream, "_LAST_BYTES_WITHIN", 0.2)
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], end_delay=3.0))
+    _, events = await raw_stream(gateway, {})
+    assert events[-1] == "data: [DONE]"  # not held back by the missing end
+    await upstream.wait_disconnect(timeout=2.0)  # the gateway hung up long before the end came
