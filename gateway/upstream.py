@@ -98,15 +98,17 @@ class UpstreamEvents:
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
         An error before that is raised as an HTTP error: the client has seen nothing yet."""
+        primed: list[list[dict[str, Any]]] = []
         try:
             while True:
-                batch = await self._read_batch()
+                batch = await self.__anext__()  # nothing is pending yet: this reads
                 if batch:
-                    self._pending.append(batch)
+                    primed.append(batch)
                 for event in batch:
                     if event["type"] == "error":
                         raise stream_error(event)
                     if event["type"] in _FIRST_OUTPUT:
+                        self._pending.extend(primed)
                         return
         except BaseException:  # an error, or the client went away: the upstream goes too
             await self.aclose()
@@ -116,34 +118,11 @@ class UpstreamEvents:
         return self
 
     async def __anext__(self) -> list[dict[str, Any]]:
+        """The next batch: what first_output kept, else what the next read brought."""
         if self._pending:
             return self._pending.popleft()
         if self._finished:
             raise StopAsyncIteration
-        return await self._read_batch()
-
-    async def aclose(self) -> None:
-        """Give the connection back: to the pool once the body has ended, closed if the stream
-        was cut short (an unread body makes a connection unusable)."""
-        if self._closed:
-            return
-        self._closed = True
-        ended = self._finished and not self._cut_short
-        self._finished = True
-        if self._content.at_eof():
-            self._response.release()
-        elif ended:
-            # message_stop arrived before the chunked body's last bytes. aiohttp gives the
-            # connection back to the pool when they come (a TLS handshake kept, against a real
-            # upstream); if they do not come soon, the connection is closed.
-            timer = asyncio.get_running_loop().call_later(_LAST_BYTES_WITHIN, self._response.close)
-            self._content.on_eof(timer.cancel)
-        else:
-            self._response.close()
-
-    async def _read_batch(self) -> list[dict[str, Any]]:
-        if self._finished:
-            return []
         try:
             chunk = await self._content.readany()  # all that is buffered: a burst is one read
         except (aiohttp.ClientError, OSError) as exc:
@@ -169,6 +148,25 @@ class UpstreamEvents:
             self._finished = True
             await self.aclose()
         return batch
+
+    async def aclose(self) -> None:
+        """Give the connection back: to the pool once the body has ended, closed if the stream
+        was cut short (an unread body makes a connection unusable)."""
+        if self._closed:
+            return
+        self._closed = True
+        ended = self._finished and not self._cut_short
+        self._finished = True
+        if self._content.at_eof():
+            self._response.release()
+        elif ended:
+            # message_stop arrived before the chunked body's last bytes. aiohttp gives the
+            # connection back to the pool when they come (a TLS handshake kept, against a real
+            # upstream); if they do not come soon, the connection is closed.
+            timer = asyncio.get_running_loop().call_later(_LAST_BYTES_WITHIN, self._response.close)
+            self._content.on_eof(timer.cancel)
+        else:
+            self._response.close()
 
 
 # A data line's value. A line starts after "\n" (JSON holds none raw), so the pattern starts

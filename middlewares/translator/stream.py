@@ -29,6 +29,8 @@ class ChunkEncoder:
         self._prefix = self._head + b',"choices":[{"index":0,"delta":'
         usage = b',"usage":null' if include_usage else b""
         self._suffix = b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n"
+        self._content_prefix = self._prefix + b'{"content":'  # a text chunk: these around its text
+        self._content_suffix = b"}" + self._suffix
         self._finish_suffix = b',"logprobs":null,"finish_reason":"%s"}]' + usage + b"}\n\n"
         self._include_usage = include_usage
         self._usage: dict[str, Any] = {}
@@ -111,7 +113,7 @@ class ChunkEncoder:
             text.clear()
 
     def _content(self, text: str) -> bytes:
-        return self._chunk(b'{"content":' + orjson.dumps(text) + b"}")
+        return self._content_prefix + orjson.dumps(text) + self._content_suffix
 
     def _tool_arguments(self, index: int, arguments: str) -> bytes:
         return self._chunk(
