@@ -1,4 +1,4 @@
-"""`ezat-gateway`: serve, check-config, mock-upstream."""
+"""`ezat-gateway`: serve, check-config, keys, usage, mock-upstream."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from gateway.errors import invalid_request
+from middlewares.images.sniff import IMAGE_TYPES
 
-IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 # The upstream accepts only these characters in tool ids and tool names.
 _SAFE = re.compile(r"[a-zA-Z0-9_-]+")
 _UNSAFE_CHARACTER = re.compile(r"[^a-zA-Z0-9_-]")

@@ -152,7 +152,7 @@ def _reasoning(
     """Set effort (and adaptive thinking) from reasoning_effort; True when thinking is requested."""
     if value is None:
         return False
-    if not isinstance(value, str) or value not in EFFORTS:  # refusals says it first when mounted
+    if not isinstance(value, str) or value not in EFFORTS:
         raise invalid_request(
             "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max", "reasoning_effort"
         )

@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 
 from gateway.errors import stream_error
+from gateway.reply import PING
 from gateway.usage import Usage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
-PING = b": ping\n\n"
 
 
 class ChunkEncoder:
