@@ -3,7 +3,6 @@ database itself, so a key's limit holds across replicas."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -13,8 +12,8 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, POSTGRES
+from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
+from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, POSTGRES
 
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
@@ -99,21 +98,15 @@ class PostgresStore:
         return Decimal(0) if value is None else value
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        totals: dict[int, Decimal] = defaultdict(Decimal)
-        for row in rows:
-            totals[row.key_id] += row.cost_usd
         async with self._pool.acquire() as db, db.transaction():
-            await db.copy_records_to_table(
-                "ledger", records=[row.values() for row in rows], columns=[c.strip() for c in LEDGER_COLUMNS.split(",")]
-            )
+            await db.copy_records_to_table("ledger", records=[row.values() for row in rows], columns=LEDGER_FIELDS)
             # In key order, so two replicas' batches never wait on each other's locks in a cycle.
             await db.executemany(
-                "UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(totals.items())
+                "UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(cost_by_key(rows).items())
             )
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        columns = ", ".join("ledger." + c.strip() for c in LEDGER_COLUMNS.split(","))
-        query = f"SELECT {columns} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
+        query = f"SELECT {', '.join('ledger.' + c for c in LEDGER_FIELDS)} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
         params: list[Any] = []
         if key is not None:
             params.append(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -57,3 +58,11 @@ class LedgerRow:
             self.cache_write_tokens, self.cache_read_tokens, self.output_tokens, self.reasoning_tokens,
             self.cost_usd, self.outcome, self.started_at, self.finished_at,
         )
+
+
+def cost_by_key(rows: Iterable[LedgerRow]) -> dict[int, Decimal]:
+    """Each key's total cost in `rows`: what writing them adds to the keys' spend."""
+    totals: dict[int, Decimal] = {}
+    for row in rows:
+        totals[row.key_id] = totals.get(row.key_id, Decimal(0)) + row.cost_usd
+    return totals

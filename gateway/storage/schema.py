@@ -86,3 +86,4 @@ LEDGER_COLUMNS = (
     "request_id, key_id, model, answered_model, deployment, input_tokens, cache_write_tokens, "
     "cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome, started_at, finished_at"
 )
+LEDGER_FIELDS = tuple(column.strip() for column in LEDGER_COLUMNS.split(","))

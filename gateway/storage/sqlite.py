@@ -19,7 +19,6 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -29,8 +28,8 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, SQLITE
+from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
+from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, SQLITE
 
 # How long a key's spend read from the file is trusted. Writes of this process update it at
 # once; this bounds how late another process's writes to the same file are seen.
@@ -171,9 +170,7 @@ class SQLiteStore:
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         values = [_ledger_values(row) for row in rows]
-        totals: dict[int, Decimal] = defaultdict(Decimal)
-        for row in rows:
-            totals[row.key_id] += row.cost_usd
+        totals = cost_by_key(rows)
         spent = None
         if self._inline is not None:
             if self._since_checkpoint >= CHECKPOINT_EVERY:
@@ -196,7 +193,7 @@ class SQLiteStore:
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {', '.join('ledger.' + c.strip() for c in LEDGER_COLUMNS.split(','))} FROM ledger"
+        query = f"SELECT {', '.join('ledger.' + c for c in LEDGER_FIELDS)} FROM ledger"
         where, params = [], []
         if key is not None:
             query += " JOIN keys ON keys.id = ledger.key_id"
@@ -282,9 +279,12 @@ def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals:
     return _transaction(db, _insert_ledger, values, totals)
 
 
+_INSERT_LEDGER = f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * len(LEDGER_FIELDS))})"
+
+
 def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
     """The rows, and each key's spend raised by their cost; the keys' new spend."""
-    db.executemany(f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * 14)})", values)
+    db.executemany(_INSERT_LEDGER, values)
     marks = ", ".join("?" * len(totals))
     rows = db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
     spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in rows}
