@@ -30,10 +30,14 @@ def _buckets(key: KeyRecord) -> list[tuple[str, int, int]]:
     """(bucket name, per-minute limit, tokens taken now) for each limit the key has."""
     buckets = []
     if key.rpm:
-        buckets.append((f"ezat:rl:{key.id}:rpm", key.rpm, 1))
+        buckets.append((_bucket(key, "rpm"), key.rpm, 1))
     if key.tpm:
-        buckets.append((f"ezat:rl:{key.id}:tpm", key.tpm, 0))
+        buckets.append((_bucket(key, "tpm"), key.tpm, 0))
     return buckets
+
+
+def _bucket(key: KeyRecord, limit: str) -> str:
+    return f"ezat:rl:{key.id}:{limit}"
 
 
 class MemoryRateLimiter:
@@ -60,7 +64,7 @@ class MemoryRateLimiter:
 
     async def charge_tokens(self, key: KeyRecord, tokens: int) -> None:
         if key.tpm:
-            name, now = f"ezat:rl:{key.id}:tpm", time.monotonic()
+            name, now = _bucket(key, "tpm"), time.monotonic()
             self._buckets[name] = (self._balance(name, key.tpm, now) - tokens, now)
 
     async def close(self) -> None:
@@ -136,7 +140,7 @@ class RedisRateLimiter:
         if not key.tpm:
             return
         try:
-            await self._charge(keys=[f"ezat:rl:{key.id}:tpm"], args=[key.tpm, tokens])
+            await self._charge(keys=[_bucket(key, "tpm")], args=[key.tpm, tokens])
         except Exception as exc:
             self._fail_open(exc)
 
