@@ -1,21 +1,33 @@
-"""What the tests share: the test config and a gateway served on loopback."""
+"""What the tests share: the test config, a gateway served on loopback (in this process, or as a
+real `ezat-gateway serve` process), and the helpers several test files use."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import os
+import signal
 import socket
+import sys
 from decimal import Decimal
+from pathlib import Path
 
+import aiohttp
 import openai
 from aiohttp import web
 
 from gateway.app import build_app
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, StorageConfig
+from gateway.storage import KeyRecord, LedgerRow, open_store
 
 KEY = "sk-test-key"
 MODEL = "anthropic/claude-sonnet-5-5"
 UPSTREAM_MODEL = "claude-sonnet-5-5"
 UPSTREAM_KEY = "upstream-secret"
+
+COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
+"""The installed `ezat-gateway` console script, beside this virtualenv's Python."""
 
 
 def make_config(upstream_url: str, storage_url: str = "sqlite:///:memory:", **model_fields) -> Config:
@@ -66,3 +78,134 @@ class Gateway:
     def sync_client(self, **kwargs) -> openai.OpenAI:
         kwargs.setdefault("api_key", KEY)
         return openai.OpenAI(base_url=self.url + "/openai/v1", max_retries=0, **kwargs)
+
+
+async def raw_stream(gateway, body: dict | None = None) -> tuple[aiohttp.ClientResponse, list[str]]:
+    """POST a streamed request with aiohttp (`body` adds to or replaces the default fields); the
+    response and its SSE events (the text between blank lines)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Count"}], **(body or {})},
+        ) as response:
+            text = (await response.read()).decode()
+    return response, [event for event in text.split("\n\n") if event]
+
+
+def data(event: str) -> dict:
+    """The JSON of one `data: {...}` SSE event."""
+    assert event.startswith("data: "), event
+    return json.loads(event[len("data: "):])
+
+
+async def read_store(url: str) -> tuple[list[LedgerRow], list[KeyRecord]]:
+    """The ledger and the keys of the store at `url` (opened and closed again)."""
+    store = open_store(url)
+    await store.open()
+    try:
+        return await store.ledger(), await store.list_keys()
+    finally:
+        await store.close()
+
+
+# --- The `ezat-gateway` command in a subprocess.
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without what would change the command's configuration (a real
+    upstream key, a client key, a config path), plus `extra`."""
+    unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")
+    return {**{k: v for k, v in os.environ.items() if k not in unwanted}, **extra}
+
+
+async def spawn(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> asyncio.subprocess.Process:
+    """Starts `ezat-gateway ARGS` in the clean environment (plus `env`), stdout and stderr in one pipe."""
+    return await asyncio.create_subprocess_exec(
+        COMMAND, *args, env=clean_environment(**(env or {})), cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def run_command(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 20
+) -> tuple[int, str]:
+    """Runs `ezat-gateway ARGS` to its end: (exit status, stdout and stderr)."""
+    process = await spawn(*args, env=env, cwd=cwd)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    return process.returncode, output.decode()
+
+
+class ServeProcess:
+    """One `ezat-gateway serve [--config FILE] [ARGS]` process on a free loopback port, run in
+    `directory` with the clean environment (plus `env`), its output kept in a file (a pipe nobody
+    reads would fill up and stall the server under load).
+
+    `config`, when given, is TOML text: formatted with `port`, the shared test values (`key`,
+    `model`, `upstream_key`, `upstream_model`) and `fields`, it is written to DIRECTORY/NAME.toml.
+    Without it the command runs on its embedded defaults (pass `--port` in `start`'s arguments)."""
+
+    def __init__(
+        self, directory: Path, name: str = "gateway", config: str | None = None, *,
+        env: dict[str, str] | None = None, **fields: object,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.directory = directory
+        self.config: Path | None = None
+        if config is not None:
+            self.config = directory / f"{name}.toml"
+            values = dict(key=KEY, model=MODEL, upstream_key=UPSTREAM_KEY, upstream_model=UPSTREAM_MODEL)
+            self.config.write_text(config.format(**{**values, **fields, "port": self.port}))
+        self.log = directory / f"{name}.log"
+        self.env = env or {}
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, *args: str, wait: bool = True) -> ServeProcess:
+        """Starts the process; with `wait`, returns once /healthz answers."""
+        config = ["--config", str(self.config)] if self.config is not None else []
+        with self.log.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                COMMAND, "serve", *config, *args,
+                env=clean_environment(**self.env), cwd=self.directory, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            )
+        if wait:
+            await self.wait_until_up()
+        return self
+
+    async def wait_until_up(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):  # 15 s at most
+                assert self.process.returncode is None, f"the gateway exited:\n{self.output()}"
+                try:
+                    async with http.get(self.url + "/healthz") as response:
+                        if response.status < 500:
+                            return
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"{self.url} never came up:\n{self.output()}")
+
+    def client(self, **kwargs) -> openai.AsyncOpenAI:
+        kwargs.setdefault("api_key", KEY)
+        return openai.AsyncOpenAI(base_url=self.url + "/openai/v1", max_retries=0, **kwargs)
+
+    def output(self) -> str:
+        """The end of the process's output so far (for failure messages)."""
+        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
+
+    async def kill(self) -> None:
+        """SIGKILL, and wait for the process to end."""
+        self.process.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(self.process.wait(), 10)
+
+    async def stop(self) -> None:
+        """Always safe (finally blocks): SIGTERM, then SIGKILL if it does not end in time."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), 15)
+        except TimeoutError:
+            self.process.kill()
+            await asyncio.wait_for(self.process.wait(), 10)

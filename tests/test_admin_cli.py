@@ -9,13 +9,11 @@ import csv
 import io
 import json
 import logging
-import os
 import re
 import sys
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from pathlib import Path
 
 import openai
 import pytest
@@ -23,9 +21,8 @@ import pytest
 from gateway.config import StorageConfig, load_config
 from gateway.mock_upstream import Scenario
 from gateway.storage import open_store
-from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL
+from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, run_command
 
-COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
 CONFIG_KEY = "sk-config-key-for-cfg"
 
 CONFIG = """
@@ -71,13 +68,7 @@ def backend(request, tmp_path, upstream):
 async def ezat(backend, *args: str) -> tuple[int, str]:
     """Runs `ezat-gateway <args> --config <file> [--storage url]`; (exit status, stdout and stderr)."""
     path, storage, _ = backend
-    environment = {k: v for k, v in os.environ.items() if k not in ("EZAT_CONFIG", "ANTHROPIC_API_KEY", "EZAT_API_KEY")}
-    process = await asyncio.create_subprocess_exec(
-        COMMAND, *args, "--config", str(path), *storage, env=environment, cwd=path.parent,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(process.communicate(), 20)
-    return process.returncode, output.decode()
+    return await run_command(*args, "--config", str(path), *storage, cwd=path.parent)
 
 
 async def serve(start_gateway, backend):

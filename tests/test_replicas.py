@@ -4,22 +4,16 @@ sharing PostgreSQL and Redis enforce one spend limit and one rate limit."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
 from gateway.mock_upstream import Scenario
-from gateway.storage import Store, open_store
-from tests.support import KEY, MODEL, UPSTREAM_KEY, free_port
-
-COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
+from tests.support import KEY, MODEL, ServeProcess, read_store
 
 CONFIG = """
 [server]
@@ -50,72 +44,6 @@ name = "replicas"
 """
 
 
-class GatewayProcess:
-    """One `ezat-gateway serve --config FILE` process, its output kept in a file (a pipe nobody
-    reads would fill up and stall the server under load)."""
-
-    def __init__(self, tmp_path: Path, name: str, **fields: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config = tmp_path / f"{name}.toml"
-        self.config.write_text(
-            CONFIG.format(port=self.port, upstream_key=UPSTREAM_KEY, model=MODEL, key=KEY, **fields)
-        )
-        self.log = tmp_path / f"{name}.log"
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> GatewayProcess:
-        unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")
-        environment = {k: v for k, v in os.environ.items() if k not in unwanted}
-        with self.log.open("wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                COMMAND, "serve", "--config", str(self.config),
-                env=environment, cwd=self.config.parent, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            )
-        await self._wait_until_up()
-        return self
-
-    async def _wait_until_up(self) -> None:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):  # 15 s at most
-                assert self.process.returncode is None, f"the gateway exited:\n{self.output()}"
-                try:
-                    async with http.get(self.url + "/healthz") as response:
-                        if response.status < 500:
-                            return
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"{self.url} never came up:\n{self.output()}")
-
-    def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/openai/v1", api_key=KEY, max_retries=0)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
-
-    async def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(self.process.wait(), 10)
-
-    async def stop(self) -> None:
-        """Always safe (finally blocks): SIGTERM, then SIGKILL if it does not end in time."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), 10)
-        except TimeoutError:
-            self.process.kill()
-            await asyncio.wait_for(self.process.wait(), 10)
-
-
-async def opened(url: str) -> Store:
-    store = open_store(url)
-    await store.open()
-    return store
-
-
 def cost(input_tokens: int, output_tokens: int) -> Decimal:
     """USD at the test model's prices: 3 per million input tokens, 15 per million output."""
     return (input_tokens * Decimal(3) + output_tokens * Decimal(15)) / Decimal(1_000_000)
@@ -139,8 +67,8 @@ def storage_url(request, tmp_path) -> str:
 async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tmp_path, upstream):
     # Streams take a few tens of milliseconds each, so some are always mid-reply when the kill lands.
     upstream.enqueue(*(Scenario(usage=USAGE, event_delay=0.003) for _ in range(50_000)))
-    gateway = GatewayProcess(
-        tmp_path, "gateway", storage_url=storage_url, ratelimit_url="", upstream_url=upstream.url, key_fields=""
+    gateway = ServeProcess(
+        tmp_path, "gateway", CONFIG, storage_url=storage_url, ratelimit_url="", upstream_url=upstream.url, key_fields=""
     )
 
     finished: set[str] = set()  # request ids of replies the client received whole
@@ -204,12 +132,7 @@ async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tm
     assert not failures, failures[:5]
     assert cut, "the kill landed between requests, not mid-load"
 
-    store = await opened(storage_url)
-    try:
-        rows = await store.ledger()
-        (key,) = await store.list_keys()
-    finally:
-        await store.close()
+    rows, (key,) = await read_store(storage_url)
     by_id = {row.request_id: row for row in rows}
     assert len(by_id) == len(rows), "a request billed twice"
     lost = finished - by_id.keys()
@@ -224,10 +147,10 @@ async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tm
 # --- Two replicas sharing PostgreSQL and Redis enforce one limit.
 
 
-async def start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields) -> list[GatewayProcess]:
+async def start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields) -> list[ServeProcess]:
     replicas = [
-        GatewayProcess(tmp_path, name, storage_url=postgres_url, ratelimit_url=redis_url, upstream_url=upstream.url,
-                       key_fields=key_fields)
+        ServeProcess(tmp_path, name, CONFIG, storage_url=postgres_url, ratelimit_url=redis_url,
+                     upstream_url=upstream.url, key_fields=key_fields)
         for name in ("replica-a", "replica-b")
     ]
     # Started together, as replicas are: both migrate the same database and sync the same key.
@@ -235,13 +158,13 @@ async def start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields
     return replicas
 
 
-async def stop_replicas(replicas: list[GatewayProcess]) -> None:
+async def stop_replicas(replicas: list[ServeProcess]) -> None:
     await asyncio.gather(*(replica.stop() for replica in replicas), return_exceptions=True)
     for replica in replicas:
         print(replica.config.name, replica.output(), sep="\n")
 
 
-async def ask(replica: GatewayProcess, *, stream: bool = False) -> str:
+async def ask(replica: ServeProcess, *, stream: bool = False) -> str:
     async with replica.client() as client:
         if stream:
             chunks = await client.chat.completions.create(
@@ -257,7 +180,7 @@ async def test_replicas_enforce_one_spend_limit(tmp_path, postgres_url, redis_ur
     each = cost(1000, 200)  # 0.006 USD
     assert each == Decimal("0.006")
     upstream.enqueue(*(Scenario(usage={"input_tokens": 1000, "output_tokens": 200}) for _ in range(3)))
-    replicas: list[GatewayProcess] = []
+    replicas: list[ServeProcess] = []
     try:
         replicas = a, b = await start_replicas(
             tmp_path, postgres_url, redis_url, upstream, key_fields="spend_limit_usd = 0.018"
@@ -278,12 +201,7 @@ async def test_replicas_enforce_one_spend_limit(tmp_path, postgres_url, redis_ur
         await stop_replicas(replicas)
 
     assert len(upstream.requests) == 3  # refused requests never reach the upstream
-    store = await opened(postgres_url)
-    try:
-        rows = await store.ledger()
-        (key,) = await store.list_keys()
-    finally:
-        await store.close()
+    rows, (key,) = await read_store(postgres_url)
     assert [row.cost_usd for row in rows] == [each] * 3
     assert [row.outcome for row in rows] == ["complete"] * 3
     assert key.spent_usd == Decimal("0.018")
@@ -291,7 +209,7 @@ async def test_replicas_enforce_one_spend_limit(tmp_path, postgres_url, redis_ur
 
 @pytest.mark.services
 async def test_replicas_enforce_one_rate_limit(tmp_path, postgres_url, redis_url, upstream):
-    replicas: list[GatewayProcess] = []
+    replicas: list[ServeProcess] = []
     try:
         replicas = a, b = await start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields="rpm = 4")
         for replica in (a, b, a, b):
@@ -307,9 +225,5 @@ async def test_replicas_enforce_one_rate_limit(tmp_path, postgres_url, redis_url
         await stop_replicas(replicas)
 
     assert len(upstream.requests) == 4
-    store = await opened(postgres_url)
-    try:
-        rows = await store.ledger()
-    finally:
-        await store.close()
+    rows, _ = await read_store(postgres_url)
     assert len(rows) == 4  # limited requests are not billed

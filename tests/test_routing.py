@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import select
 import signal
 import socket
 import sqlite3
-import sys
 import time
 from dataclasses import replace
 from decimal import Decimal
@@ -28,10 +26,9 @@ import pytest
 from gateway.app import STORE
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, RoutingConfig
 from gateway.mock_upstream import MockUpstream, Scenario
-from gateway.storage import open_store
-from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, free_port, make_config
-
-COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
+from tests.support import (
+    KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, ServeProcess, data, free_port, make_config, raw_stream, read_store,
+)
 
 FALLBACK = "test/fallback"
 FALLBACK_UPSTREAM = "fallback-1"
@@ -120,32 +117,8 @@ async def ask_error(gateway, *, stream: bool, **kwargs) -> openai.APIStatusError
     return caught.value
 
 
-async def raw_stream(gateway, body: dict | None = None) -> tuple[aiohttp.ClientResponse, list[str]]:
-    """POST a streamed request with aiohttp; the response and its SSE events."""
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": True, "messages": MESSAGES, **(body or {})},
-        ) as response:
-            text = (await response.read()).decode()
-    return response, [event for event in text.split("\n\n") if event]
-
-
-def data(event: str) -> dict:
-    assert event.startswith("data: "), event
-    return json.loads(event[len("data: "):])
-
-
 def counts(mocks) -> list[int]:
     return [len(mock.requests) for mock in mocks]
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on: connecting is refused at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -189,7 +162,7 @@ def failing(status):
 async def test_a_failure_before_the_first_token_moves_on_invisibly(start_gateway, mocks, status, stream):
     urls = {}
     if status is None:
-        urls["d0"] = f"http://127.0.0.1:{closed_port()}"
+        urls["d0"] = f"http://127.0.0.1:{free_port()}"  # nothing listens: connecting is refused at once
     else:
         mocks[0].enqueue(Scenario(status=status, error_message="first deployment failing"))
     gateway = await start_gateway(routed_config(mocks, urls=urls))
@@ -245,7 +218,7 @@ async def test_a_failure_after_the_first_token_ends_the_stream_and_is_not_retrie
     mocks[0].enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], chunk_size=2, **failure))
     gateway = await start_gateway(routed_config(mocks))
 
-    response, events = await raw_stream(gateway, {"stream_options": {"include_usage": True}})
+    response, events = await raw_stream(gateway, {"messages": MESSAGES, "stream_options": {"include_usage": True}})
 
     assert response.status == 200
     error_event, done = events[-2:]
@@ -559,62 +532,12 @@ name = "routing"
 """
 
 
-class Served:
-    """`ezat-gateway serve --config FILE [args]`, its output in a file."""
+class Served(ServeProcess):
+    """`ezat-gateway serve --config FILE [args]` in front of `upstream`, its ledger in `db`."""
 
     def __init__(self, tmp_path: Path, upstream: MockUpstream) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.db = tmp_path / "ledger.db"
-        self.config = tmp_path / "gateway.toml"
-        self.config.write_text(
-            SERVE_CONFIG.format(
-                port=self.port, db=self.db, upstream_url=upstream.url, upstream_key=UPSTREAM_KEY, model=MODEL,
-                upstream_model=UPSTREAM_MODEL, key=KEY,
-            )
-        )
-        self.log = tmp_path / "gateway.log"
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self, *args: str, wait: bool = True) -> Served:
-        unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")
-        environment = {k: v for k, v in os.environ.items() if k not in unwanted}
-        with self.log.open("wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                COMMAND, "serve", "--config", str(self.config), *args,
-                env=environment, cwd=self.config.parent, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            )
-        if not wait:
-            return self
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):  # 15 s at most
-                assert self.process.returncode is None, f"the gateway exited:\n{self.output()}"
-                try:
-                    async with http.get(self.url + "/healthz") as response:
-                        if response.status < 500:
-                            return self
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"{self.url} never came up:\n{self.output()}")
-
-    def client(self, **kwargs) -> openai.AsyncOpenAI:
-        kwargs.setdefault("api_key", KEY)
-        return openai.AsyncOpenAI(base_url=self.url + "/openai/v1", max_retries=0, **kwargs)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-8000:] if self.log.exists() else ""
-
-    async def stop(self) -> None:
-        """Always safe (finally blocks): SIGTERM, then SIGKILL if it does not end in time."""
-        if self.process is None or self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.process.wait(), 15)
-        except TimeoutError:
-            self.process.kill()
-            await asyncio.wait_for(self.process.wait(), 10)
+        super().__init__(tmp_path, "gateway", SERVE_CONFIG, db=self.db, upstream_url=upstream.url)
 
 
 async def refused(port: int) -> bool:
@@ -675,12 +598,7 @@ async def test_sigterm_lets_streams_in_flight_finish_and_bills_them(tmp_path, up
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "abcdefghijklmnop"
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
-    store = open_store(f"sqlite:///{served.db}")
-    await store.open()
-    try:
-        rows = await store.ledger()
-    finally:
-        await store.close()
+    rows, _ = await read_store(f"sqlite:///{served.db}")
     assert sorted(row.request_id for row in rows) == sorted(rid for rid, _ in results)
     assert {row.outcome for row in rows} == {"complete"}
 
@@ -775,12 +693,8 @@ async def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(tmp_p
         while not all(gone(pid) for pid in workers):
             await asyncio.sleep(0.05)
     assert await refused(served.port)
-    store = open_store(f"sqlite:///{served.db}")
-    await store.open()
-    try:
-        assert len(await store.ledger()) == 6
-    finally:
-        await store.close()
+    rows, _ = await read_store(f"sqlite:///{served.db}")
+    assert len(rows) == 6
 
 
 

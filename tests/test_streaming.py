@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import aiohttp
 import openai
@@ -11,26 +10,9 @@ import pytest
 
 from gateway import upstream as gateway_upstream
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL
+from tests.support import KEY, MODEL, data, raw_stream
 
 TEXT = "One, two, three, four, five."
-
-
-async def raw_stream(gateway, body: dict) -> tuple[aiohttp.ClientResponse, list[str]]:
-    """POST a streamed request; the response and its SSE events (text between blank lines)."""
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Count"}], **body},
-        ) as response:
-            text = (await response.read()).decode()
-    return response, [event for event in text.split("\n\n") if event]
-
-
-def data(event: str) -> dict:
-    assert event.startswith("data: "), event
-    return json.loads(event[len("data: "):])
 
 
 async def test_sdk_stream_with_usage(client, upstream):
