@@ -15,6 +15,8 @@ import orjson
 from aiohttp import web
 
 log = logging.getLogger("ezat.errors")
+# Seconds to wait after a 429 or 503 when nothing better is known (the upstream said nothing).
+DEFAULT_RETRY_AFTER = 1
 
 
 class GatewayError(web.HTTPException):
@@ -138,7 +140,12 @@ async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
     OpenAI envelope, never as an HTML page or a traceback."""
     try:
         return await handler(request)
-    except GatewayError:
+    except GatewayError as exc:
+        if exc.status in (429, 503) and "retry-after" not in exc.headers:
+            # Spec, "Errors": both say to wait for retry-after seconds, so there always is one.
+            # (Added here, not when the error is made: routing cools a deployment down for
+            # what the upstream itself said.)
+            exc.headers.update(retry_after(DEFAULT_RETRY_AFTER))
         raise
     except web.HTTPException as exc:
         if exc.status < 400:
