@@ -24,19 +24,10 @@ from gateway.app import STORE
 from gateway.config import KeyConfig, RateLimitConfig
 from gateway.mock_upstream import Scenario
 from gateway.storage import LedgerRow, open_store
+from tests.requests_util import WEATHER_TOOLS as TOOLS
 from tests.support import KEY, MODEL, make_config
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 MILLION = Decimal(1_000_000)
 
 
@@ -509,10 +500,28 @@ async def test_200_concurrent_requests_give_200_rows_and_the_exact_total(start_g
 # --- the key's errors: 403, 402, 429, 401
 
 
-def assert_error(exc: openai.APIStatusError, status: int, type_: str, code: str | None) -> None:
+FORBIDDEN_MODEL = f"This key may not use the model `{MODEL}`."
+RATE_LIMITED = "Too many requests for this key; wait and try again."
+REVOKED = "This API key has been revoked."
+
+
+def assert_error(exc: openai.APIStatusError, status: int, type_: str, code: str | None, message: str) -> None:
     assert exc.status_code == status
     assert (exc.type, exc.code) == (type_, code)
     assert exc.body["message"]
+    assert exc.body == {"message": message, "type": type_, "param": None, "code": code}
+
+
+async def assert_rate_limited(client: openai.AsyncOpenAI, waits: range) -> None:
+    """The key is over its rate: a 429 whose retry-after is the whole seconds until its bucket
+    has a token again (one of `waits`: a little time passes between the requests), streamed and not."""
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as caught:
+            await send(client, stream=stream)
+        assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded", RATE_LIMITED)
+        retry_after = caught.value.response.headers["retry-after"]
+        assert retry_after.isdigit() and int(retry_after) >= 1
+        assert int(retry_after) in waits
 
 
 async def test_model_outside_the_keys_globs_is_403(start_gateway, upstream):
@@ -520,13 +529,15 @@ async def test_model_outside_the_keys_globs_is_403(start_gateway, upstream):
     async with gateway.client() as client:
         with pytest.raises(openai.PermissionDeniedError) as caught:
             await send(client, stream=False)
-        assert_error(caught.value, 403, "permission_error", None)
-        with pytest.raises(openai.PermissionDeniedError):
+        assert_error(caught.value, 403, "permission_error", None, FORBIDDEN_MODEL)
+        with pytest.raises(openai.PermissionDeniedError) as caught:
             await send(client, stream=True)
+        assert_error(caught.value, 403, "permission_error", None, FORBIDDEN_MODEL)
         assert upstream.requests == []
         await send(client, stream=False, model="test/small")  # a model the globs do match
     assert len(upstream.requests) == 1
     assert len(await gateway.app[STORE].ledger()) == 1
+    assert [row.model for row in await gateway.app[STORE].ledger()] == ["test/small"]
 
 
 async def test_matching_glob_allows_the_model(start_gateway, upstream):
@@ -534,9 +545,11 @@ async def test_matching_glob_allows_the_model(start_gateway, upstream):
     async with gateway.client() as client:
         await send(client, stream=False)
         await send(client, stream=True)
-        with pytest.raises(openai.PermissionDeniedError):
+        with pytest.raises(openai.PermissionDeniedError) as caught:
             await send(client, stream=False, model="test/small")
+        assert_error(caught.value, 403, "permission_error", None, "This key may not use the model `test/small`.")
     assert len(upstream.requests) == 2
+    assert [row.model for row in await gateway.app[STORE].ledger()] == [MODEL, MODEL]
 
 
 async def test_spend_limit_reached_is_402(start_gateway, upstream, storage_url):
@@ -553,7 +566,10 @@ async def test_spend_limit_reached_is_402(start_gateway, upstream, storage_url):
         for stream in (False, True):
             with pytest.raises(openai.APIStatusError) as caught:
                 await send(client, stream=stream)
-            assert_error(caught.value, 402, "insufficient_quota", "insufficient_quota")
+            assert_error(
+                caught.value, 402, "insufficient_quota", "insufficient_quota",
+                f"This key has reached its spend limit of ${limit}.",
+            )
     assert len(upstream.requests) == 2
     assert len(await store.ledger()) == 2
     assert (await store.list_keys())[0].spent_usd == limit
@@ -575,12 +591,7 @@ async def test_rpm_exceeded_is_429_with_retry_after(start_gateway, upstream, rat
     async with gateway.client() as client:
         await send(client, stream=False)
         await send(client, stream=True)
-        for stream in (False, True):
-            with pytest.raises(openai.RateLimitError) as caught:
-                await send(client, stream=stream)
-            assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded")
-            retry_after = caught.value.response.headers["retry-after"]
-            assert retry_after.isdigit() and int(retry_after) >= 1
+        await assert_rate_limited(client, range(25, 31))  # 2 a minute: a request every 30 s
     assert len(upstream.requests) == 2
     assert len(await gateway.app[STORE].ledger()) == 2
 
@@ -594,8 +605,9 @@ async def test_rpm_limit_is_shared_by_two_gateways_through_redis(start_gateway, 
         await send(b, stream=False)
         await send(a, stream=True)
         for client in (a, b):
-            with pytest.raises(openai.RateLimitError):
+            with pytest.raises(openai.RateLimitError) as caught:
                 await send(client, stream=False)
+            assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded", RATE_LIMITED)
     assert len(upstream.requests) == 3
 
 
@@ -605,12 +617,8 @@ async def test_tpm_exceeded_after_a_large_response_is_429(start_gateway, upstrea
     async with gateway.client() as client:
         first = await send(client, stream=True)
         assert first.usage.total_tokens == 5010  # five times the key's tokens per minute
-        for stream in (False, True):
-            with pytest.raises(openai.RateLimitError) as caught:
-                await send(client, stream=stream)
-            assert_error(caught.value, 429, "rate_limit_error", "rate_limit_exceeded")
-            retry_after = caught.value.response.headers["retry-after"]
-            assert retry_after.isdigit() and int(retry_after) >= 1
+        # 4010 tokens over the limit, plus one to take, at 1000 a minute: 240.7 s.
+        await assert_rate_limited(client, range(235, 242))
     assert len(upstream.requests) == 1
 
 
@@ -638,7 +646,7 @@ async def test_revoked_key_is_refused_at_once_without_a_key_cache(start_gateway,
         for stream in (False, True):
             with pytest.raises(openai.AuthenticationError) as caught:
                 await send(client, stream=stream)
-            assert_error(caught.value, 401, "invalid_request_error", "invalid_api_key")
+            assert_error(caught.value, 401, "invalid_request_error", "invalid_api_key", REVOKED)
     assert len(upstream.requests) == 1
     assert len(await store.ledger()) == 1
 
@@ -661,4 +669,4 @@ async def test_revoked_key_is_refused_within_the_key_cache_time(start_gateway, u
                 else:
                     await asyncio.sleep(0.05)
         assert time.monotonic() - revoked_at <= cache_seconds + 1
-        assert_error(refused, 401, "invalid_request_error", "invalid_api_key")
+        assert_error(refused, 401, "invalid_request_error", "invalid_api_key", REVOKED)

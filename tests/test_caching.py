@@ -19,6 +19,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from gateway.config import Deployment
 from gateway.mock_upstream import MockUpstream, Scenario
 from gateway.routing import ranked
+from tests.requests_util import echo
 from tests.support import MODEL, UPSTREAM_KEY, make_config
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -409,6 +410,7 @@ async def test_a_multi_turn_conversation_reads_back_what_it_already_sent(client,
         completion = await ask(client, stream, messages=history, prompt_cache_key="valve-chat")
         answer = completion.choices[0].message.content
         assert answer.startswith("Hello from the mock upstream.")
+        assert answer == echo(question)
 
         body = upstream.requests[-1].body
         assert marks(body) == {"system[0]": EPHEMERAL, f"messages[{2 * turn}].content[0]": EPHEMERAL}
@@ -438,6 +440,7 @@ async def test_a_prompt_cache_key_over_256_characters_is_a_400_naming_the_field(
     error = await refusal(client, [upstream], messages=[user("Hi")], prompt_cache_key="k" * 257)
     assert error["message"].startswith("prompt_cache_key: ")
     assert "256" in error["message"]
+    assert error["code"] is None
     assert error["param"] == "prompt_cache_key"
 
 
@@ -445,6 +448,7 @@ async def test_a_prompt_cache_key_of_256_characters_is_accepted_and_not_forwarde
     completion = await ask(client, messages=[user("Hi")], prompt_cache_key="k" * 256)
 
     assert completion.choices[0].message.content.startswith("Hello from the mock upstream.")
+    assert completion.choices[0].message.content == echo("Hi")
     assert "prompt_cache_key" not in upstream.requests[-1].body
 
 
@@ -593,6 +597,7 @@ async def test_when_the_chosen_deployment_is_down_its_conversations_move_and_oth
     # The moving conversation is answered by b: the client sees no error, only a lost cache.
     completion = await turn(moving, "second")
     assert completion.choices[0].message.content.startswith("Hello from the mock upstream.")
+    assert completion.choices[0].message.content == echo("second")
     assert served_by("b", "second")
     cached, written = cache_usage(completion)
     assert cached == 0 and written > 0

@@ -4,12 +4,14 @@ what the client got and what the upstream received."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import openai
 import pytest
 
 from gateway.mock_upstream import Scenario
+from tests.requests_util import SPEC_IGNORED_FIELDS, echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
 
 
@@ -62,10 +64,18 @@ async def test_sync_client(gateway, upstream):
 
 
 async def test_each_request_gets_its_own_id(client):
-    first = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}])
-    second = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "b"}])
+    raw_first = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "a"}]
+    )
+    raw_second = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "b"}]
+    )
+    first, second = raw_first.parse(), raw_second.parse()
     assert first.id.startswith("chatcmpl-") and second.id.startswith("chatcmpl-")
     assert first.id != second.id
+    # Each id is its own request's id, the one in the request-id header.
+    assert first.id == "chatcmpl-" + raw_first.headers["request-id"]
+    assert second.id == "chatcmpl-" + raw_second.headers["request-id"]
 
 
 async def test_system_and_developer_messages_join_wherever_they_are(client, upstream):
@@ -138,6 +148,10 @@ async def test_output_limit_defaults_to_a_lower_model_maximum(client, upstream):
 async def test_bad_output_limit_is_a_400(client, upstream, fields, message):
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], **fields)
+    assert caught.value.status_code == 400
+    assert caught.value.body == {
+        "message": message, "type": "invalid_request_error", "param": message.split(":")[0], "code": None
+    }
     assert caught.value.body["message"] == message
     assert caught.value.body["param"] in fields
     assert upstream.requests == []
@@ -154,6 +168,7 @@ async def test_stop_sequences(client, upstream, stop, sequences):
     )
     assert upstream.requests[-1].body.get("stop_sequences") == sequences
     assert completion.choices[0].finish_reason == "stop"
+    assert completion.choices[0].message.content == "up to"
 
 
 async def test_openai_only_fields_never_reach_the_upstream(client, upstream):
@@ -161,18 +176,18 @@ async def test_openai_only_fields_never_reach_the_upstream(client, upstream):
     completion = await client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "x"}],
-        user="u-1",
-        seed=7,
-        presence_penalty=0.5,
-        frequency_penalty=0.5,
-        store=True,
-        metadata={"a": "b"},
-        service_tier="auto",
+        **SPEC_IGNORED_FIELDS,
         stream=False,
         extra_body={"some_unknown_field": 1},
     )
     assert completion.choices[0].message.content
+    assert completion.choices[0].message.content == echo("x")
     assert set(upstream.requests[-1].body) == {"model", "max_tokens", "messages"}
+    assert upstream.requests[-1].body == {
+        "model": UPSTREAM_MODEL,
+        "max_tokens": 32000,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+    }
 
 
 async def test_usage_counts_all_input_cached_or_not(client, upstream):
@@ -214,6 +229,7 @@ async def test_reasoning_tokens_are_estimated_from_thinking_text_when_the_upstre
 
 async def test_raw_http_response_shape(gateway, upstream):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "hi"}], usage={"input_tokens": 5, "output_tokens": 2}))
+    before = int(time.time())
     async with aiohttp.ClientSession() as http:
         async with http.post(
             gateway.url + "/v1/chat/completions",  # the alias without /openai
@@ -223,8 +239,12 @@ async def test_raw_http_response_shape(gateway, upstream):
             assert response.status == 200
             assert response.content_type == "application/json"
             body = await response.json()
+    after = int(time.time())
     assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
     assert isinstance(body["created"], int)
+    assert before <= body["created"] <= after  # Unix seconds, when the request was answered
+    assert body["id"] == "chatcmpl-" + response.headers["request-id"]
+    assert (body["object"], body["model"]) == ("chat.completion", MODEL)
     assert body["choices"] == [
         {
             "index": 0,
@@ -264,6 +284,7 @@ async def test_request_ids_are_unique_and_later_ones_sort_later(gateway, client,
         in_turn.append(await ask())
         await asyncio.sleep(0.002)
     assert in_turn == sorted(in_turn)
+    assert len(set(in_turn)) == 3
     together = await asyncio.gather(*(ask() for _ in range(50)))
     assert len(set(together) | set(in_turn)) == 53
     assert all(len(rid) == 24 and int(rid, 16) >= 0 for rid in together)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -14,7 +15,8 @@ import pytest
 
 from gateway.config import KeyConfig
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, make_config
+from tests.requests_util import echo
+from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config
 
 MESSAGES = [{"role": "user", "content": "x"}]
 
@@ -58,6 +60,8 @@ async def test_each_upstream_status(gateway, upstream, upstream_status, status, 
     assert (error["type"], error["code"]) == (type_, code)
     assert error["message"] == f"upstream says {upstream_status}"
     assert response.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{24}", response.headers["x-request-id"])
+    assert response.headers["request-id"] == response.headers["x-request-id"]
 
 
 @pytest.mark.parametrize("upstream_status", [429, 529])
@@ -66,6 +70,7 @@ async def test_retry_after_is_kept(client, upstream, upstream_status):
     with pytest.raises(openai.APIStatusError) as caught:
         await client.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.response.headers["retry-after"] == "12"
+    assert caught.value.status_code == {429: 429, 529: 503}[upstream_status]
 
 
 async def test_upstream_rejecting_the_gateways_credentials_is_not_the_clients_key_problem(gateway, upstream):
@@ -74,6 +79,7 @@ async def test_upstream_rejecting_the_gateways_credentials_is_not_the_clients_ke
     assert response.status == 500
     assert envelope(body)["type"] == "server_error"
     assert envelope(body)["code"] is None
+    assert envelope(body)["message"] != "invalid x-api-key"  # the upstream's credentials are not the client's business
 
 
 async def test_prompt_too_long_gets_openais_code(gateway, upstream):
@@ -81,6 +87,8 @@ async def test_prompt_too_long_gets_openais_code(gateway, upstream):
     response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
     assert response.status == 400
     assert envelope(body)["code"] == "context_length_exceeded"
+    assert envelope(body)["type"] == "invalid_request_error"
+    assert envelope(body)["message"] == "prompt is too long: 210000 tokens > 200000 maximum"
 
 
 async def test_sdk_error_classes(client, upstream):
@@ -125,6 +133,7 @@ async def test_sdk_with_a_wrong_key(gateway):
         with pytest.raises(openai.AuthenticationError) as caught:
             await wrong.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.code == "invalid_api_key"
+    assert (caught.value.status_code, caught.value.type) == (401, "invalid_request_error")
 
 
 async def test_x_api_key_header_is_accepted(gateway, upstream):
@@ -135,6 +144,10 @@ async def test_x_api_key_header_is_accepted(gateway, upstream):
             json={"model": MODEL, "messages": MESSAGES},
         ) as response:
             assert response.status == 200
+            body = await response.json()
+    assert body["choices"][0]["message"]["content"] == echo("x")
+    # The upstream got the gateway's own credentials, never the client's key.
+    assert upstream.requests[-1].headers["x-api-key"] == UPSTREAM_KEY
 
 
 async def test_body_over_32_mb_is_refused_before_it_is_read(gateway, upstream):
@@ -159,12 +172,14 @@ async def test_chunked_body_over_32_mb_is_refused(gateway, upstream):
         ) as response:
             assert response.status == 413
             assert envelope(await response.json())["code"] == "request_too_large"
+    assert upstream.requests == []
 
 
 async def test_a_body_just_under_the_limit_is_read(gateway, upstream):
     text = "a" * (31 * 1024 * 1024)
     response, body = await post(gateway, {"model": MODEL, "messages": [{"role": "user", "content": text}]})
     assert response.status == 200
+    assert body["choices"][0]["message"]["content"] == echo("a" * 200)  # the mock echoes 200 characters
     assert upstream.requests[-1].body["messages"][0]["content"][0]["text"] == text
 
 
@@ -183,6 +198,7 @@ async def test_invalid_json(gateway, upstream, raw, message):
     error = envelope(body)
     assert error["message"].startswith(message)
     assert (error["type"], error["code"]) == ("invalid_request_error", None)
+    assert upstream.requests == []
 
 
 @pytest.mark.parametrize(
@@ -226,6 +242,9 @@ async def test_unreachable_upstream(start_gateway, unused_tcp_port):
     response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
     assert response.status == 500
     assert envelope(body)["type"] == "server_error"
+    assert envelope(body) == {
+        "message": "Could not reach the upstream.", "type": "server_error", "param": None, "code": None
+    }
 
 
 async def test_unknown_path_and_method_use_the_envelope(gateway):
@@ -254,6 +273,7 @@ async def test_revoked_or_expired_key(start_gateway, upstream, fields, message):
             await client.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.body["message"] == message
     assert caught.value.code == "invalid_api_key"
+    assert caught.value.status_code == 401
     assert upstream.requests == []
 
 

@@ -6,6 +6,7 @@ request must not reach the upstream at all)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,20 +14,12 @@ import openai
 import pytest
 
 from gateway.mock_upstream import Scenario
+from tests.requests_util import WEATHER_TOOLS as TOOLS
+from tests.requests_util import echo
 from tests.support import MODEL, make_config
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 IMAGES = {  # a few real leading bytes of each format, base64
     "image/jpeg": "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8U",
     "image/png": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk",
@@ -93,14 +86,18 @@ async def ask(client: openai.AsyncOpenAI, stream: bool, **kwargs) -> Answer:
     return Answer(content, finishes[-1], usage_chunk.usage, [calls[i] for i in sorted(calls)], dump)
 
 
-async def refused(client: openai.AsyncOpenAI, stream: bool, **kwargs) -> dict[str, Any]:
-    """The error object of a request the gateway must answer with 400 invalid_request_error."""
+async def refused(client: openai.AsyncOpenAI, upstream, stream: bool, **kwargs) -> dict[str, Any]:
+    """The error object of a request the gateway must answer with 400 invalid_request_error,
+    once it is checked that the upstream received nothing and that `param` names the field the
+    message's path starts with."""
     with pytest.raises(openai.BadRequestError) as caught:
         await ask(client, stream, **kwargs)
     assert caught.value.status_code == 400
     error = caught.value.body
     assert error["type"] == "invalid_request_error"
     assert error["code"] is None
+    assert error["param"] == re.split(r"[.\[:]", error["message"], maxsplit=1)[0]
+    assert upstream.requests == []
     return error
 
 
@@ -167,11 +164,11 @@ async def test_system_and_developer_anywhere_join_into_one_system_prompt(client,
 async def test_a_non_text_part_in_a_system_message_names_the_path(client, upstream, stream, role, part):
     error = await refused(
         client,
+        upstream,
         stream,
         messages=[{"role": "user", "content": "Hi"}, {"role": role, "content": [text("Be brief."), part]}],
     )
     assert error["message"].startswith("messages[1].content[1]")
-    assert upstream.requests == []
 
 
 @STREAM
@@ -185,7 +182,7 @@ async def test_user_string_and_text_parts(client, upstream, stream):
             {"role": "user", "content": [text("Second"), text("Third")]},
         ],
     )
-    assert answer.content == "Hello from the mock upstream. You said: Second\nThird"
+    assert answer.content == echo("Second\nThird")
     assert received(upstream, stream)["messages"] == [
         user(text("First")), assistant(text("Ok")), user(text("Second"), text("Third"))
     ]
@@ -208,7 +205,7 @@ async def test_image_data_url_becomes_a_base64_image_source(client, upstream, st
             }
         ],
     )
-    assert answer.content.startswith("Hello from the mock upstream.")
+    assert answer.content == echo("What is in this image?")
     image = {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     assert received(upstream, stream)["messages"] == [user(text("What is in this image?"), image)]
 
@@ -250,6 +247,7 @@ async def test_image_detail_is_ignored(client, upstream, stream):
 async def test_image_data_url_of_an_unsupported_type_is_a_400_naming_the_part(client, upstream, stream, url):
     error = await refused(
         client,
+        upstream,
         stream,
         messages=[
             {"role": "user", "content": "Hi"},
@@ -258,7 +256,6 @@ async def test_image_data_url_of_an_unsupported_type_is_a_400_naming_the_part(cl
         ],
     )
     assert error["message"].startswith("messages[2].content[1].image_url.url: ")
-    assert upstream.requests == []
 
 
 @STREAM
@@ -277,11 +274,11 @@ async def test_image_data_url_of_an_unsupported_type_is_a_400_naming_the_part(cl
 async def test_a_non_base64_image_data_url_is_a_400_naming_the_part(client, upstream, stream, url):
     error = await refused(
         client,
+        upstream,
         stream,
         messages=[{"role": "user", "content": [text("Look"), {"type": "image_url", "image_url": {"url": url}}]}],
     )
     assert error["message"].startswith("messages[0].content[1].image_url.url: ")
-    assert upstream.requests == []
 
 
 @STREAM
@@ -299,7 +296,7 @@ async def test_pdf_file_part_becomes_a_base64_document(client, upstream, stream)
             }
         ],
     )
-    assert answer.content.startswith("Hello from the mock upstream.")
+    assert answer.content == echo("Summarise this.")
     document = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}}
     assert received(upstream, stream)["messages"] == [user(text("Summarise this."), document)]
 
@@ -317,10 +314,9 @@ async def test_pdf_file_part_becomes_a_base64_document(client, upstream, stream)
 )
 async def test_a_file_part_that_is_not_a_pdf_data_url_is_a_400_naming_the_part(client, upstream, stream, file):
     error = await refused(
-        client, stream, messages=[{"role": "user", "content": [text("Read"), {"type": "file", "file": file}]}]
+        client, upstream, stream, messages=[{"role": "user", "content": [text("Read"), {"type": "file", "file": file}]}]
     )
     assert error["message"].startswith("messages[0].content[1].file")
-    assert upstream.requests == []
 
 
 @STREAM
@@ -379,7 +375,8 @@ async def test_assistant_refusal_parts_are_dropped(client, upstream, stream):
 )
 async def test_consecutive_same_role_messages_are_merged(client, upstream, stream, messages, expected):
     answer = await ask(client, stream, messages=messages)
-    assert answer.content.startswith("Hello from the mock upstream.")
+    # The mock echoes the text of the last user turn it received: the merged one.
+    assert answer.content == echo("\n".join(block["text"] for block in expected[-1]["content"]))
     assert received(upstream, stream)["messages"] == expected
 
 
@@ -479,9 +476,8 @@ async def test_empty_or_whitespace_text_is_never_sent_as_a_block(client, upstrea
     ],
 )
 async def test_wrong_types_are_a_400_naming_the_path(client, upstream, stream, fields, path):
-    error = await refused(client, stream, **fields)
+    error = await refused(client, upstream, stream, **fields)
     assert error["message"].startswith(path + ": ")
-    assert upstream.requests == []
 
 
 @STREAM
@@ -496,9 +492,8 @@ async def test_wrong_types_are_a_400_naming_the_path(client, upstream, stream, f
     ids=["empty", "system", "developer", "both"],
 )
 async def test_only_system_or_developer_messages(client, upstream, stream, messages):
-    error = await refused(client, stream, messages=messages)
+    error = await refused(client, upstream, stream, messages=messages)
     assert error["message"] == "messages: must contain at least one user message"
-    assert upstream.requests == []
 
 
 # --- Reasoning -----------------------------------------------------------------------------
@@ -540,13 +535,10 @@ async def test_without_reasoning_effort_neither_effort_nor_thinking_is_sent(clie
 @STREAM
 async def test_a_level_the_model_lacks_is_a_400_naming_the_field(start_client, upstream, stream):
     client = await start_client(efforts=("low", "medium", "high", "max"))
-    with pytest.raises(openai.BadRequestError) as caught:
-        await ask(client, stream, reasoning_effort="xhigh")
-    error = caught.value.body
+    error = await refused(client, upstream, stream, reasoning_effort="xhigh")  # upstream got nothing
     assert error["param"] == "reasoning_effort"
     assert error["type"] == "invalid_request_error"
-    assert error["message"].startswith("reasoning_effort: ")
-    assert upstream.requests == []
+    assert error["message"] == "reasoning_effort: 'xhigh' is not available for this model; use one of low, medium, high, max"
 
     await ask(client, stream, reasoning_effort="max")  # a level it has still works
     assert received(upstream, stream)["output_config"] == {"effort": "max"}
@@ -555,10 +547,9 @@ async def test_a_level_the_model_lacks_is_a_400_naming_the_field(start_client, u
 @STREAM
 @pytest.mark.parametrize("value", ["extreme", "HIGH", ""])
 async def test_an_unknown_reasoning_effort_is_refused(client, upstream, stream, value):
-    error = await refused(client, stream, reasoning_effort=value)
+    error = await refused(client, upstream, stream, reasoning_effort=value)
     assert error["message"] == "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max"
     assert error["param"] == "reasoning_effort"
-    assert upstream.requests == []
 
 
 @STREAM
@@ -760,22 +751,21 @@ ROOT = "response_format.json_schema.schema"
 async def test_an_open_object_in_the_schema_is_a_400_naming_its_path(client, upstream, stream, schema, path):
     error = await refused(
         client,
+        upstream,
         stream,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
     )
     assert error["message"] == f'{path}: objects need "additionalProperties": false'
-    assert upstream.requests == []
 
 
 @STREAM
 async def test_json_object_is_refused(client, upstream, stream):
-    error = await refused(client, stream, response_format={"type": "json_object"})
+    error = await refused(client, upstream, stream, response_format={"type": "json_object"})
     assert error["message"] == (
         'response_format: type "json_object" is not supported; use "json_schema" with a schema '
         '(objects need "additionalProperties": false)'
     )
     assert error["param"] == "response_format"
-    assert upstream.requests == []
 
 
 @STREAM

@@ -306,6 +306,9 @@ async def answered(client, upstream, stream: bool, messages) -> list[dict[str, A
     answer = await ask(client, stream, messages)
     assert answer.startswith("Hello from the mock upstream. You said: ")
     body = upstream.requests[-1].body
+    # The mock's answer, unchanged: it echoes the text parts of the last user turn it received.
+    said = "\n".join(b["text"] for b in body["messages"][-1]["content"] if b["type"] == "text")
+    assert answer == "Hello from the mock upstream. You said: " + said[:200]
     assert body.get("stream", False) is stream
     return body["messages"]
 
@@ -317,6 +320,7 @@ async def refused(client, upstream, stream: bool, messages) -> str:
     assert caught.value.status_code == 400
     error = caught.value.body
     assert error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == ("messages", None)
     assert upstream.requests == []
     return error["message"]
 
@@ -646,6 +650,11 @@ async def test_the_address_check_is_on_by_default(client, upstream, server, stre
     server.serve("/x.png", PNG)
     message = await refused(client, upstream, stream, look(image_url(f"http://127.0.0.1:{server.port}/x.png")))
     assert message.startswith("messages[0].content[1].image_url.url: ")
+    # The default ports (80, 443) already refuse the image server's port; on port 80 it is the
+    # address check itself that refuses loopback, before any connection.
+    assert message == f"messages[0].content[1].image_url.url: port {server.port} is not allowed"
+    message = await refused(client, upstream, stream, look(image_url("http://127.0.0.1/x.png")))
+    assert message == f"messages[0].content[1].image_url.url: {PUBLIC_REASON}"
     assert server.connections == 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.requests_util import SPEC_IGNORED_FIELDS, echo
 from tests.support import MODEL, UPSTREAM_MODEL
 
 HELLO = [{"role": "user", "content": "Hi"}]
@@ -50,6 +51,20 @@ HISTORY = [
 
 def refusal(kwargs: dict, message: str, param: str, id: str):
     return pytest.param(kwargs, message, param, id=id)
+
+
+def refused_part(part: dict, suffix: str, reason: str, id: str) -> list:
+    """A refused content part alone (messages[0].content[0]), and second in the third message."""
+    return [
+        refusal(
+            {"messages": [{"role": "user", "content": [part]}]},
+            f"messages[0].content[0]{suffix}: {reason}", "messages", f"{id}-0-0",
+        ),
+        refusal(
+            {"messages": [*HISTORY, {"role": "user", "content": [TEXT_PART, part]}]},
+            f"messages[2].content[1]{suffix}: {reason}", "messages", f"{id}-2-1",
+        ),
+    ]
 
 
 REFUSED = [
@@ -108,24 +123,9 @@ REFUSED = [
     ),
     # an unknown reasoning_effort (every other value: test_unknown_reasoning_effort_is_refused)
     refusal({"reasoning_effort": "extreme"}, EFFORT, "reasoning_effort", "reasoning_effort"),
-    # input_audio content part
-    refusal(
-        {"messages": [{"role": "user", "content": [AUDIO_PART]}]},
-        f"messages[0].content[0]: {AUDIO_INPUT}", "messages", "input_audio-0-0",
-    ),
-    refusal(
-        {"messages": [*HISTORY, {"role": "user", "content": [TEXT_PART, AUDIO_PART]}]},
-        f"messages[2].content[1]: {AUDIO_INPUT}", "messages", "input_audio-2-1",
-    ),
-    # file part with file_id
-    refusal(
-        {"messages": [{"role": "user", "content": [FILE_ID_PART]}]},
-        f"messages[0].content[0].file: {FILE_ID}", "messages", "file_id-0-0",
-    ),
-    refusal(
-        {"messages": [*HISTORY, {"role": "user", "content": [TEXT_PART, FILE_ID_PART]}]},
-        f"messages[2].content[1].file: {FILE_ID}", "messages", "file_id-2-1",
-    ),
+    # input_audio content part, and a file part with file_id
+    *refused_part(AUDIO_PART, "", AUDIO_INPUT, "input_audio"),
+    *refused_part(FILE_ID_PART, ".file", FILE_ID, "file_id"),
     refusal(
         {
             "messages": [
@@ -179,6 +179,7 @@ def assert_answered(result, stream: bool) -> None:
         assert result.object == "chat.completion"
         text, finish = result.choices[0].message.content, result.choices[0].finish_reason
     assert text.startswith("Hello from the mock upstream.")
+    assert text == echo("Hi")
     assert finish == "stop"
 
 
@@ -276,13 +277,7 @@ async def test_all_ignored_fields_together(client, upstream, stream):
     result = await create(
         client,
         stream,
-        user="alice",
-        seed=7,
-        presence_penalty=1.0,
-        frequency_penalty=1.0,
-        store=False,
-        metadata={"k": "v"},
-        service_tier="flex",
+        **SPEC_IGNORED_FIELDS,
         # The accepted values too: none of them is sent either.
         n=1,
         logprobs=False,
@@ -292,4 +287,5 @@ async def test_all_ignored_fields_together(client, upstream, stream):
         extra_body={"top_k": 40, "unknown_field": "value", "anthropic_version": "2023-06-01"},
     )
     assert_answered(result, stream)
+    assert len(upstream.requests) == 1
     assert upstream.requests[-1].body == upstream_body(stream)

@@ -421,14 +421,21 @@ async def test_ledger_groups_500_concurrent_records_into_few_transactions(store_
         assert await store.spent(key.id) == sum((r.cost_usd for r in rows[i::3]), Decimal(0))
 
 
-async def test_ledger_records_arriving_during_a_write_go_in_the_next_batch(store_url, opened):
+async def ledger_in_a_slow_write(store_url, opened, name: str, request_id: str, cost: str):
+    """A ledger on a counting store whose writes wait for `store.gate`, and the task of a first
+    record() whose batch is being written (held at the gate)."""
     store = await opened(store_url, counting_store(store_url))
-    key = await store.create_key(digest("sk-batch"), name="batch")
+    key = await store.create_key(digest(f"sk-{name}"), name=name)
     ledger = Ledger(store)
     store.gate = asyncio.Event()
+    recorder = asyncio.create_task(ledger.record(row(request_id, key.id, cost)))
+    await asyncio.wait_for(store.writing.wait(), 5)
+    return store, key, ledger, recorder
 
-    first = asyncio.create_task(ledger.record(row("req-first", key.id, "1")))
-    await asyncio.wait_for(store.writing.wait(), 5)  # its batch is being written...
+
+async def test_ledger_records_arriving_during_a_write_go_in_the_next_batch(store_url, opened):
+    # the first record's batch is being written...
+    store, key, ledger, first = await ledger_in_a_slow_write(store_url, opened, "batch", "req-first", "1")
     later = [asyncio.create_task(ledger.record(row(f"req-{i:03d}", key.id, "0.001"))) for i in range(499)]
     await asyncio.sleep(0)
     assert not first.done() and not any(t.done() for t in later)  # ...and record() waits for the commit
@@ -464,13 +471,7 @@ async def test_one_bad_row_does_not_take_its_batch_down(store_url, opened):
 
 
 async def test_a_recorder_cancelled_while_its_batch_is_written_does_not_unwrite_its_row(store_url, opened):
-    store = await opened(store_url, counting_store(store_url))
-    key = await store.create_key(digest("sk-cancel"), name="cancel")
-    ledger = Ledger(store)
-    store.gate = asyncio.Event()
-
-    recorder = asyncio.create_task(ledger.record(row("req-left", key.id, "0.5")))
-    await asyncio.wait_for(store.writing.wait(), 5)
+    store, key, ledger, recorder = await ledger_in_a_slow_write(store_url, opened, "cancel", "req-left", "0.5")
     recorder.cancel()  # the client went away while its row was being committed
     with pytest.raises(asyncio.CancelledError):
         await recorder

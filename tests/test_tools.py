@@ -15,6 +15,7 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from gateway.mock_upstream import MockUpstream, Scenario
+from tests.requests_util import echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config
 
 UPSTREAM_ID = re.compile(r"[a-zA-Z0-9_-]+")
@@ -126,6 +127,7 @@ async def test_a_complex_schema_reaches_the_upstream_unchanged(client, upstream)
     completion = await client.chat.completions.create(model=MODEL, messages=[USER], tools=[tool])
 
     assert completion.choices[0].message.content.startswith("Hello from the mock upstream.")
+    assert completion.choices[0].message.content == echo(USER["content"])
     assert upstream.requests[-1].body["tools"] == [{"name": "search", "description": "Search", "input_schema": schema}]
 
 
@@ -193,6 +195,8 @@ async def test_parallel_tool_calls(client, upstream, tool_choice, parallel, expe
     body = upstream.requests[-1].body
     assert body.get("tool_choice") == expected
     assert len(body["tools"]) == 2
+    assert body["tools"] == [UPSTREAM_WEATHER, UPSTREAM_TIME]
+    assert calls_of(completion) == [("toolu_1", "function", "get_weather", {"city": "Oslo"})]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -212,6 +216,7 @@ async def test_named_tool_choice_must_name_one_of_the_tools(client, upstream):
     choice = {"type": "function", "function": {"name": "get_stock_price"}}
     error = await refusal(client, upstream, messages=[USER], tools=TOOLS, tool_choice=choice)
     assert error["message"].startswith("tool_choice.function.name: ")
+    assert error["message"] == "tool_choice.function.name: expected the name of one of the tools"
     assert error["param"] == "tool_choice"
 
 
@@ -221,6 +226,7 @@ async def test_model_without_forced_tool_choice_refuses_forcing(start_gateway, u
     async with gateway.client() as client:
         error = await refusal(client, upstream, messages=[USER], tools=TOOLS, tool_choice=tool_choice)
     assert error["message"].startswith("tool_choice: ")
+    assert error["message"] == 'tool_choice: this model cannot be forced to call a tool; use "auto"'
     assert error["param"] == "tool_choice"
     assert error["code"] is None
 
@@ -243,6 +249,7 @@ async def test_model_without_forced_tool_choice_ignores_required_without_tools(s
     async with gateway.client() as client:
         completion = await client.chat.completions.create(model=MODEL, messages=[USER], tool_choice="required")
     assert completion.choices[0].finish_reason == "stop"
+    assert completion.choices[0].message.content == echo(USER["content"])
     assert "tool_choice" not in upstream.requests[-1].body
 
 
@@ -259,6 +266,7 @@ async def test_thinking_is_not_requested_when_tool_choice_forces_a_tool(client, 
     assert "thinking" not in body
     assert body["output_config"] == {"effort": "high"}
     assert body["tool_choice"]["type"] in ("any", "tool")
+    assert body["tool_choice"] == ({"type": "any"} if tool_choice == "required" else {"type": "tool", "name": "get_weather"})
     assert len(upstream.requests) == 1  # the upstream (which forbids thinking here) accepted it
 
 
@@ -290,6 +298,7 @@ async def test_reply_with_a_tool_call(client, upstream):
     assert call.type == "function"
     assert call.function.name == "get_weather"
     assert isinstance(call.function.arguments, str)
+    assert call.function.arguments == '{"city":"Oslo"}'
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
     assert upstream.requests[-1].body["tools"] == [UPSTREAM_WEATHER]
 
@@ -688,35 +697,36 @@ LOOP_TOOLS = [WEATHER]
 THINKING = {"type": "thinking", "thinking": "The user wants the weather; call the tool.", "signature": "sig"}
 
 
-def sync_tool_loop(client: openai.OpenAI, effort: dict) -> tuple:
-    tools = LOOP_TOOLS
-    messages = [{"role": "user", "content": "What's the weather in Oslo? Use the tool."}]
+def loop_request(messages: list, effort: dict) -> dict:
+    return {"model": MODEL, "max_tokens": 64, "messages": messages, "tools": LOOP_TOOLS, **effort}
 
-    first = client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages, tools=tools, **effort)
+
+def answer_tool_calls(messages: list, first) -> bool:
+    """The spec's middle step: send the reply and a result for each call back, if there are calls."""
+    if first.choices[0].finish_reason != "tool_calls":
+        return False
     reply = first.choices[0].message
+    messages.append(reply)
+    for call in reply.tool_calls:
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "9°C and clear"})
+    return True
+
+
+def sync_tool_loop(client: openai.OpenAI, effort: dict) -> tuple:
+    messages = [{"role": "user", "content": "What's the weather in Oslo? Use the tool."}]
+    first = client.chat.completions.create(**loop_request(messages, effort))
     second = None
-    if first.choices[0].finish_reason == "tool_calls":
-        messages.append(reply)
-        for call in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": "9°C and clear"})
-        second = client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages, tools=tools, **effort)
+    if answer_tool_calls(messages, first):
+        second = client.chat.completions.create(**loop_request(messages, effort))
     return first, second
 
 
 async def async_tool_loop(client: openai.AsyncOpenAI, effort: dict) -> tuple:
-    tools = LOOP_TOOLS
     messages = [{"role": "user", "content": "What's the weather in Oslo? Use the tool."}]
-
-    first = await client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages, tools=tools, **effort)
-    reply = first.choices[0].message
+    first = await client.chat.completions.create(**loop_request(messages, effort))
     second = None
-    if first.choices[0].finish_reason == "tool_calls":
-        messages.append(reply)
-        for call in reply.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": "9°C and clear"})
-        second = await client.chat.completions.create(
-            model=MODEL, max_tokens=64, messages=messages, tools=tools, **effort
-        )
+    if answer_tool_calls(messages, first):
+        second = await client.chat.completions.create(**loop_request(messages, effort))
     return first, second
 
 

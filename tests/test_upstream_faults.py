@@ -74,6 +74,10 @@ async def test_a_non_message_reply_is_a_server_error(serve_upstream, body):
     status, text = await call(gateway, stream=False)
     assert status == 500
     assert json.loads(text)["error"]["type"] == "server_error"
+    error = json.loads(text)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["param"], error["code"]) == (None, None)
+    assert error["message"] and "Traceback" not in error["message"]
 
 
 async def test_an_html_error_page_keeps_the_status(serve_upstream):
@@ -93,6 +97,10 @@ async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done(serve_up
     events = [e for e in text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][len("data: "):])["error"]["type"] == "server_error"
+    # No usage chunk and no finish: the failure is the stream's last word before [DONE].
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert all("error" not in c and c.get("usage") is None for c in chunks)
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
 
 
 async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):
@@ -100,6 +108,7 @@ async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):
     status, text = await call(gateway, stream=True)
     assert status == 500
     assert json.loads(text)["error"]["message"] == "The upstream stream ended early."
+    assert json.loads(text)["error"]["type"] == "server_error"
 
 
 async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
