@@ -100,9 +100,15 @@ async def test_sdk_error_classes(client, upstream):
     assert caught.value.type == "server_error"
 
 
-async def test_unknown_model(client, upstream):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_unknown_model(client, upstream, stream):
+    # A streamed request too gets a plain HTTP error: nothing was streamed yet.
     with pytest.raises(openai.NotFoundError) as caught:
-        await client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+        reply = await client.chat.completions.create(model="gpt-9", stream=stream, messages=MESSAGES)
+        if stream:
+            async for _ in reply:
+                pass
+    assert caught.value.status_code == 404
     assert caught.value.body == {
         "message": "The model `gpt-9` does not exist or you do not have access to it.",
         "type": "invalid_request_error",

@@ -133,25 +133,6 @@ async def test_retry_after_is_sent_even_when_the_upstream_gave_none(client, upst
     assert retry_after is not None and retry_after.isdigit() and int(retry_after) >= 1
 
 
-# --- Errors: "an unknown model is `404` with code `model_not_found`" — for a streamed request
-# too, as a plain HTTP error (nothing was streamed yet).
-
-
-async def test_unknown_model_on_a_streamed_request_is_a_404(client, upstream):
-    with pytest.raises(openai.NotFoundError) as caught:
-        stream = await client.chat.completions.create(model="gpt-9", stream=True, messages=HELLO)
-        async for _ in stream:
-            pass
-    assert caught.value.status_code == 404
-    assert caught.value.body == {
-        "message": "The model `gpt-9` does not exist or you do not have access to it.",
-        "type": "invalid_request_error",
-        "param": "model",
-        "code": "model_not_found",
-    }
-    assert upstream.requests == []
-
-
 # --- Images and PDFs: "The whole request body can be up to 32 MB." (413 only *over* it.)
 
 
