@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from yarl import URL
 
 from gateway.config import Deployment
 from gateway.errors import GatewayError, stream_error, too_deeply_nested, upstream_error
@@ -35,7 +36,7 @@ class UpstreamClient:
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         # Per deployment, made once: the URL, the headers and the timeout of every request.
-        self._targets: dict[Deployment, tuple[str, dict[str, str], aiohttp.ClientTimeout]] = {}
+        self._targets: dict[Deployment, tuple[URL, dict[str, str], aiohttp.ClientTimeout]] = {}
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pool lives as long as the app."""
@@ -54,7 +55,7 @@ class UpstreamClient:
         target = self._targets.get(deployment)
         if target is None:
             target = self._targets[deployment] = (
-                deployment.base_url + "/v1/messages",
+                URL(deployment.base_url + "/v1/messages"),  # parsed once, not per request
                 {"x-api-key": deployment.api_key, "anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"},
                 aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
             )

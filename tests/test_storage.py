@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from gateway.config import KeyConfig, parse_config
-from gateway.ledger import Ledger
+from gateway.ledger import ALONE_AFTER, Ledger
 from gateway.storage import LedgerRow, open_store, schema
 from gateway.storage.sqlite import CHECKPOINT_EVERY, SPEND_TTL
 
@@ -402,6 +402,14 @@ def counting_store(url: str):
                 await self.gate.wait()
             await super().write_ledger(rows)
 
+        def write_ledger_now(self, rows) -> bool:
+            if self.gate is not None:  # a slow disk: nothing is written at once
+                return False
+            written = super().write_ledger_now(rows)
+            if written:
+                self.batches.append(len(rows))
+            return written
+
     return CountingStore(url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url)
 
 
@@ -419,6 +427,24 @@ async def test_ledger_groups_500_concurrent_records_into_few_transactions(store_
     assert sorted(await store.ledger(), key=lambda r: r.request_id) == rows
     for i, key in enumerate(keys):
         assert await store.spent(key.id) == sum((r.cost_usd for r in rows[i::3]), Decimal(0))
+
+
+async def test_a_row_recorded_alone_is_committed_by_its_own_request(tmp_path, opened):
+    # On SQLite a lone row needs no writer task: it is in the file before record() returns,
+    # and each such row is its own transaction; rows recorded together still share one.
+    store = await opened(f"sqlite:///{tmp_path / 'alone.db'}", counting_store(f"sqlite:///{tmp_path / 'alone.db'}"))
+    key = await store.create_key(digest("sk-alone"), name="alone")
+    ledger = Ledger(store)
+    tasks = asyncio.all_tasks()
+    for i in range(3):
+        await asyncio.sleep(2 * ALONE_AFTER)
+        await ledger.record(row(f"req-alone-{i}", key.id, "0.25"))
+        assert asyncio.all_tasks() == tasks
+        assert len(await query(f"sqlite:///{tmp_path / 'alone.db'}", "SELECT 1 FROM ledger")) == i + 1
+    await asyncio.gather(*(ledger.record(row(f"req-burst-{i}", key.id, "0.01")) for i in range(50)))
+
+    assert store.batches == [1, 1, 1, 1, 49]  # the burst's first row finds the ledger idle
+    assert await store.spent(key.id) == Decimal("1.25")
 
 
 async def ledger_in_a_slow_write(store_url, opened, name: str, request_id: str, cost: str):

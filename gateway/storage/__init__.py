@@ -36,6 +36,10 @@ class Store(Protocol):
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         """Record rows and add their cost to their keys' spend, in one durable transaction."""
 
+    def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
+        """write_ledger without leaving the event loop, where that cannot wait (SQLite's own
+        file, unlocked); False, with nothing written, where it would."""
+
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]: ...
 
 

@@ -168,27 +168,38 @@ class SQLiteStore:
         self._spent[key_id] = (spent, time.monotonic())
         return spent
 
+    def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
+        return self._write_inline(rows)
+
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        values = [_ledger_values(row) for row in rows]
-        totals = cost_by_key(rows)
-        spent = None
-        if self._inline is not None:
-            if self._since_checkpoint >= CHECKPOINT_EVERY:
-                # Now and then a batch goes to the writer thread behind a checkpoint, which lets
-                # it start the WAL again from its beginning; starting it syncs the WAL's header,
-                # so that stays off the event loop too. Meanwhile the ledger's rows gather for
-                # the next batch.
-                self._since_checkpoint = 0
-                spent = await self._writer.call(_checkpoint_then_insert, values, totals)
-            else:
-                try:
-                    spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
-                    self._since_checkpoint += 1
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc):
-                        raise
-        if spent is None:  # another writer has the file: wait for it on the writer thread
+        if self._write_inline(rows):
+            return
+        values, totals = _ledger_values(rows), cost_by_key(rows)
+        if self._inline is not None and self._since_checkpoint >= CHECKPOINT_EVERY:
+            # Now and then a batch goes to the writer thread behind a checkpoint, which lets it
+            # start the WAL again from its beginning; starting it syncs the WAL's header, so
+            # that stays off the event loop too. Meanwhile the ledger's rows gather for the
+            # next batch.
+            self._since_checkpoint = 0
+            spent = await self._writer.call(_checkpoint_then_insert, values, totals)
+        else:  # another writer has the file: wait for it on the writer thread
             spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
+        self._note_spent(spent)
+
+    def _write_inline(self, rows: Sequence[LedgerRow]) -> bool:
+        if self._inline is None or self._since_checkpoint >= CHECKPOINT_EVERY:
+            return False
+        try:
+            spent = _transaction(self._inline, _insert_ledger, _ledger_values(rows), cost_by_key(rows), wait=False)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            return False  # another writer has the file
+        self._since_checkpoint += 1
+        self._note_spent(spent)
+        return True
+
+    def _note_spent(self, spent: dict[int, Decimal]) -> None:
         now = time.monotonic()
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
@@ -298,7 +309,9 @@ def _text(moment: datetime | None) -> str | None:
     # Fixed-width UTC ISO text ("2026-11-30T05:52:01.123456Z") sorts, and so compares, as time does.
     if moment is None:
         return None
-    return moment.astimezone(timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    if moment.tzinfo is not timezone.utc:
+        moment = moment.astimezone(timezone.utc)
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # less "+00:00"
 
 
 def _time(text: str | None) -> datetime | None:
@@ -326,9 +339,11 @@ def _key(row: tuple) -> KeyRecord:
     )
 
 
-def _ledger_values(row: LedgerRow) -> tuple:
-    *counts, cost, outcome, started, finished = row.values()
-    return (*counts, str(cost), outcome, _text(started), _text(finished))
+def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:
+    return [
+        (*counts, str(cost), outcome, _text(started), _text(finished))
+        for *counts, cost, outcome, started, finished in (row.values() for row in rows)
+    ]
 
 
 def _ledger_row(values: tuple) -> LedgerRow:
