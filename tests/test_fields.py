@@ -268,8 +268,14 @@ async def test_image_data_url_of_an_unsupported_type_is_a_400_naming_the_part(cl
         "data:image/png;base64",  # no comma
         "image/png;base64," + IMAGES["image/png"],  # no data: prefix
         "data:image/png;base64,not base64 at all!!",
+        "data:image/png;base64," + IMAGES["image/png"][:-1],  # a character short
+        "data:image/png;base64,iVBO=Rw0KGgo=",  # padding inside
+        "data:image/png;base64,iVBORw0KGg===",  # three padding characters
+        "data:image/png;base64,iVBORw0K\nGgo=",  # a line break
+        "data:image/png;base64,iVBORw0KGgé=",  # not ASCII
     ],
-    ids=["plain", "percent-encoded", "empty", "no-comma", "no-scheme", "bad-base64"],
+    ids=["plain", "percent-encoded", "empty", "no-comma", "no-scheme", "bad-base64", "short", "inner-padding",
+         "three-pads", "line-break", "non-ascii"],
 )
 async def test_a_non_base64_image_data_url_is_a_400_naming_the_part(client, upstream, stream, url):
     error = await refused(
