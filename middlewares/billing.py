@@ -101,7 +101,8 @@ class Bill:
 
 class BilledEvents:
     """The upstream's events, passed through unchanged while their usage is metered. The row is
-    recorded before the batch that ends the stream goes on, so `[DONE]` follows the commit."""
+    recorded before the batch that ends the stream goes on, so `[DONE]` follows the commit; the
+    events that arrived with the end wait for it too, and a burst leaves in one write."""
 
     def __init__(self, events, bill: Bill) -> None:
         self._events = events
@@ -110,20 +111,15 @@ class BilledEvents:
         self._output_chars = 0  # text and tool arguments, for estimating an unfinished answer
         self._thinking_chars = 0
         self._settled = False  # billed, or failed and so never billed
-        self._end: list[dict[str, Any]] | None = None
 
     def __aiter__(self) -> BilledEvents:
         return self
 
     async def __anext__(self) -> list[dict[str, Any]]:
-        if self._end is not None:  # held back until the row is committed
-            end, self._end = self._end, None
-            await self._record_complete()
-            return end
         batch = await self._events.__anext__()
         # A batch that ends the stream is billed from the upstream's usage: its text needs no counting.
         count = not batch or batch[-1]["type"] != "message_stop"
-        for index, event in enumerate(batch):
+        for event in batch:
             kind = event["type"]
             if kind == "content_block_delta":
                 if not count:
@@ -142,23 +138,14 @@ class BilledEvents:
                 self._usage.update(event.get("usage") or {})
             elif kind == "message_stop":
                 self._settled = True
-                if index:  # what came before the end goes out now, without waiting for the commit
-                    self._end = batch[index:]
-                    return batch[:index]
-                await self._record_complete()
+                await self._bill.record(Usage.from_anthropic(self._usage, self._thinking_chars))
             elif kind == "error":
                 self._settled = True  # failed requests are not billed
         return batch
 
-    async def _record_complete(self) -> None:
-        await self._bill.record(Usage.from_anthropic(self._usage, self._thinking_chars))
-
     async def aclose(self) -> None:
         try:
-            if self._end is not None:  # finished upstream; the client left before the end went out
-                self._end = None
-                await self._record_complete()
-            elif not self._settled:
+            if not self._settled:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
                 seen = estimate_tokens(self._output_chars) + estimate_tokens(self._thinking_chars)
