@@ -19,9 +19,10 @@ from gateway.errors import invalid_request
 from middlewares.images.sniff import IMAGE_TYPES
 
 # The upstream accepts only these characters in tool ids and tool names.
-_BASE64_ALPHABET = (string.ascii_letters + string.digits + "+/").encode()
 _SAFE = re.compile(r"[a-zA-Z0-9_-]+")
 _UNSAFE_CHARACTER = re.compile(r"[^a-zA-Z0-9_-]")
+# Standard base64, as data URLs carry it: these characters, then at most two "=".
+_BASE64_ALPHABET = (string.ascii_letters + string.digits + "+/").encode()
 
 
 def upstream_identifier(value: str, limit: int = 128) -> str:
