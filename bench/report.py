@@ -40,6 +40,11 @@ def ratios(floor: dict, gateway: dict) -> dict:
 def summarise_cell(cell: dict) -> None:
     cell["median"] = {name: medians(cell["runs"][name]) for name in SYSTEMS}
     cell["ratio"] = ratios(cell["median"]["floor"], cell["median"]["gateway"])
+    # Each gateway round ÷ the floor round just before it: how far the machine's noise moves
+    # the CPU ratio, so that a verdict it could flip is seen as one.
+    pairs = [g["cpu_us"] / f["cpu_us"] for f, g in zip(cell["runs"]["floor"], cell["runs"]["gateway"])
+             if f.get("cpu_us") and g.get("cpu_us") is not None]
+    cell["cpu_ratio_range"] = (min(pairs), max(pairs)) if pairs else None
     f, g = cell["median"]["floor"], cell["median"]["gateway"]
     cell["added_p50_ms"] = g["p50_ms"] - f["p50_ms"] if f["p50_ms"] is not None and g["p50_ms"] is not None else None
 
@@ -57,9 +62,18 @@ def cells_table(cells: list[dict]) -> str:
             values = [_fmt(m[key], pattern) for key, _, pattern in COLUMNS]
             lines.append(f"| {cell['scenario']} | {cell['concurrency']} | {name} | " + " | ".join(values)
                          + f" | {m['errors']} |")
-        values = [_fmt(cell["ratio"][key], "**{:.2f}×**" if key == "cpu_us" else "{:.2f}×") for key, _, _ in COLUMNS]
+        values = [_fmt(cell["ratio"][key], "{:.2f}×") if key != "cpu_us" else _cpu_ratio(cell) for key, _, _ in COLUMNS]
         lines.append("| | | gateway ÷ floor | " + " | ".join(values) + " | |")
     return "\n".join(lines)
+
+
+def _cpu_ratio(cell: dict) -> str:
+    """The median ratio, bold, and the range of the rounds' own ratios."""
+    if cell["ratio"]["cpu_us"] is None:
+        return "–"
+    low_high = cell.get("cpu_ratio_range")
+    spread = f" ({low_high[0]:.2f}–{low_high[1]:.2f})" if low_high else ""
+    return f"**{cell['ratio']['cpu_us']:.2f}×**{spread}"
 
 
 def slow_table(slow: dict) -> str:
@@ -105,7 +119,7 @@ def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: 
     def cpu_target(scenario: str, limit: float, what: str) -> None:
         mine = [c for c in cells if c["scenario"] == scenario and c["ratio"]["cpu_us"] is not None]
         if mine:
-            figures = ", ".join(f"c={c['concurrency']}: {c['ratio']['cpu_us']:.2f}×" for c in mine)
+            figures = ", ".join(f"c={c['concurrency']}: {_cpu_ratio(c).replace('**', '')}" for c in mine)
             met = all(c["ratio"]["cpu_us"] <= limit for c in mine)
             found.append({"target": f"CPU per {what} ≤ {limit}× the floor's", "measured": figures, "met": met})
 
@@ -138,6 +152,7 @@ def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: 
 
 
 def targets_table(found: list[dict]) -> str:
+    """Verdicts are on the medians; in brackets, the range of the rounds' own CPU ratios."""
     lines = ["| target | measured | met |", "| --- | --- | :---: |"]
     verdict = {True: "yes", False: "**no**", None: "–"}
     lines += [f"| {t['target']} | {t['measured']} | {verdict[t['met']]} |" for t in found]

@@ -204,8 +204,8 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (about a minute)")
-    parser.add_argument("--rounds", type=int, help="measured runs of each system per cell (default 3; quick 2)")
-    parser.add_argument("--duration", type=float, help="seconds per run (default 3; quick 1)")
+    parser.add_argument("--rounds", type=int, help="measured runs of each system per cell (default 5; quick 2)")
+    parser.add_argument("--duration", type=float, help="seconds per run (default 2; quick 1)")
     parser.add_argument("--warmup", type=float, help="seconds of unmeasured load per system per cell (default 1; quick 0.5)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     parser.add_argument("--concurrency", help="comma-separated connection counts (default 1,64,256; "
@@ -222,8 +222,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile-concurrency", type=int, default=64)
     args = parser.parse_args()
     q = args.quick
-    args.rounds = args.rounds or (2 if q else 3)
-    args.duration = args.duration or (1.0 if q else 3.0)
+    args.rounds = args.rounds or (2 if q else 5)
+    args.duration = args.duration or (1.0 if q else 2.0)
     args.warmup = args.warmup or (0.5 if q else 1.0)
     args.slow_streams = (500 if q else 2000) if args.slow_streams is None else args.slow_streams
     args.slow_rounds = args.slow_rounds or (1 if q else 2)
