@@ -117,21 +117,22 @@ class BilledEvents:
 
     async def __anext__(self) -> list[dict[str, Any]]:
         batch = await self._events.__anext__()
-        # A batch that ends the stream is billed from the upstream's usage: its text needs no counting.
-        count = not batch or batch[-1]["type"] != "message_stop"
+        # A batch that ends the stream is billed from the upstream's output_tokens: its text and
+        # tool arguments need no counting. Thinking always does: it backs the reasoning estimate.
+        ends = bool(batch) and batch[-1]["type"] == "message_stop"
         for event in batch:
             kind = event["type"]
             if kind == "content_block_delta":
-                if not count:
-                    continue
                 delta = event.get("delta") or {}
                 dtype = delta.get("type")
-                if dtype == "text_delta":
+                if dtype == "thinking_delta":
+                    self._thinking_chars += len(delta.get("thinking", ""))
+                elif ends:
+                    continue
+                elif dtype == "text_delta":
                     self._output_chars += len(delta.get("text", ""))
                 elif dtype == "input_json_delta":
                     self._output_chars += len(delta.get("partial_json", ""))
-                elif dtype == "thinking_delta":
-                    self._thinking_chars += len(delta.get("thinking", ""))
             elif kind == "message_start":
                 self._usage.update((event.get("message") or {}).get("usage") or {})
             elif kind == "message_delta":

@@ -174,6 +174,16 @@ CASES = {
         cost=Decimal("0.00105"),  # 100 × 3 + 50 × 15 (thinking is output, and billed as output)
         request={"reasoning_effort": "medium"},
     ),
+    "estimated_reasoning": Case(  # the real API gives no thinking_tokens: estimated from the thinking text
+        blocks=[
+            {"type": "thinking", "thinking": "The user wants the weather. " * 4, "signature": "sig"},
+            {"type": "text", "text": "Mild."},
+        ],
+        usage={"input_tokens": 100, "output_tokens": 50},
+        row_tokens=(100, 0, 0, 50, 28),  # 112 characters of thinking, about 4 a token
+        cost=Decimal("0.00105"),
+        request={"reasoning_effort": "medium"},
+    ),
     "tool_call": Case(
         blocks=[{"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo"}}],
         usage={"input_tokens": 200, "output_tokens": 40},
@@ -281,7 +291,7 @@ async def test_key_spend_is_the_sum_of_its_rows(start_gateway, upstream, storage
     assert [row.request_id for row in rows] == list(sent)  # in the order they were made
     assert [row.cost_usd for row in rows] == [case.cost for case in sent.values()]
     total = 2 * sum(case.cost for case in CASES.values())
-    assert total == Decimal("0.02946")  # 2 × (0.0105 + 0.00198 + 0.00105 + 0.0012)
+    assert total == Decimal("0.03156")  # 2 × (0.0105 + 0.00198 + 0.00105 + 0.00105 + 0.0012)
     key = await key_id(store)
     assert await store.spent(key) == total
     (record,) = await store.list_keys()
