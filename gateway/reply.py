@@ -75,6 +75,7 @@ class Pinger:
     def __init__(self, interval: float = 15.0) -> None:
         self.interval = interval
         self._streams: set[EventStreamReply] = set()
+        self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def watch(self, stream: EventStreamReply) -> None:
         self._streams.add(stream)
@@ -96,7 +97,9 @@ class Pinger:
             for stream in list(self._streams):
                 if stream.last_write <= now - self.interval:
                     stream.last_write = now
-                    asyncio.ensure_future(stream.ping())
+                    ping = asyncio.create_task(stream.ping())
+                    self._pings.add(ping)
+                    ping.add_done_callback(self._pings.discard)
 
 
 class EventStreamReply(web.StreamResponse):
@@ -120,6 +123,7 @@ class EventStreamReply(web.StreamResponse):
         self.encoder: EventEncoder = AnthropicSSE()
         self._pinger = pinger
         self.last_write = 0.0  # loop time of the last write, for the pinger
+        self._ending = False
 
     async def prepare(self, request: web.BaseRequest):
         try:
@@ -132,6 +136,8 @@ class EventStreamReply(web.StreamResponse):
             await self.events.aclose()
 
     async def ping(self) -> None:
+        if self._ending:  # the body's terminator is (being) written: nothing may follow it
+            return
         try:
             await self.write(PING)  # whole writes: never inside another chunk
         except (ConnectionError, RuntimeError):
@@ -148,6 +154,9 @@ class EventStreamReply(web.StreamResponse):
             async for batch in self.events:
                 data = encode(batch)
                 if encoder.finished:
+                    # write_eof sets aiohttp's own flag only after draining: a ping must not
+                    # slip in after the terminator meanwhile.
+                    self._ending = True
                     await self.write_eof(data)
                     return
                 if data:
