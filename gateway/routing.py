@@ -32,10 +32,18 @@ def affinity(session: str | None, body: dict[str, Any]) -> str | None:
     """What a request should stick by: its conversation, else its stable prefix, else nothing."""
     if session:
         return "session:" + session
-    prefix = body.get("system"), body.get("tools")
+    prefix = _unmarked(body.get("system")), _unmarked(body.get("tools"))
     if prefix == (None, None):
         return None
     try:
         return "prefix:" + hashlib.blake2b(orjson.dumps(prefix), digest_size=16).hexdigest()
     except orjson.JSONEncodeError:
         return None  # nested too deep to send anyway: the upstream call says so
+
+
+def _unmarked(blocks: Any) -> Any:
+    """System blocks or tools without their cache marks: whether a breakpoint was placed (by
+    the client, or by the caching stage, which a header turns off) must not move a prefix."""
+    if not isinstance(blocks, list):
+        return blocks
+    return [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in blocks]

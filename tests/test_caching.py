@@ -554,6 +554,17 @@ async def test_without_a_key_the_same_system_prompt_sticks_to_one_deployment(pai
     assert set(homes.values()) == set(DEPLOYMENTS)  # different prompts do spread
 
 
+async def test_a_system_prompt_sticks_to_its_deployment_whether_or_not_it_is_marked_for_the_cache(pair):
+    # The caching stage marks long prompts (unless told not to); the marks must not move them.
+    for p in range(12):
+        prompt = f"You are assistant number {p}. " + SYSTEM
+        marked, _ = await pair.where(messages=[system(prompt), user("Hi")])
+        assert "cache_control" in str(pair.mocks[marked].requests[-1].body["system"])
+        unmarked, _ = await pair.where(messages=[system(prompt), user("Hi")], extra_headers={"x-ezat-cache": "off"})
+        assert "cache_control" not in str(pair.mocks[unmarked].requests[-1].body)
+        assert unmarked == marked, p
+
+
 async def test_without_a_key_the_same_tools_stick_to_one_deployment(pair):
     landed = {(await pair.where(messages=[user(f"Question {i}")], tools=[WEATHER, TIME]))[0] for i in range(8)}
     assert len(landed) == 1
