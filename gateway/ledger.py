@@ -1,8 +1,8 @@
 """Group commit for the usage ledger: rows recorded while one batch is being written go
 together in the next, so many concurrent requests cost one transaction, not one each; under
-concurrent load a batch also waits a couple of event-loop turns for more rows. A row that
-finds the ledger idle is written at once by the request itself, when the store can do that
-without waiting."""
+concurrent load a batch also waits a couple of event-loop turns for more rows. A row alone
+(nothing being written or waiting, the last batch not shared, no row in the last ALONE_AFTER)
+is written at once by the request itself, when the store can do that without waiting."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Ledger:
         self._attempts = attempts
         self._pending: list[tuple[LedgerRow, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._last_batch = 0  # rows in the batch written last
+        self._last_shared = False  # the batch written last held more than one row
         self._last_record = 0.0  # time.monotonic() of the last record()
 
     async def record(self, row: LedgerRow) -> None:
@@ -36,13 +36,12 @@ class Ledger:
         the batch goes on, so a reply that finished is never lost."""
         now = time.monotonic()
         alone, self._last_record = now - self._last_record >= ALONE_AFTER, now
-        if alone and self._writer is None and not self._pending and self._last_batch <= 1:
+        if alone and self._writer is None and not self._pending and not self._last_shared:
             # Nothing to share a transaction with: written here and now, which spares a task, a
             # future and the event-loop turns between them (measured at concurrency 1: 5% of a
             # request's CPU). The store does it only where nothing can wait or be cancelled.
             try:
                 if self._store.write_ledger_now([row]):
-                    self._last_batch = 1
                     return
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)
@@ -60,14 +59,14 @@ class Ledger:
     async def _write_batches(self) -> None:
         try:
             while self._pending:
-                if self._last_batch > 1:
+                if self._last_shared:
                     # Requests are finishing together: a few more turns of the event loop let
                     # more of them share this transaction. A lone request is written at once.
                     for _ in range(LINGER_TURNS):
                         await asyncio.sleep(0)
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-                self._last_batch = len(batch)
+                self._last_shared = len(batch) > 1
                 await self._write(batch)
         finally:
             self._writer = None

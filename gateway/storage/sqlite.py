@@ -55,14 +55,7 @@ class Connection:
 
     async def open(self) -> None:
         def connect(_) -> None:
-            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-            try:
-                for pragma in ("synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
-                    db.execute(f"PRAGMA {pragma}")
-            except BaseException:
-                db.close()
-                raise
-            self._db = db
+            self._db = _connect(self._path, "busy_timeout=10000")
 
         await self.call(connect)
 
@@ -118,9 +111,7 @@ class SQLiteStore:
             await self._writer.call(_transaction, _migrate)
             if self._reader is not self._writer:
                 await self._reader.open()
-                self._inline = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                for pragma in ("synchronous=NORMAL", "busy_timeout=0", "wal_autocheckpoint=0", "foreign_keys=ON"):
-                    self._inline.execute(f"PRAGMA {pragma}")
+                self._inline = _connect(self.path, "busy_timeout=0", "wal_autocheckpoint=0")
         except BaseException:
             await self.close()  # a connection's thread would keep the process alive
             raise
@@ -169,28 +160,30 @@ class SQLiteStore:
         return spent
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
-        return self._write_inline(rows)
+        return self._write_inline(_ledger_values(rows), cost_by_key(rows))
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        if self._write_inline(rows):
-            return
         values, totals = _ledger_values(rows), cost_by_key(rows)
-        if self._inline is not None and self._since_checkpoint >= CHECKPOINT_EVERY:
+        if self._write_inline(values, totals):
+            return
+        if self._since_checkpoint >= CHECKPOINT_EVERY:
             # Now and then a batch goes to the writer thread behind a checkpoint, which lets it
             # start the WAL again from its beginning; starting it syncs the WAL's header, so
             # that stays off the event loop too. Meanwhile the ledger's rows gather for the
             # next batch.
             self._since_checkpoint = 0
             spent = await self._writer.call(_checkpoint_then_insert, values, totals)
-        else:  # another writer has the file: wait for it on the writer thread
+        else:  # another writer has the file (or, in ":memory:", there is no inline connection)
             spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
         self._note_spent(spent)
 
-    def _write_inline(self, rows: Sequence[LedgerRow]) -> bool:
+    def _write_inline(self, values: list[tuple], totals: dict[int, Decimal]) -> bool:
+        """The rows committed on the event loop, unless a checkpoint is due or the file is taken.
+        (write_ledger calls this, not write_ledger_now, so a subclass may tell the two apart.)"""
         if self._inline is None or self._since_checkpoint >= CHECKPOINT_EVERY:
             return False
         try:
-            spent = _transaction(self._inline, _insert_ledger, _ledger_values(rows), cost_by_key(rows), wait=False)
+            spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc):
                 raise
@@ -217,6 +210,17 @@ class SQLiteStore:
             query += " WHERE " + " AND ".join(where)
         rows = await self._reader.call(_fetch_all, query + " ORDER BY ledger.id", params)
         return [_ledger_row(row) for row in rows]
+
+
+def _connect(path: str, *pragmas: str) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        for pragma in ("synchronous=NORMAL", "foreign_keys=ON", *pragmas):
+            db.execute(f"PRAGMA {pragma}")
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 # --- What runs on a connection's thread.
