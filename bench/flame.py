@@ -16,8 +16,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent  # the repository: its files are shown from here
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
-_TRIM = (re.compile(r"^.*/site-packages/"), re.compile(r"^.*/lib/python3\.\d+/"), re.compile(r"^.*/work/[^/]+/"))
+_TRIM = (re.compile(r"^.*/site-packages/"), re.compile(r"^.*/lib/python3\.\d+/"), re.compile("^" + re.escape(f"{ROOT}/")))
 
 
 def read_stacks(path: Path) -> list[tuple[list[str], int]]:

@@ -2,9 +2,12 @@
 library, so that it costs far less per request than any server it measures.
 
 Measures what `wrk` cannot: the time to the first byte of the response and to the first
-token (the first received bytes that carry a `delta`: `content_block_delta` from the floor, a
-`"delta":{"content"` chunk from the gateway), and holding thousands of slow streams open at
-once. Prints one JSON object on stdout; its own CPU time covers the load phase only.
+token, and holds thousands of slow streams open at once. "First token" is when the received
+bytes first contain `delta` (nothing finer is parsed): from the floor, the first
+`content_block_delta` event (`message_start` and `content_block_start` have none); from the
+gateway, its first chunk, since every chunk with a choice has a `"delta"` (bench/README.md
+says why that is its first token too). Prints one JSON object on stdout; its own CPU time
+covers the load phase only.
 
     python bench/loadgen.py --port 8080 --path /v1/chat/completions --body-file req.json \
         -H "authorization: Bearer sk-..." --concurrency 64 --duration 3

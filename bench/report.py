@@ -95,12 +95,19 @@ def slow_table(slow: dict) -> str:
 
 
 def ledger_table(ledger: dict) -> str:
+    """bench/ledger.py's levels; a level whose rows are not all in the file says so in bold."""
     lines = ["| concurrent record() | rows/s | record p50 ms | p99 ms | batches | mean batch | rows in file |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in ledger["levels"]:
-        lines.append(f"| {r['concurrency']:,} | {r['rows_per_s']:,} | {r['record_ms']['p50']} | {r['record_ms']['p99']} "
-                     f"| {r['batches']:,} | {r['mean_batch']} | {r['rows_in_file']:,} |")
+        in_file = f"{r['rows_in_file']:,}" if _all_rows_in_file(r) else \
+            f"**{r['rows_in_file']:,} of {r['rows']:,} recorded**"
+        lines.append(f"| {r['concurrency']:,} | {r['rows_per_s']:,} | {_fmt(r['record_ms']['p50'], '{}')} "
+                     f"| {_fmt(r['record_ms']['p99'], '{}')} | {r['batches']:,} | {r['mean_batch']} | {in_file} |")
     return "\n".join(lines)
+
+
+def _all_rows_in_file(level: dict) -> bool:
+    return level["rows_in_file"] == level["rows"]
 
 
 def workers_table(workers: dict) -> str:
@@ -112,8 +119,10 @@ def workers_table(workers: dict) -> str:
     return "\n".join(lines)
 
 
-def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: dict | None) -> list[dict]:
-    """The issue's targets, each with the measured figure and whether it is met."""
+def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: dict | None,
+            cores: int | None = None) -> list[dict]:
+    """The issue's targets, each with the measured figure and whether it is met; `cores`: the
+    machine's, when known."""
     found = []
 
     def cpu_target(scenario: str, limit: float, what: str) -> None:
@@ -128,7 +137,7 @@ def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: 
     cpu_target("paced", 1.5, "paced stream")
     c1 = next((c for c in cells if c["scenario"] == "nonstream" and c["concurrency"] == 1), None)
     if c1 and c1["added_p50_ms"] is not None:
-        found.append({"target": "added latency at concurrency 1, non-streaming, p50 < 1 ms",
+        found.append({"target": "added latency over the floor (a minimal proxy) at concurrency 1, non-streaming, p50 < 1 ms",
                       "measured": f"{c1['added_p50_ms']:+.3f} ms", "met": c1["added_p50_ms"] < 1.0})
     if slow:
         g = slow["median"]["gateway"]
@@ -138,16 +147,20 @@ def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: 
                       "met": mb < 400 and g["dropped"] == 0 and g["max_in_flight"] >= slow["streams"]})
     if ledger:
         best = max(ledger["levels"], key=lambda r: r["rows_per_s"])
-        found.append({"target": "ledger ≥ 5,000 recorded requests/s on SQLite",
-                      "measured": f"{best['rows_per_s']:,} rows/s ({best['concurrency']:,} concurrent record())",
-                      "met": best["rows_per_s"] >= 5000})
+        lost = [r for r in ledger["levels"] if not _all_rows_in_file(r)]
+        missing = "".join(f"; **{r['rows'] - r['rows_in_file']:,} rows missing from the file at "
+                          f"{r['concurrency']:,} concurrent record()**" for r in lost)
+        found.append({"target": "ledger ≥ 5,000 recorded requests/s on SQLite, every row in the file",
+                      "measured": f"{best['rows_per_s']:,} rows/s ({best['concurrency']:,} concurrent record()){missing}",
+                      "met": best["rows_per_s"] >= 5000 and not lost})
+    target = "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)"
     if workers and workers["speedup"]:
-        found.append({"target": "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)",
+        shared = f"the {cores} cores" if cores else "the cores"
+        found.append({"target": target,
                       "measured": f"{workers['speedup']:.2f}× req/s with 2 workers; judged only with cores to spare "
-                                  "(here the mock and the load generator share the 2 cores)", "met": None})
+                                  f"(here the mock and the load generator share {shared})", "met": None})
     else:
-        found.append({"target": "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)",
-                      "measured": "not measured (no `serve --workers` here, or --no-workers)", "met": None})
+        found.append({"target": target, "measured": "not measured (--no-workers, or --quick)", "met": None})
     return found
 
 

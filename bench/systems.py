@@ -24,6 +24,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PYTHON = sys.executable
+EZAT_GATEWAY = str(Path(PYTHON).parent / "ezat-gateway")  # the console script, as production runs it
 GATEWAY_KEY = "sk-bench-" + hashlib.sha256(b"ezat bench").hexdigest()[:24]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -209,20 +210,22 @@ def floor_system(upstream_url: str) -> System:
     )
 
 
-def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1) -> System:
+def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
+                   name: str | None = None) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
-    one key, the benchmark models on one deployment (the mock), and the ledger in SQLite."""
+    one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
+    config and database are named after it (by default gateway or gateway-N-workers), so
+    each gateway started in one work directory starts afresh."""
     port = free_port()
-    name = "gateway" if workers == 1 else f"gateway-{workers}-workers"
+    name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
     config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models))
-    console_script = Path(PYTHON).parent / "ezat-gateway"
     return System(
         name,
         port,
         "/v1/chat/completions",
         [f"Authorization: Bearer {GATEWAY_KEY}"],
-        [str(console_script), "serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
+        [EZAT_GATEWAY, "serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
         ready_path="/healthz",
         workers=workers,
         extra={"config": str(config), "db": str(workdir / f"{name}.db")},
@@ -240,5 +243,8 @@ def gateway_config(port: int, upstream_url: str, db: Path, models: list[str]) ->
             "[[models]]", f'id = "{model}"', 'deployments = ["mock"]', "max_output_tokens = 64000",
             "pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }", "",
         ]
-    lines += ["[[keys]]", f'key = "{GATEWAY_KEY}"', 'name = "bench"', ""]
+    # Limits far too high to bite, so that billing's spend check and the rate limiter do their
+    # work on every request, as for a production key that has them.
+    lines += ["[[keys]]", f'key = "{GATEWAY_KEY}"', 'name = "bench"', "spend_limit_usd = 1000000000",
+              "rpm = 1000000000", "tpm = 1000000000000", ""]
     return "\n".join(lines)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import hashlib
 import logging
 import multiprocessing
@@ -20,7 +19,7 @@ from aiohttp import web
 
 from gateway import admin
 from gateway.app import build_app
-from gateway.runtime import run, until_stopped
+from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config
 
 log = logging.getLogger("ezat")
@@ -149,7 +148,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
         shutdown_timeout=server.shutdown_timeout_seconds,
     )
     await runner.setup()
-    _tune_garbage_collector()
+    tune_garbage_collector()
     await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None).start()
     log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
     if demo_key:
@@ -160,16 +159,6 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
     await runner.cleanup()
     if mock is not None:
         await mock.close()
-
-
-def _tune_garbage_collector() -> None:
-    """Requests allocate many short-lived dicts (parsed JSON above all), nearly none in cycles;
-    at Python's default threshold the cyclic collector runs every 700 allocations and costs more
-    than parsing the JSON itself (measured: bench/RESULTS.md). Collect young objects far less
-    often, and leave what start-up made (modules, the app) out of every collection."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 async def embedded_config():

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from gateway import runtime
 from gateway.mock_cache import PromptCache
-from gateway.runtime import until_stopped
 from gateway.mock_validation import Invalid, validate
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
@@ -362,14 +361,17 @@ class MockUpstream:
         return resp
 
 
-def run(host: str, port: int) -> None:
-    """Serve the mock until Ctrl-C or SIGTERM (the `ezat-gateway mock-upstream` command)."""
+def run(host: str, port: int, *, fast: bool = False) -> None:
+    """Serve the mock until Ctrl-C or SIGTERM (the `ezat-gateway mock-upstream` command; with
+    fast=True, the benchmarks' upstream, bench/mock.py)."""
 
     async def serve() -> None:
-        mock = MockUpstream()
+        mock = MockUpstream(fast=fast)
         url = await mock.start(host, port)
-        print(f"Mock Anthropic upstream listening on {url} (POST /v1/messages)", flush=True)
-        await until_stopped()
+        runtime.tune_garbage_collector()  # as the gateway's, so a benchmark's processes all run alike
+        what = "Fast mock" if fast else "Mock"
+        print(f"{what} Anthropic upstream listening on {url} (POST /v1/messages)", flush=True)
+        await runtime.until_stopped()
         await mock.close()
 
     runtime.run(serve())
