@@ -93,7 +93,6 @@ class UpstreamEvents:
         self._buffer = b""
         self._pending: deque[list[dict[str, Any]]] = deque()
         self._finished = False
-        self._cut_short = False
         self._closed = False
 
     async def first_output(self) -> None:
@@ -130,7 +129,6 @@ class UpstreamEvents:
             log.warning("upstream stream broke: %r", exc)
             chunk = b""
         if not chunk:
-            self._cut_short = True
             await self.aclose()
             return [_CUT_SHORT]
         data = self._buffer + chunk
@@ -156,7 +154,7 @@ class UpstreamEvents:
         if self._closed:
             return
         self._closed = True
-        ended = self._finished and not self._cut_short
+        ended = self._finished  # message_stop or error read (a cut stream closes before it is set)
         self._finished = True
         if self._content.at_eof():
             self._response.release()
