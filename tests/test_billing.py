@@ -427,6 +427,45 @@ async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, s
     assert await store.spent(await key_id(store)) == row.cost_usd
 
 
+async def test_early_close_bills_the_reasoning_and_tool_arguments_produced(start_gateway, upstream, storage_url):
+    # Thinking the client never sees, then a tool call whose arguments it sees in part.
+    thinking, notes = "Let me check the forecast. " * 20, "n" * 600  # 540 characters; 600
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    upstream.enqueue(
+        Scenario(
+            blocks=[
+                {"type": "thinking", "thinking": thinking, "signature": "sig"},
+                {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo", "notes": notes}},
+            ],
+            usage={"input_tokens": 100, "output_tokens": 900},
+            chunk_size=8,
+            event_delay=0.02,
+            pings=0,
+        )
+    )
+    arguments = ""
+    async with gateway.client() as client:
+        stream = await client.chat.completions.create(
+            model=MODEL, stream=True, messages=MESSAGES, tools=TOOLS, reasoning_effort="medium"
+        )
+        async for chunk in stream:
+            calls = chunk.choices[0].delta.tool_calls if chunk.choices else None
+            if calls and calls[0].function.arguments:
+                arguments += calls[0].function.arguments
+                if len(arguments) >= 40:
+                    break
+        await stream.close()
+
+    (row,) = await wait_for_rows(store, 1)
+    assert row.outcome == "client_closed"
+    assert row.reasoning_tokens == (len(thinking) + 3) // 4  # all of it was produced before the tool call
+    # The output: that reasoning, and at least the arguments the client received, far less than 900.
+    assert row.output_tokens >= row.reasoning_tokens + (len(arguments) + 3) // 4
+    assert row.output_tokens <= row.reasoning_tokens + (len(arguments) + 10 * 8 + 3) // 4
+    assert row.cost_usd == price(100, 0, 0, row.output_tokens)
+
+
 # --- failed requests are not billed
 
 
@@ -438,6 +477,7 @@ FAILURES = {
     "upstream-429": (dict(status=429), False, 429),
     "upstream-529": (dict(status=529), False, 503),
     "upstream-500": (dict(status=500), False, 500),
+    "deadline": (dict(delay=1.0), False, 504),
     "upstream-429-streamed": (dict(status=429), True, 429),
     "upstream-529-streamed": (dict(status=529), True, 503),
     "error-before-first-token": (dict(error_after=1), True, 503),
@@ -449,7 +489,8 @@ FAILURES = {
 @pytest.mark.parametrize("failure", list(FAILURES))
 async def test_failed_requests_are_not_billed(start_gateway, upstream, storage_url, failure):
     scenario, stream, status = FAILURES[failure]
-    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    # "deadline": a non-streaming request that outlasts it ends in 504 timeout (here 0.3 s, not 590).
+    gateway = await start_gateway(make_config(upstream.url, storage_url), non_streaming_deadline=0.3)
     upstream.enqueue(Scenario(usage={"input_tokens": 500, "output_tokens": 500}, **scenario))
 
     text = ""

@@ -281,7 +281,9 @@ async def test_request_ids_are_unique_and_later_ones_sort_later(gateway, client,
 
     in_turn = []
     for _ in range(3):
+        before = time.time_ns() // 1000
         in_turn.append(await ask())
+        assert before <= int(in_turn[-1][:13], 16) <= time.time_ns() // 1000  # its first 13 digits: when, in µs
         await asyncio.sleep(0.002)
     assert in_turn == sorted(in_turn)
     assert len(set(in_turn)) == 3
