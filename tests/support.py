@@ -17,7 +17,6 @@ import aiohttp
 import openai
 from aiohttp import web
 
-from gateway.app import build_app
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, StorageConfig
 from gateway.storage import KeyRecord, LedgerRow, open_store
 
@@ -28,6 +27,38 @@ UPSTREAM_KEY = "upstream-secret"
 
 COMMAND = str(Path(sys.executable).with_name("ezat-gateway"))
 """The installed `ezat-gateway` console script, beside this virtualenv's Python."""
+
+SERVE_CONFIG = """
+[server]
+host = "127.0.0.1"
+port = {port}
+shutdown_timeout_seconds = 10
+
+[storage]
+url = "{storage_url}"
+
+[ratelimit]
+url = "{ratelimit_url}"
+
+[[deployments]]
+name = "mock"
+base_url = "{upstream_url}"
+api_key = "{upstream_key}"
+
+[[models]]
+id = "{model}"
+upstream_model = "{upstream_model}"
+deployments = ["mock"]
+pricing = {{ input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }}
+
+[[keys]]
+key = "{key}"
+name = "test"
+{key_fields}
+"""
+"""An `ezat-gateway serve` config for ServeProcess: one deployment (`upstream_url`) of the test
+model, the test key (plus `key_fields`, TOML lines), the store at `storage_url` and the rate
+limiter at `ratelimit_url` (empty: in memory)."""
 
 
 def make_config(upstream_url: str, storage_url: str = "sqlite:///:memory:", **model_fields) -> Config:
@@ -141,8 +172,9 @@ class ServeProcess:
     `directory` with the clean environment (plus `env`), its output kept in a file (a pipe nobody
     reads would fill up and stall the server under load).
 
-    `config`, when given, is TOML text: formatted with `port`, the shared test values (`key`,
-    `model`, `upstream_key`, `upstream_model`) and `fields`, it is written to DIRECTORY/NAME.toml.
+    `config`, when given, is TOML text (SERVE_CONFIG, say): formatted with `port`, the shared test
+    values (`key`, `model`, `upstream_key`, `upstream_model`, an empty `ratelimit_url` and
+    `key_fields`) and `fields`, it is written to DIRECTORY/NAME.toml.
     Without it the command runs on its embedded defaults (pass `--port` in `start`'s arguments)."""
 
     def __init__(
@@ -155,7 +187,10 @@ class ServeProcess:
         self.config: Path | None = None
         if config is not None:
             self.config = directory / f"{name}.toml"
-            values = dict(key=KEY, model=MODEL, upstream_key=UPSTREAM_KEY, upstream_model=UPSTREAM_MODEL)
+            values = dict(
+                key=KEY, model=MODEL, upstream_key=UPSTREAM_KEY, upstream_model=UPSTREAM_MODEL,
+                ratelimit_url="", key_fields="",
+            )
             self.config.write_text(config.format(**{**values, **fields, "port": self.port}))
         self.log = directory / f"{name}.log"
         self.env = env or {}

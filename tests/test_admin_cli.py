@@ -20,8 +20,7 @@ import pytest
 
 from gateway.config import StorageConfig, load_config
 from gateway.mock_upstream import Scenario
-from gateway.storage import open_store
-from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, run_command
+from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, read_store, run_command
 
 CONFIG_KEY = "sk-config-key-for-cfg"
 
@@ -51,7 +50,7 @@ name = "cfg"
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.services)])
 def backend(request, tmp_path, upstream):
     """(config file, storage options for the command, storage URL) for each backend. With
     PostgreSQL the config still names a SQLite file: `--storage` must win over it."""
@@ -88,21 +87,9 @@ async def in_database_files(url: str, needle: str) -> bool:
 
 
 async def stored_keys(url: str) -> dict:
-    store = open_store(url)
-    await store.open()
-    try:
-        return {key.name: key for key in await store.list_keys()}
-    finally:
-        await store.close()
-
-
-async def stored_ledger(url: str):
-    store = open_store(url)
-    await store.open()
-    try:
-        return await store.ledger()
-    finally:
-        await store.close()
+    """The keys of the store at `url`, by name."""
+    _, keys = await read_store(url)
+    return {key.name: key for key in keys}
 
 
 async def ask(gateway, secret: str, model: str = MODEL):
@@ -264,7 +251,7 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
     for model, usage, _ in CFG_USAGE:
         await billed(gateway, CONFIG_KEY, model, usage, upstream)
 
-    rows = await stored_ledger(url)
+    rows, _ = await read_store(url)
     assert [r.cost_usd for r in rows] == [cost for _, _, cost in CI_USAGE + CFG_USAGE]
     ci_id = (await stored_keys(url))["ci"].id
     ci_rows = [r for r in rows if r.key_id == ci_id]

@@ -62,17 +62,21 @@ async def test_check_config_lists_every_problem_with_its_path(tmp_path):
     ]
 
 
+async def printed_key(served: ServeProcess) -> str:
+    """The local key the embedded-defaults gateway prints on starting."""
+    async with asyncio.timeout(10):
+        while not (found := re.search(r"Your local key: (\S+)\n", served.output())):
+            await asyncio.sleep(0.05)
+    return found.group(1)
+
+
 async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_path):
     served = ServeProcess(tmp_path)  # no config file
-    port = served.port
     try:
-        await served.start("--port", str(port))
-        async with asyncio.timeout(10):
-            while not (found := re.search(r"Your local key: (\S+)\n", served.output())):
-                await asyncio.sleep(0.05)
-        key = found.group(1)
+        await served.start("--port", str(served.port))
+        key = await printed_key(served)
 
-        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/openai/v1", api_key=key) as client:
+        async with served.client(api_key=key) as client:
             completion = await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "Hello!"}]
             )
@@ -83,9 +87,7 @@ async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_pat
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             assert text.endswith("You said: Again")
             with pytest.raises(openai.AuthenticationError):
-                async with openai.AsyncOpenAI(
-                    base_url=f"http://127.0.0.1:{port}/openai/v1", api_key="sk-other", max_retries=0
-                ) as other:
+                async with served.client(api_key="sk-other") as other:
                     await other.models.list()
     finally:
         await served.stop()
@@ -95,6 +97,21 @@ async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_pat
     assert (tmp_path / "ezat-gateway.db").exists()
     assert (tmp_path / "ezat-gateway.key").read_text().strip() == key
     assert (tmp_path / "ezat-gateway.key").stat().st_mode & 0o077 == 0
+
+    # Started again in the same directory: the same key, printed and accepted.
+    restarted = ServeProcess(tmp_path, "restarted")
+    try:
+        await restarted.start("--port", str(restarted.port))
+        assert await printed_key(restarted) == key
+        async with restarted.client(api_key=key) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Still me?"}]
+            )
+            assert completion.choices[0].message.content.endswith("You said: Still me?")
+    finally:
+        await restarted.stop()
+    assert restarted.process.returncode == 0
+    assert (tmp_path / "ezat-gateway.key").read_text().strip() == key
 
 
 async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):

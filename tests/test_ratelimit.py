@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import socket
 import time
 
 import pytest
 
 from gateway.ratelimit import MemoryRateLimiter, RedisRateLimiter
 from gateway.storage import KeyRecord
+from tests.support import free_port
 
 
 def key(key_id: int = 1, **limits) -> KeyRecord:
@@ -146,14 +146,8 @@ async def test_concurrent_requests_through_two_replicas_get_exactly_the_limit(re
     assert sum(1 for wait in waits if wait == 0) == 30  # the Lua bucket is atomic
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens there once closed
-
-
 async def test_redis_unreachable_fails_open_and_warns_once(caplog):
-    limiter = RedisRateLimiter(f"redis://127.0.0.1:{closed_port()}/0")
+    limiter = RedisRateLimiter(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     record = key(rpm=1, tpm=10)
     caplog.set_level(logging.WARNING, logger="ezat.ratelimit")
     try:

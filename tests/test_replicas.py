@@ -13,35 +13,7 @@ import openai
 import pytest
 
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, ServeProcess, read_store
-
-CONFIG = """
-[server]
-host = "127.0.0.1"
-port = {port}
-
-[storage]
-url = "{storage_url}"
-
-[ratelimit]
-url = "{ratelimit_url}"
-
-[[deployments]]
-name = "mock"
-base_url = "{upstream_url}"
-api_key = "{upstream_key}"
-
-[[models]]
-id = "{model}"
-upstream_model = "claude-sonnet-5-5"
-deployments = ["mock"]
-pricing = {{ input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }}
-
-[[keys]]
-key = "{key}"
-name = "replicas"
-{key_fields}
-"""
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, read_store
 
 
 def cost(input_tokens: int, output_tokens: int) -> Decimal:
@@ -67,9 +39,7 @@ def storage_url(request, tmp_path) -> str:
 async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tmp_path, upstream):
     # Streams take a few tens of milliseconds each, so some are always mid-reply when the kill lands.
     upstream.enqueue(*(Scenario(usage=USAGE, event_delay=0.003) for _ in range(50_000)))
-    gateway = ServeProcess(
-        tmp_path, "gateway", CONFIG, storage_url=storage_url, ratelimit_url="", upstream_url=upstream.url, key_fields=""
-    )
+    gateway = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage_url, upstream_url=upstream.url)
 
     finished: set[str] = set()  # request ids of replies the client received whole
     cut: set[str] = set()  # request ids whose reply had begun but not finished at the kill
@@ -149,7 +119,7 @@ async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tm
 
 async def start_replicas(tmp_path, postgres_url, redis_url, upstream, key_fields) -> list[ServeProcess]:
     replicas = [
-        ServeProcess(tmp_path, name, CONFIG, storage_url=postgres_url, ratelimit_url=redis_url,
+        ServeProcess(tmp_path, name, SERVE_CONFIG, storage_url=postgres_url, ratelimit_url=redis_url,
                      upstream_url=upstream.url, key_fields=key_fields)
         for name in ("replica-a", "replica-b")
     ]

@@ -26,8 +26,10 @@ import pytest
 from gateway.app import STORE
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, RoutingConfig
 from gateway.mock_upstream import MockUpstream, Scenario
+from tests.requests_util import WEATHER_TOOLS, echo
 from tests.support import (
-    KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, ServeProcess, data, free_port, make_config, raw_stream, read_store,
+    KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, ServeProcess, data, free_port, make_config, raw_stream,
+    read_store,
 )
 
 FALLBACK = "test/fallback"
@@ -35,7 +37,7 @@ FALLBACK_UPSTREAM = "fallback-1"
 FALLBACK_MAX = 4096
 FALLBACK_PRICING = Pricing(Decimal("1"), Decimal("2"), Decimal("1.25"), Decimal("0.10"))
 MESSAGES = [{"role": "user", "content": "Say hello"}]
-ANSWER = "Hello from the mock upstream. You said: Say hello"
+ANSWER = echo("Say hello")
 TEXT = "One, two, three, four, five."
 
 
@@ -381,6 +383,44 @@ async def test_fallback_model_answers_when_the_asked_one_cannot(start_gateway, m
     assert row.cost_usd == (1000 * Decimal("1") + 200 * Decimal("2")) / Decimal(1_000_000)  # the fallback's prices
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
+async def test_a_fallback_model_gets_only_the_effort_and_sampling_it_supports(start_gateway, mocks, stream):
+    mocks[0].enqueue(Scenario(status=500))
+    mocks[1].enqueue(Scenario(status=529))
+    config = routed_config(mocks)
+    asked, fallback = config.models
+    gateway = await start_gateway(replace(config, models=(
+        replace(asked, sampling=True),  # every effort, xhigh included
+        replace(fallback, sampling=False, efforts=("low", "medium", "high")),
+    )))
+
+    # A forced tool keeps thinking off, so the asked model is sent its sampling along with the effort.
+    headers, answered, text = await ask(
+        gateway, stream=stream, reasoning_effort="xhigh", temperature=0.4, top_p=0.8,
+        tools=WEATHER_TOOLS, tool_choice="required", extra_body={"models": [FALLBACK]},
+    )
+
+    assert text == ANSWER
+    assert answered == FALLBACK
+    assert headers["x-ezat-model"] == FALLBACK
+    assert headers["x-ezat-routed-from"] == MODEL
+    assert counts(mocks) == [1, 1, 1]
+    tried = [mocks[i].requests[0].body for i in (0, 1)]
+    for body in tried:  # what the asked model supports, it got
+        assert (body["temperature"], body["top_p"], body["output_config"]) == (0.4, 0.8, {"effort": "xhigh"})
+        assert "thinking" not in body
+    sent = mocks[2].requests[0].body
+    assert sent["model"] == FALLBACK_UPSTREAM
+    assert "temperature" not in sent and "top_p" not in sent  # the fallback has no sampling
+    assert "output_config" not in sent  # nor xhigh, the only thing output_config held
+    assert "thinking" not in sent
+    assert sent["max_tokens"] == FALLBACK_MAX  # the default 32 000 is more than the fallback may write
+    adapted = ("model", "max_tokens", "temperature", "top_p", "output_config")
+    assert {k: v for k, v in sent.items() if k not in adapted} == {
+        k: v for k, v in tried[0].items() if k not in adapted
+    }  # the rest of the request is the same
+
+
 async def test_fallback_follows_a_cooled_down_model_and_the_listed_order(start_gateway, mocks):
     # The asked model's deployments are cooling: no attempt, straight to the first fallback.
     mocks[0].enqueue(Scenario(status=429, headers={"retry-after": "30"}))
@@ -472,6 +512,24 @@ async def test_a_stream_without_a_first_token_in_time_moves_on(start_gateway, mo
     await mocks[0].wait_disconnect(timeout=2)  # the slow attempt was abandoned upstream too
 
 
+async def test_the_non_streaming_deadline_counts_every_attempt_together(start_gateway, mocks):
+    # d0 is slow, then fails; d1 is slower still. Per attempt, a 1 s deadline would end after
+    # about 1.8 s (0.8 s on d0, then 1 s on d1); for the whole request it ends after 1 s.
+    mocks[0].enqueue(Scenario(delay=0.8, status=500))
+    mocks[1].enqueue(Scenario(delay=5))
+    gateway = await start_gateway(routed_config(mocks), non_streaming_deadline=1.0)
+
+    began = time.monotonic()
+    error = await ask_error(gateway, stream=False)
+    elapsed = time.monotonic() - began
+
+    assert error.status_code == 504
+    assert (error.type, error.code) == ("server_error", "timeout")
+    assert 1.0 <= elapsed < 1.5, elapsed
+    assert counts(mocks) == [1, 1, 0]  # both deployments were tried within the one deadline
+    await mocks[1].wait_disconnect(timeout=2)  # the attempt cut short was abandoned upstream too
+
+
 # --- Client gone
 
 
@@ -506,38 +564,15 @@ async def test_a_client_giving_up_on_a_slow_message_cancels_the_upstream_request
 
 # --- Real `ezat-gateway serve` processes
 
-SERVE_CONFIG = """
-[server]
-host = "127.0.0.1"
-port = {port}
-shutdown_timeout_seconds = 10
-
-[storage]
-url = "sqlite:///{db}"
-
-[[deployments]]
-name = "mock"
-base_url = "{upstream_url}"
-api_key = "{upstream_key}"
-
-[[models]]
-id = "{model}"
-upstream_model = "{upstream_model}"
-deployments = ["mock"]
-pricing = {{ input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }}
-
-[[keys]]
-key = "{key}"
-name = "routing"
-"""
-
 
 class Served(ServeProcess):
     """`ezat-gateway serve --config FILE [args]` in front of `upstream`, its ledger in `db`."""
 
     def __init__(self, tmp_path: Path, upstream: MockUpstream) -> None:
         self.db = tmp_path / "ledger.db"
-        super().__init__(tmp_path, "gateway", SERVE_CONFIG, db=self.db, upstream_url=upstream.url)
+        super().__init__(
+            tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{self.db}", upstream_url=upstream.url
+        )
 
 
 async def refused(port: int) -> bool:

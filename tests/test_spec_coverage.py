@@ -12,18 +12,11 @@ import openai
 import pytest
 
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, make_config
+from tests.requests_util import WEATHER_TOOLS
+from tests.support import KEY, MODEL, data, make_config
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 HELLO = [{"role": "user", "content": "Hi"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 OSLO = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
 # Well above the default model's 1,024-token cache minimum (4 bytes a token).
 LONG_SYSTEM = "".join(f"Rule {i}: answer in plain words, cite the manual and never guess. " for i in range(90))
@@ -31,19 +24,14 @@ LONG_SYSTEM = "".join(f"Rule {i}: answer in plain words, cite the manual and nev
 
 async def raw_post(gateway, body: dict | bytes, headers: dict | None = None) -> tuple[aiohttp.ClientResponse, bytes]:
     headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json", **(headers or {})}
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/openai/v1/chat/completions", headers=headers, data=data) as response:
+        async with http.post(gateway.url + "/openai/v1/chat/completions", headers=headers, data=payload) as response:
             return response, await response.read()
 
 
 def sse_events(raw: bytes) -> list[str]:
     return [event for event in raw.decode().split("\n\n") if event]
-
-
-def chunk_of(event: str) -> dict:
-    assert event.startswith("data: "), event
-    return json.loads(event[len("data: "):])
 
 
 def cache_marks(value, path: str = "") -> list[str]:
@@ -76,7 +64,7 @@ async def test_a_stream_is_not_cut_by_the_non_streaming_deadline(start_gateway, 
     assert response.status == 200
     events = sse_events(raw)
     assert events[-1] == "data: [DONE]"
-    chunks = [chunk_of(e) for e in events[:-1] if not e.startswith(":")]
+    chunks = [data(e) for e in events[:-1] if not e.startswith(":")]
     assert not any("error" in c for c in chunks)
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == answer
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
@@ -108,7 +96,7 @@ async def test_a_long_thinking_phase_is_filled_with_pings(start_gateway, upstrea
     assert events[-1] == "data: [DONE]"
     # About 1.2 s of thinking with nothing for the client: the 0.2 s pinger must have spoken.
     assert events.count(": ping") >= 2
-    chunks = [chunk_of(e) for e in events[:-1] if not e.startswith(":")]
+    chunks = [data(e) for e in events[:-1] if not e.startswith(":")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Done."
     assert "tttt" not in raw.decode()  # the thinking text itself isn't returned
 
@@ -181,7 +169,7 @@ async def test_sampling_is_forwarded_when_a_forced_tool_turns_thinking_off(start
         result = await client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Weather in Oslo?"}],
-            tools=[WEATHER],
+            tools=WEATHER_TOOLS,
             tool_choice=tool_choice,
             reasoning_effort="high",
             temperature=0.4,
@@ -217,7 +205,7 @@ async def test_a_tool_result_given_as_text_parts(client, upstream, stream):
         },
     ]
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}]))
-    result = await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], stream=stream)
+    result = await client.chat.completions.create(model=MODEL, messages=messages, tools=WEATHER_TOOLS, stream=stream)
     if stream:
         text = "".join([c.choices[0].delta.content or "" async for c in result if c.choices])
     else:
@@ -246,7 +234,7 @@ async def test_every_response_names_the_model_that_answered(gateway, upstream, s
     request_id = response.headers["x-request-id"]
     assert response.headers["request-id"] == request_id
     if stream:
-        first = chunk_of(sse_events(raw)[0])
+        first = data(sse_events(raw)[0])
     else:
         first = json.loads(raw)
     assert first["id"] == "chatcmpl-" + request_id

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.mock_upstream import Scenario
-from tests.support import KEY
+from tests.support import KEY, make_config
 
 SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "000_1adce5796a0c04e3.txt"
 PUBLIC_HOST = "https://api.router.ezat.io"
@@ -74,11 +74,28 @@ async def test_python_tool_loop(gateway, upstream):
     assert second[2]["content"][0]["content"] == [{"type": "text", "text": "9°C and clear"}]
 
 
-async def test_python_prompt_cache_key_and_opt_out(gateway, upstream):
+OPT_OUT = '    extra_headers={"x-ezat-cache": "off"},\n'
+
+
+async def test_python_prompt_cache_key_and_opt_out(start_gateway, upstream):
     *_, caching = examples("Python")
+    assert OPT_OUT in caching
+    # The example's prompt is far below the default cache minimum: with a minimum of one token,
+    # only the header keeps the breakpoints away.
+    gateway = await start_gateway(make_config(upstream.url, min_cache_tokens=1))
+
+    output = await run(gateway, python(gateway, caching.replace(OPT_OUT, "")))
+    assert "CompletionUsage(" in output
+    said = {"type": "text", "text": "Say hello in five words."}
+    marked = upstream.requests[-1].body
+    # caching works here: the newest message carries the breakpoint (there is no prefix to mark)
+    assert marked["messages"] == [{"role": "user", "content": [{**said, "cache_control": {"type": "ephemeral"}}]}]
+
     output = await run(gateway, python(gateway, caching))
     assert "CompletionUsage(" in output
+    assert len(upstream.requests) == 2
     assert "cache_control" not in str(upstream.requests[-1].body)  # x-ezat-cache: off
+    assert upstream.requests[-1].body["messages"] == [{"role": "user", "content": [said]}]
 
 
 async def test_curl_examples(gateway, upstream):
