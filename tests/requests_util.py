@@ -30,5 +30,6 @@ SPEC_IGNORED_FIELDS: dict[str, Any] = {
 
 
 def echo(said: str) -> str:
-    """The mock upstream's default answer to a last user turn whose text is `said`."""
-    return "Hello from the mock upstream. You said: " + said
+    """The mock upstream's default answer to a last user turn whose text is `said` (of which it
+    repeats the first 200 characters)."""
+    return "Hello from the mock upstream. You said: " + said[:200]

@@ -38,6 +38,7 @@ from aioresponses import aioresponses
 
 from gateway.config import ImagesConfig
 from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public
+from tests.requests_util import echo
 from tests.support import MODEL, make_config
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -308,7 +309,7 @@ async def answered(client, upstream, stream: bool, messages) -> list[dict[str, A
     body = upstream.requests[-1].body
     # The mock's answer, unchanged: it echoes the text parts of the last user turn it received.
     said = "\n".join(b["text"] for b in body["messages"][-1]["content"] if b["type"] == "text")
-    assert answer == "Hello from the mock upstream. You said: " + said[:200]
+    assert answer == echo(said)
     assert body.get("stream", False) is stream
     return body["messages"]
 
