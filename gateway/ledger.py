@@ -16,8 +16,8 @@ log = logging.getLogger("ezat.ledger")
 # Loop turns a batch waits for company when the last one was shared. Measured on SQLite at 64
 # concurrent requests: twice the rows a transaction, a tenth less CPU a request.
 LINGER_TURNS = 2
-# A row is alone when the row before it came at least this long before: not one of a burst of
-# replies finishing together, which had better share a transaction.
+# A row is alone when the row before it came (or was committed) at least this long before: not
+# one of a burst of replies finishing together, which had better share a transaction.
 ALONE_AFTER = 0.0002
 
 
@@ -42,6 +42,9 @@ class Ledger:
             # request's CPU). The store does it only where nothing can wait or be cancelled.
             try:
                 if self._store.write_ledger_now([row]):
+                    # From the commit's end: a row right behind it (of the same burst, say) is
+                    # not alone, however long the commit took.
+                    self._last_record = time.monotonic()
                     return
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)

@@ -393,6 +393,7 @@ def counting_store(url: str):
             super().__init__(*args)
             self.batches: list[int] = []
             self.written_now = 0  # batches committed by write_ledger_now
+            self.commit_seconds = 0.0  # how long write_ledger_now takes (a slow disk)
             self.gate: asyncio.Event | None = None  # when set up, writes wait for it (a slow disk)
             self.writing = asyncio.Event()
 
@@ -406,6 +407,7 @@ def counting_store(url: str):
         def write_ledger_now(self, rows) -> bool:
             if self.gate is not None:  # a slow disk: nothing is written at once
                 return False
+            time.sleep(self.commit_seconds)
             written = super().write_ledger_now(rows)
             if written:
                 self.batches.append(len(rows))
@@ -443,6 +445,7 @@ async def test_a_row_recorded_alone_is_committed_by_its_own_request(tmp_path, op
         await ledger.record(row(f"req-alone-{i}", key.id, "0.25"))
         assert asyncio.all_tasks() == tasks
         assert len(await query(f"sqlite:///{tmp_path / 'alone.db'}", "SELECT 1 FROM ledger")) == i + 1
+    store.commit_seconds = 2 * ALONE_AFTER  # a commit slower than the gap that makes a row alone
     await asyncio.gather(*(ledger.record(row(f"req-burst-{i}", key.id, "0.01")) for i in range(50)))
 
     assert store.batches == [1, 1, 1, 1, 49]  # the burst's first row finds the ledger idle
