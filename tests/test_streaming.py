@@ -6,10 +6,12 @@ import asyncio
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from gateway import upstream as gateway_upstream
 from gateway.mock_upstream import Scenario
+from tests.requests_util import WEATHER_TOOLS
 from tests.support import KEY, MODEL, data, raw_stream
 
 TEXT = "One, two, three, four, five."
@@ -124,6 +126,59 @@ async def test_reasoning_tokens_in_stream_estimated_from_thinking(gateway, upstr
     assert usage["completion_tokens_details"]["reasoning_tokens"] == 20
     text = "".join(data(e)["choices"][0]["delta"].get("content") or "" for e in events[:-2] if e.startswith("data"))
     assert text == "ok"  # the thinking text is not returned
+
+
+# Text whose JSON escapes and raw look could confuse the joining of a burst's text deltas.
+AWKWARD = 'He wrote "}}", then\n\nevent: content_block_delta\ndata: {"type":"x"} \\ é 日本 😀\tend.'
+
+
+async def test_a_burst_of_text_deltas_reaches_the_client_exactly(client, upstream):
+    # One burst (no delay between events): thinking, text in 3-character deltas, a tool call,
+    # more text. The text deltas that arrive together are joined before they are parsed.
+    upstream.enqueue(
+        Scenario(
+            blocks=[
+                {"type": "thinking", "thinking": "Let me think. " * 6, "signature": "s"},
+                {"type": "text", "text": AWKWARD},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "text", "text": "After the call."},
+            ],
+            chunk_size=3,
+        )
+    )
+    stream = await client.chat.completions.create(
+        model=MODEL, stream=True, messages=[{"role": "user", "content": "Go"}], tools=WEATHER_TOOLS
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == AWKWARD + "After the call."
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or ()]
+    assert calls[0].function.name == "get_weather"
+    assert "".join(call.function.arguments or "" for call in calls) == '{"city":"Paris"}'
+
+
+def test_parsing_joins_a_text_blocks_deltas_into_one_and_leaves_the_rest():
+    pieces = [AWKWARD[i : i + 5] for i in range(0, len(AWKWARD), 5)]
+    events = [
+        {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 5}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        *({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": t}}
+          for t in ("a", "b", "c")),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        *({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": t}} for t in pieces),
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}},
+        {"type": "message_stop"},
+    ]
+    burst = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+    parsed = gateway_upstream._parse_events(burst)
+
+    text_deltas = [e for e in parsed if e.get("delta", {}).get("type") == "text_delta"]
+    assert text_deltas == [{"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": AWKWARD}}]
+    others = [e for e in events if e.get("delta", {}).get("type") != "text_delta"]
+    assert [e for e in parsed if e not in text_deltas] == others  # thinking deltas, the empty start: untouched
 
 
 async def test_upstream_pings_become_comment_lines(gateway, upstream):
