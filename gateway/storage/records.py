@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Outcome = Literal["complete", "client_closed"]
 
@@ -26,15 +26,15 @@ class KeyRecord:
     spent_usd: Decimal = Decimal(0)  # as of when the record was read
 
     def allows(self, model_id: str) -> bool:
-        return any(fnmatchcase(model_id, pattern) for pattern in self.models)
+        return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and self.expires_at <= (now or datetime.now(timezone.utc))
 
 
-@dataclass(frozen=True)
-class LedgerRow:
-    """One billed request."""
+class LedgerRow(NamedTuple):
+    """One billed request, its fields in the ledger's column order (a tuple: what the stores
+    write as it is, and cheap to make on every request)."""
 
     request_id: str
     key_id: int
@@ -50,14 +50,6 @@ class LedgerRow:
     outcome: Outcome
     started_at: datetime
     finished_at: datetime
-
-    def values(self) -> tuple:
-        """The fields in column order (dataclasses.astuple would deep-copy each one)."""
-        return (
-            self.request_id, self.key_id, self.model, self.answered_model, self.deployment, self.input_tokens,
-            self.cache_write_tokens, self.cache_read_tokens, self.output_tokens, self.reasoning_tokens,
-            self.cost_usd, self.outcome, self.started_at, self.finished_at,
-        )
 
 
 def cost_by_key(rows: Iterable[LedgerRow]) -> dict[int, Decimal]:

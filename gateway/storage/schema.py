@@ -3,6 +3,8 @@ on start, each migration in its own transaction."""
 
 from __future__ import annotations
 
+from gateway.storage.records import LedgerRow
+
 SQLITE = [
     """
     CREATE TABLE keys (
@@ -82,8 +84,5 @@ POSTGRES = [
 # Key columns a caller may set, in the order both stores read them back.
 KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked")
 KEY_COLUMNS = "id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd"
-LEDGER_COLUMNS = (
-    "request_id, key_id, model, answered_model, deployment, input_tokens, cache_write_tokens, "
-    "cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome, started_at, finished_at"
-)
-LEDGER_FIELDS = tuple(column.strip() for column in LEDGER_COLUMNS.split(","))
+LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
+LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)

@@ -346,7 +346,7 @@ def _key(row: tuple) -> KeyRecord:
 def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:
     return [
         (*counts, str(cost), outcome, _text(started), _text(finished))
-        for *counts, cost, outcome, started, finished in (row.values() for row in rows)
+        for *counts, cost, outcome, started, finished in rows
     ]
 
 
