@@ -49,19 +49,34 @@ def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, st
     return bodies
 
 
+# A round of a cell lasts long enough for about this many answers at least: two paced streams
+# at concurrency 1, say, are too few for the CPU per request to be more than noise.
+ANSWERS_PER_ROUND = 20
+
+
+def round_seconds(args, scenario: Scenario, concurrency: int) -> float:
+    return max(args.duration, ANSWERS_PER_ROUND * scenario.seconds / concurrency)
+
+
+def _longer_rounds(cells: list[dict], duration: float) -> str:
+    return ", ".join(f"{c['scenario']} c={c['concurrency']}: {c['duration_s']:g} s" for c in cells if c["duration_s"] > duration)
+
+
 def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
     cells = []
     total = len(args.cells) * args.rounds * len(systems)
     done = 0
     for scenario, concurrency in args.cells:
-        cell = {"scenario": scenario.name, "concurrency": concurrency, "runs": {s.name: [] for s in systems}}
+        duration = round_seconds(args, scenario, concurrency)
+        cell = {"scenario": scenario.name, "concurrency": concurrency, "duration_s": duration,
+                "runs": {s.name: [] for s in systems}}
         drives = {s.name: (lambda d, s=s: driver(args, wrk, s, scenario, bodies[(s.name, scenario.name)],
                                                   concurrency, d)) for s in systems}
         for system in systems:  # warm up: connection pools, caches, the allocator
             drives[system.name](args.warmup)()
         for round_ in range(args.rounds):
             for system in systems:  # A, B, A, B: drift of the machine cancels out
-                run = measure(system, mock, drives[system.name](args.duration))
+                run = measure(system, mock, drives[system.name](duration))
                 cell["runs"][system.name].append(run)
                 done += 1
                 log(f"[{done:3}/{total}] {scenario.name:9} c={concurrency:<3} {system.name:7} round {round_ + 1}: "
@@ -293,7 +308,8 @@ def main() -> int:
         f"{meta['cpu']}, {meta['cores']} cores, {meta['memory']}, Linux {meta['kernel']}; Python {meta['python']}, "
         f"aiohttp {meta['aiohttp']}, orjson {meta['orjson']}, uvloop {'installed' if meta['uvloop'] else 'not installed'}; "
         f"{meta['wrk'] or 'no wrk'}; commit {meta['commit']}{' (with uncommitted changes)' if meta['dirty'] else ''}. "
-        f"{args.rounds} rounds of {args.duration:g} s per system and cell, medians; {elapsed / 60:.1f} minutes in all; "
+        f"{args.rounds} rounds of {args.duration:g} s per system and cell (longer where needed for "
+        f"{ANSWERS_PER_ROUND} answers a round: {_longer_rounds(cells, args.duration) or 'none'}), medians; {elapsed / 60:.1f} minutes in all; "
         f"the hypervisor took {100 * (meta['steal'] or 0):.1f}% of the machine's CPU time (steal).",
         "",
         report.cells_table(cells),

@@ -16,6 +16,7 @@ class Scenario:
     stream: bool
     tools: bool
     what: str
+    seconds: float = 0.0  # how long the mock takes over one answer (paced: 50 deltas 10 ms apart)
 
 
 SCENARIOS = {
@@ -24,7 +25,7 @@ SCENARIOS = {
         Scenario("nonstream", "bench-nonstream", False, False, "non-streaming small request, 400 characters back"),
         Scenario("stream50", "bench-stream50", True, False, "stream of 50 text deltas, arriving in one burst"),
         Scenario("tool", "bench-tool", True, True, "stream of a short text and a tool call (12 deltas), one burst"),
-        Scenario("paced", "bench-paced", True, False, "stream of 50 text deltas arriving one by one, 10 ms apart"),
+        Scenario("paced", "bench-paced", True, False, "stream of 50 text deltas arriving one by one, 10 ms apart", 0.5),
     )
 }
 SLOW = Scenario("slow", "bench-slow", True, False, "each 10 deltas one second apart, 10 s")
