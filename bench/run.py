@@ -49,8 +49,8 @@ def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, st
     return bodies
 
 
-# A round of a cell lasts long enough for about this many answers at least: two paced streams
-# at concurrency 1, say, are too few for the CPU per request to be more than noise.
+# A round of a cell lasts long enough for about this many answers: the four paced streams that
+# 2 s hold at concurrency 1 are too few for their CPU per request to be more than noise.
 ANSWERS_PER_ROUND = 20
 
 
@@ -59,7 +59,8 @@ def round_seconds(args, scenario: Scenario, concurrency: int) -> float:
 
 
 def _longer_rounds(cells: list[dict], duration: float) -> str:
-    return ", ".join(f"{c['scenario']} c={c['concurrency']}: {c['duration_s']:g} s" for c in cells if c["duration_s"] > duration)
+    longer = [c for c in cells if c["duration_s"] > duration]
+    return ", ".join(f"{c['scenario']} c={c['concurrency']}: {c['duration_s']:g} s" for c in longer)
 
 
 def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
