@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from gateway.usage import Usage
+from gateway.usage import StreamUsage, Usage
 
 log = logging.getLogger("ezat.reply")
 
@@ -47,7 +47,9 @@ class EventEncoder(Protocol):
 
 class EventStream(Protocol):
     """Batches of Anthropic stream events: the events that arrived together ([] when a read
-    held no whole event)."""
+    held no whole event). `usage` has counted a batch by the time it is returned."""
+
+    usage: StreamUsage
 
     def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]: ...
     async def __anext__(self) -> list[dict[str, Any]]: ...
@@ -108,7 +110,8 @@ class EventStreamReply(web.StreamResponse):
     Each batch is encoded and written at once, so events that arrived together leave in one
     write; the headers go with the first batch, and the chunked body's terminator with the
     last. While it is open, `pinger` keeps it alive through long pauses. However the loop ends
-    (done, client gone, cancelled), the upstream stream is closed with it.
+    (done, client gone, cancelled), the upstream stream is closed with it. Its `usage` is the
+    events' meter, read by every stage that needs it (billing, the translator).
     """
 
     # prepare() runs once the first output is at hand (the proxy primes the stream): the
@@ -120,6 +123,7 @@ class EventStreamReply(web.StreamResponse):
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"
         self.events = events
+        self.usage = events.usage  # the stages wrap `events`; this stays the source's meter
         self.encoder: EventEncoder = AnthropicSSE()
         self._pinger = pinger
         self.last_write = 0.0  # loop time of the last write, for the pinger

@@ -16,6 +16,7 @@ from yarl import URL
 
 from gateway.config import Deployment
 from gateway.errors import GatewayError, stream_error, too_deeply_nested, upstream_error
+from gateway.usage import StreamUsage
 
 log = logging.getLogger("ezat.upstream")
 
@@ -82,13 +83,14 @@ class UpstreamClient:
 
 class UpstreamEvents:
     """An upstream SSE body as batches of parsed events: the events that arrived in one read,
-    a text block's deltas among them joined into one.
+    a text block's deltas among them joined into one. `usage` meters them as they are read.
 
     The stream ends after `message_stop` or `error`; a body that ends before either yields an
     `error` event, so nothing downstream mistakes a cut stream for a finished one.
     """
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.usage = StreamUsage()
         self._response = response
         self._content = response.content
         self._buffer = b""
@@ -144,6 +146,7 @@ class UpstreamEvents:
         else:
             complete, self._buffer = data[:end], data[end:]
         batch = _parse_events(complete)
+        self.usage.count(batch)
         if batch and batch[-1]["type"] in _ENDS:
             self._finished = True
             await self.aclose()

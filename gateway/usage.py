@@ -60,3 +60,43 @@ class Usage:
             + self.cache_read_tokens * pricing.cache_read
             + self.output_tokens * pricing.output
         ) / _PER_MILLION
+
+
+class StreamUsage:
+    """A stream's usage, metered once as its events are read, for every stage that needs it
+    (billing, the translator), as `MessageReply.usage` is for a whole message: Anthropic's
+    numbers (message_start's, then each message_delta's) and the text seen, which backs the
+    estimates (reasoning from the thinking text; the output of a stream cut short)."""
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, Any] = {}
+        self.thinking_chars = 0
+        self.output_chars = 0  # text and tool arguments
+
+    def count(self, batch: list[dict[str, Any]]) -> None:
+        for event in batch:
+            kind = event["type"]
+            if kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                dtype = delta.get("type")
+                if dtype == "text_delta":
+                    self.output_chars += len(delta.get("text", ""))
+                elif dtype == "input_json_delta":
+                    self.output_chars += len(delta.get("partial_json", ""))
+                elif dtype == "thinking_delta":
+                    self.thinking_chars += len(delta.get("thinking", ""))
+            elif kind == "message_start":
+                self.numbers.update((event.get("message") or {}).get("usage") or {})
+            elif kind == "message_delta":
+                self.numbers.update(event.get("usage") or {})
+
+    def total(self) -> Usage:
+        """The usage of a stream that ended: the upstream's numbers."""
+        return Usage.from_anthropic(self.numbers, self.thinking_chars)
+
+    def so_far(self) -> Usage:
+        """The usage of a stream cut short: the output estimated from the text seen, when the
+        upstream's own count (it sends one at the end) is lower or missing."""
+        seen = estimate_tokens(self.output_chars) + estimate_tokens(self.thinking_chars)
+        output = max(self.numbers.get("output_tokens") or 0, seen)
+        return Usage.from_anthropic({**self.numbers, "output_tokens": output}, self.thinking_chars)

@@ -20,7 +20,7 @@ from gateway.ledger import Ledger
 from gateway.ratelimit import RateLimiter
 from gateway.reply import EventStreamReply, MessageReply
 from gateway.storage import KeyRecord, LedgerRow
-from gateway.usage import Usage, estimate_tokens
+from gateway.usage import StreamUsage, Usage
 
 
 def billing_middleware(
@@ -63,7 +63,7 @@ def billing_middleware(
         if isinstance(reply, MessageReply):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
-            reply.events = BilledEvents(reply.events, bill)
+            reply.events = BilledEvents(reply.events, reply.usage, bill)
         return reply
 
     return billing
@@ -100,16 +100,14 @@ class Bill:
 
 
 class BilledEvents:
-    """The upstream's events, passed through unchanged while their usage is metered. The row is
-    recorded before the batch that ends the stream goes on, so `[DONE]` follows the commit; the
+    """The upstream's events, passed through unchanged; the row is recorded, from the stream's
+    usage, before the batch that ends the stream goes on, so `[DONE]` follows the commit; the
     events that arrived with the end wait for it too, and a burst leaves in one write."""
 
-    def __init__(self, events, bill: Bill) -> None:
+    def __init__(self, events, usage: StreamUsage, bill: Bill) -> None:
         self._events = events
+        self._usage = usage
         self._bill = bill
-        self._usage: dict[str, Any] = {}
-        self._output_chars = 0  # text and tool arguments, for estimating an unfinished answer
-        self._thinking_chars = 0
         self._settled = False  # billed, or failed and so never billed
 
     def __aiter__(self) -> BilledEvents:
@@ -117,31 +115,13 @@ class BilledEvents:
 
     async def __anext__(self) -> list[dict[str, Any]]:
         batch = await self._events.__anext__()
-        # A batch that ends the stream is billed from the upstream's output_tokens: its text and
-        # tool arguments need no counting. Thinking always does: it backs the reasoning estimate.
-        ends = bool(batch) and batch[-1]["type"] == "message_stop"
-        for event in batch:
-            kind = event["type"]
-            if kind == "content_block_delta":
-                delta = event.get("delta") or {}
-                dtype = delta.get("type")
-                if dtype == "thinking_delta":
-                    self._thinking_chars += len(delta.get("thinking", ""))
-                elif ends:
-                    continue
-                elif dtype == "text_delta":
-                    self._output_chars += len(delta.get("text", ""))
-                elif dtype == "input_json_delta":
-                    self._output_chars += len(delta.get("partial_json", ""))
-            elif kind == "message_start":
-                self._usage.update((event.get("message") or {}).get("usage") or {})
-            elif kind == "message_delta":
-                self._usage.update(event.get("usage") or {})
-            elif kind == "message_stop":
-                self._settled = True
-                await self._bill.record(Usage.from_anthropic(self._usage, self._thinking_chars))
-            elif kind == "error":
-                self._settled = True  # failed requests are not billed
+        # Only the last event of a batch can end the stream: nothing after an end is read.
+        ending = batch[-1]["type"] if batch else None
+        if ending == "message_stop":
+            self._settled = True
+            await self._bill.record(self._usage.total())
+        elif ending == "error":
+            self._settled = True  # failed requests are not billed
         return batch
 
     async def aclose(self) -> None:
@@ -149,8 +129,6 @@ class BilledEvents:
             if not self._settled:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
-                seen = estimate_tokens(self._output_chars) + estimate_tokens(self._thinking_chars)
-                usage = {**self._usage, "output_tokens": max(self._usage.get("output_tokens") or 0, seen)}
-                await self._bill.record(Usage.from_anthropic(usage, self._thinking_chars), "client_closed")
+                await self._bill.record(self._usage.so_far(), "client_closed")
         finally:
             await self._events.aclose()

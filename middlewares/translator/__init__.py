@@ -51,6 +51,7 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
                 created=created,
                 include_usage=include_usage,
                 renamed=renamed,
+                usage=reply.usage,
             )
         return reply
 

@@ -12,7 +12,7 @@ import orjson
 
 from gateway.errors import stream_error
 from gateway.reply import PING
-from gateway.usage import Usage
+from gateway.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
@@ -20,22 +20,28 @@ DONE = b"data: [DONE]\n\n"
 
 class ChunkEncoder:
     def __init__(
-        self, *, completion_id: str, model: str, created: int, include_usage: bool, renamed: dict[str, str]
+        self,
+        *,
+        completion_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+        renamed: dict[str, str],
+        usage: StreamUsage,
     ) -> None:
         head = orjson.dumps(
             {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
         self._head = b"data: " + head
         self._prefix = self._head + b',"choices":[{"index":0,"delta":'
-        usage = b',"usage":null' if include_usage else b""
-        self._suffix = b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n"
+        usage_field = b',"usage":null' if include_usage else b""
+        self._suffix = b',"logprobs":null,"finish_reason":null}]' + usage_field + b"}\n\n"
         self._content_prefix = self._prefix + b'{"content":'  # a text chunk: these around its text
         self._content_suffix = b"}" + self._suffix
-        self._finish_suffix = b',"logprobs":null,"finish_reason":"%s"}]' + usage + b"}\n\n"
+        self._finish_suffix = b',"logprobs":null,"finish_reason":"%s"}]' + usage_field + b"}\n\n"
         self._include_usage = include_usage
-        self._usage: dict[str, Any] = {}
+        self._usage = usage  # the stream's meter: the usage chunk's figures
         self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
-        self._thinking_chars = 0
         self._renamed = renamed  # tool names the upstream was sent → the client's
         self.finished = False  # the stream's end is encoded: nothing follows
 
@@ -58,12 +64,9 @@ class ChunkEncoder:
                         tool[1] = True
                         self._flush(out, text)
                         out.append(self._tool_arguments(tool[0], delta["partial_json"]))
-                elif dtype == "thinking_delta":
-                    self._thinking_chars += len(delta.get("thinking", ""))
-                continue
+                continue  # thinking is counted in the usage, and not the client's to see
             self._flush(out, text)
             if kind == "message_start":
-                self._usage.update(event["message"].get("usage") or {})
                 out.append(self._chunk(b'{"role":"assistant","content":""}'))
             elif kind == "content_block_start":
                 self._start_block(event, out)
@@ -72,12 +75,11 @@ class ChunkEncoder:
                 if tool is not None and not tool[1]:
                     out.append(self._tool_arguments(tool[0], "{}"))  # a tool with no arguments
             elif kind == "message_delta":
-                self._usage.update(event.get("usage") or {})
                 reason = finish_reason(event.get("delta", {}).get("stop_reason"))
                 out.append(self._prefix + b"{}" + self._finish_suffix % reason.encode())
             elif kind == "message_stop":
                 if self._include_usage:
-                    usage = openai_usage(Usage.from_anthropic(self._usage, self._thinking_chars))
+                    usage = openai_usage(self._usage.total())
                     out.append(self._head + b',"choices":[],"usage":' + orjson.dumps(usage) + b"}\n\n")
                 out.append(DONE)
                 self.finished = True
