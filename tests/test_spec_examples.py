@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +36,38 @@ async def run(gateway, program: list[str]) -> str:
     output, errors = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, (output + errors).decode()
     return output.decode()
+
+
+# The official OpenAI SDK for Node.js, the version the examples were last run with.
+NODE_SDK = "openai@7.59.0"
+
+
+@pytest.fixture(scope="session")
+def node_sdk() -> Path:
+    """A directory whose node_modules holds NODE_SDK, installed once into the virtualenv (make
+    clean removes it). Without Node.js or the npm registry these tests skip, except in CI
+    (EZAT_REQUIRE_SERVICES=1), where they fail."""
+    where = Path(sys.prefix) / "node-sdk"
+    if not (where / "node_modules" / "openai" / "package.json").exists():
+        try:
+            if shutil.which("node") is None or shutil.which("npm") is None:
+                raise FileNotFoundError("node and npm are not both installed")
+            subprocess.run(
+                ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", NODE_SDK],
+                check=True, capture_output=True, timeout=300,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+                pytest.fail(f"Node.js and {NODE_SDK} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
+            pytest.skip(f"Node.js with {NODE_SDK} is not available here ({exc!r}); CI runs these tests")
+    return where
+
+
+def node(gateway, sdk: Path, name: str, code: str) -> list[str]:
+    """The example as an ES module beside the SDK's node_modules, where its import finds it."""
+    module = sdk / f"{name}.mjs"
+    module.write_text(code.replace(PUBLIC_HOST, gateway.url))
+    return ["node", str(module)]
 
 
 def python(gateway, code: str) -> list[str]:
@@ -72,6 +106,23 @@ async def test_python_tool_loop(gateway, upstream):
     assert second[1] == {"role": "assistant", "content": [call]}
     assert second[2]["content"][0]["tool_use_id"] == "toolu_oslo"
     assert second[2]["content"][0]["content"] == [{"type": "text", "text": "9°C and clear"}]
+
+
+async def test_node_request_and_response(gateway, upstream, node_sdk):
+    request, _ = examples("Node.js")
+    output = await run(gateway, node(gateway, node_sdk, "request", request))
+    assert "You said: What is a prompt cache?" in output
+    assert "stop {" in output and "prompt_tokens:" in output  # finish_reason, then the usage object
+    assert upstream.requests[-1].body["system"] == [{"type": "text", "text": "Answer in one sentence."}]
+    assert upstream.requests[-1].body["max_tokens"] == 64
+
+
+async def test_node_streaming(gateway, upstream, node_sdk):
+    _, streaming = examples("Node.js")
+    output = await run(gateway, node(gateway, node_sdk, "streaming", streaming))
+    assert "You said: Count from 1 to 10." in output
+    assert "prompt_tokens:" in output  # the usage chunk arrived
+    assert upstream.requests[-1].body["stream"] is True
 
 
 OPT_OUT = '    extra_headers={"x-ezat-cache": "off"},\n'
