@@ -2,7 +2,7 @@
 refused with a 400 naming the field, in the spec's exact words ("Ignored and refused fields").
 
 Ignored fields need no work here: the translator copies only what the upstream understands.
-Nor do refused values the translator has to check anyway (an unknown `reasoning_effort`).
+Refusing here, before the images stage, means a refused request downloads no image.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.context import BODY
 from gateway.errors import invalid_request
+from middlewares.translator.request import EFFORTS, UNKNOWN_EFFORT
 
 LEGACY_FUNCTIONS = "functions: the legacy functions API is not supported; use tools"
 LOG_PROBABILITIES = "log probabilities are not available"
@@ -48,6 +49,9 @@ def refused(body: dict[str, Any]) -> tuple[str, str] | None:
         for i, tool in enumerate(tools):
             if not isinstance(tool, dict) or tool.get("type") != "function":
                 return f"tools[{i}].type: only function tools are supported", "tools"
+    effort = body.get("reasoning_effort")
+    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
+        return UNKNOWN_EFFORT, "reasoning_effort"
     messages = body.get("messages")
     return _refused_in_messages(messages) if isinstance(messages, list) else None
 

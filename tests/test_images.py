@@ -557,6 +557,26 @@ async def test_32_mb_in_total_with_the_default_limits(start_client, upstream, se
     assert re.fullmatch(r"messages\[0\]\.content\[[1-4]\]\.image_url\.url: the images of this request are over 32 MB in total", message)
 
 
+# --- A request refused for another field downloads nothing ----------------------------------------
+
+
+@STREAM
+async def test_an_unknown_reasoning_effort_is_refused_before_any_image_is_fetched(open_client, upstream, server, stream):
+    server.serve("/cat.png", PNG)
+    kwargs = dict(model=MODEL, max_tokens=64, messages=look(image_url(f"{server.url}/cat.png")), stream=stream)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await open_client.chat.completions.create(**kwargs, extra_body={"reasoning_effort": "extreme"})
+    assert caught.value.body == {
+        "message": "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max",
+        "type": "invalid_request_error",
+        "param": "reasoning_effort",
+        "code": None,
+    }
+    assert server.connections == 0 and upstream.requests == []
+    await ask(open_client, stream, kwargs["messages"])  # the same request without it: the image is fetched
+    assert server.hits == {"/cat.png": 1}
+
+
 # --- Scheme, credentials, ports: refused before any connection ----------------------------------
 
 

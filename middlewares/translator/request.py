@@ -20,6 +20,7 @@ EFFORTS = {
     "xhigh": ("xhigh", True),
     "max": ("max", True),
 }
+UNKNOWN_EFFORT = "reasoning_effort: use one of " + ", ".join(EFFORTS)  # spec, "Ignored and refused fields"
 
 
 def to_anthropic(body: dict[str, Any], model: Model) -> tuple[dict[str, Any], dict[str, str]]:
@@ -153,9 +154,7 @@ def _reasoning(
     if value is None:
         return False
     if not isinstance(value, str) or value not in EFFORTS:
-        raise invalid_request(
-            "reasoning_effort: use one of none, minimal, low, medium, high, xhigh, max", "reasoning_effort"
-        )
+        raise invalid_request(UNKNOWN_EFFORT, "reasoning_effort")  # when the refusals stage is not mounted
     effort, think = EFFORTS[value]
     if effort not in model.efforts:
         if not think:
