@@ -13,7 +13,7 @@ import orjson
 
 from gateway.config import KeyConfig
 from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, POSTGRES
+from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
 
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
@@ -109,7 +109,7 @@ class PostgresStore:
         return False  # every write is a round trip to the server
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {', '.join('ledger.' + c for c in LEDGER_FIELDS)} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
+        query = f"SELECT {LEDGER_SELECT} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
         params: list[Any] = []
         if key is not None:
             params.append(key)

@@ -29,7 +29,7 @@ import orjson
 
 from gateway.config import KeyConfig
 from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, SQLITE
+from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, SQLITE
 
 # How long a key's spend read from the file is trusted. Writes of this process update it at
 # once; this bounds how late another process's writes to the same file are seen.
@@ -197,7 +197,7 @@ class SQLiteStore:
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {', '.join('ledger.' + c for c in LEDGER_FIELDS)} FROM ledger"
+        query = f"SELECT {LEDGER_SELECT} FROM ledger"
         where, params = [], []
         if key is not None:
             query += " JOIN keys ON keys.id = ledger.key_id"
