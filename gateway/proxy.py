@@ -24,6 +24,7 @@ from gateway.health import Health
 from gateway.reply import EventStreamReply, MessageReply, Pinger
 from gateway.routing import affinity, ranked
 from gateway.upstream import UpstreamClient, UpstreamEvents
+from gateway.upstream_shape import readable_message
 
 # Spec, "Errors": a non-streaming request that takes longer than this ends with 504.
 NON_STREAMING_DEADLINE = 590.0
@@ -67,8 +68,8 @@ def proxy_handler(
             message = orjson.loads(raw)
         except orjson.JSONDecodeError:
             message = None
-        if not isinstance(message, dict):
-            raise GatewayError(500, "The upstream sent a reply that is not a JSON message.", type="server_error")
+        if not readable_message(message):
+            raise GatewayError(500, "The upstream sent a reply the gateway cannot read.", type="server_error")
         return MessageReply(message)
 
     async def first_answer(request: web.Request) -> web.StreamResponse:

@@ -16,6 +16,7 @@ from yarl import URL
 
 from gateway.config import Deployment
 from gateway.errors import GatewayError, stream_error, too_deeply_nested, upstream_error
+from gateway.upstream_shape import readable_event
 from gateway.usage import StreamUsage
 
 log = logging.getLogger("ezat.upstream")
@@ -29,6 +30,7 @@ _ENDS = frozenset({"message_stop", "error"})
 # Seconds a finished stream's connection waits for the body's last bytes before it is closed.
 _LAST_BYTES_WITHIN = 5.0
 _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
+_UNREADABLE = {"type": "error", "error": {"type": "api_error", "message": "The upstream sent an event the gateway cannot read."}}
 
 
 class UpstreamClient:
@@ -152,7 +154,7 @@ class UpstreamEvents:
             await self.aclose()
         return batch
 
-    async def aclose(self) -> None:
+    async def aclose(self, failed: bool = False) -> None:
         """Give the connection back: to the pool once the body has ended, closed if the stream
         was cut short (an unread body makes a connection unusable)."""
         if self._closed:
@@ -183,26 +185,24 @@ _TEXT_DELTA = re.compile(rb'data: \{"type":"content_block_delta","index":\d+,"de
 
 def _parse_events(complete: bytes) -> list[dict[str, Any]]:
     """The events in `complete` (whole SSE events, "\n"-separated), through the first one that
-    ends the stream. Every event the upstream sends has one data line, so all of them parse as
-    one JSON array: one call for the whole batch, not one per event. Anything else takes the
-    event-by-event way."""
+    ends the stream; an event the gateway cannot read ends it as an error. Every event the
+    upstream sends has one data line, so all of them parse as one JSON array: one call for the
+    whole batch, not one per event. Anything else takes the event-by-event way."""
     complete = _join_text_deltas(complete)
     # (An event of several data lines yields pieces that are not JSON objects, and so the slow way.)
     try:
         events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(b"\n" + complete)) + b"]")
     except orjson.JSONDecodeError:
         events = None
-    if events is not None:
-        for index, event in enumerate(events):
-            if not isinstance(event, dict) or not isinstance(kind := event.get("type"), str):
-                break
-            if kind in _ENDS:
-                return events[: index + 1]
-        else:
-            return events
-    events = [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
-    ends = [index for index, event in enumerate(events) if event["type"] in _ENDS]
-    return events[: ends[0] + 1] if ends else events
+    if events is None or not all(isinstance(event, dict) and isinstance(event.get("type"), str) for event in events):
+        events = [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
+    for index, event in enumerate(events):
+        if event["type"] in _ENDS:
+            return events[: index + 1]
+        if not readable_event(event):  # the stream ends there, as if the upstream had failed
+            log.warning("upstream sent an event the gateway cannot read: %r", event)
+            return [*events[:index], _UNREADABLE]
+    return events
 
 
 def _join_text_deltas(complete: bytes) -> bytes:

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from tests.support import KEY, MODEL, Gateway, make_config
-from gateway.app import build_app
+from gateway.app import STORE, build_app
 
 
 def sse(*events: dict | bytes) -> bytes:
@@ -30,16 +30,20 @@ async def serve_upstream():
     """Serves one canned HTTP answer as the upstream; yields a function that starts a gateway."""
     runners = []
 
-    async def start(status: int, body: bytes, content_type: str = "text/event-stream", piece: int = 0) -> Gateway:
+    async def start(status: int, body: bytes | list[bytes], content_type: str = "text/event-stream",
+                    piece: int = 0) -> Gateway:
+        """`body` whole, or cut into pieces of `piece` bytes, or a list of pieces: each piece a
+        write of its own, shortly after the one before, so that each arrives in a read of its own."""
         async def answer(request: web.Request) -> web.StreamResponse:
             await request.read()
-            if not piece:
+            if not piece and isinstance(body, bytes):
                 return web.Response(status=status, body=body, content_type=content_type)
             response = web.StreamResponse(status=status, headers={"content-type": content_type})
             await response.prepare(request)
-            for i in range(0, len(body), piece):  # events and lines split across reads
-                await response.write(body[i : i + piece])
-                await asyncio.sleep(0.001)
+            pieces = body if isinstance(body, list) else [body[i : i + piece] for i in range(0, len(body), piece)]
+            for part in pieces:  # events and lines split across reads
+                await response.write(part)
+                await asyncio.sleep(0.001 if piece else 0.02)
             return response
 
         app = web.Application()
@@ -58,12 +62,13 @@ async def serve_upstream():
         await runner.cleanup()
 
 
-async def call(gateway: Gateway, stream: bool) -> tuple[int, str]:
+async def call(gateway: Gateway, stream: bool, include_usage: bool = False) -> tuple[int, str]:
+    body = {"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": "x"}]}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
     async with aiohttp.ClientSession() as http:
         async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": "x"}]},
+            gateway.url + "/openai/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body
         ) as response:
             return response.status, await response.text()
 
@@ -89,18 +94,70 @@ async def test_an_html_error_page_keeps_the_status(serve_upstream):
     assert error["message"] == "<html>Bad Gateway</html>"
 
 
-async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done(serve_upstream):
-    bad_delta = {"type": "content_block_delta", "index": 0}  # no "delta"
-    gateway = await serve_upstream(200, sse(START, TEXT_START, bad_delta, {"type": "message_stop"}))
-    status, text = await call(gateway, stream=True)
+TEXT = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello"}}
+END = (
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+    {"type": "message_stop"},
+)
+# Events that lack (or mistype) what the gateway reads of them.
+MALFORMED = {
+    "delta missing": {"type": "content_block_delta", "index": 0},
+    "delta not an object": {"type": "content_block_delta", "index": 0, "delta": "hi"},
+    "text not a string": {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 5}},
+    "index missing": {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": "{"}},
+    "block missing": {"type": "content_block_start", "index": 1},
+    "tool without a name": {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t"}},
+    "stop without index": {"type": "content_block_stop"},
+    "usage not an object": {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": 7},
+    "delta null": {"type": "message_delta", "delta": None},
+}
+
+
+@pytest.mark.parametrize("bad", MALFORMED.values(), ids=MALFORMED)
+@pytest.mark.parametrize("read", ["with its end", "in a read of its own"])
+async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done_unbilled(serve_upstream, bad, read):
+    """Spec, "Streaming": "If the request fails after the stream has started, you get
+    `data: {"error": {…}}` and then `data: [DONE]`, with no usage chunk, and the request isn't
+    billed." Also when the event that breaks it arrives in the same read as message_stop."""
+    if read == "with its end":
+        body = sse(START, TEXT_START, TEXT, bad, *END)
+    else:
+        body = [sse(START, TEXT_START, TEXT), sse(bad), sse(*END)]
+    gateway = await serve_upstream(200, body)
+    status, text = await call(gateway, stream=True, include_usage=True)
     assert status == 200
-    events = [e for e in text.split("\n\n") if e]
+    events = [e for e in text.split("\n\n") if e and not e.startswith(":")]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2][len("data: "):])["error"]["type"] == "server_error"
+    assert json.loads(events[-2][len("data: "):])["error"] == {
+        "message": "The upstream sent an event the gateway cannot read.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
     # No usage chunk and no finish: the failure is the stream's last word before [DONE].
     chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "hello"
     assert all("error" not in c and c.get("usage") is None for c in chunks)
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert await gateway.app[STORE].ledger() == []
+
+
+@pytest.mark.parametrize("content", [[{"type": "text", "text": 5}], [{"type": "tool_use", "id": "t", "input": {}}], [7]])
+async def test_a_malformed_message_is_a_server_error_unbilled(serve_upstream, content):
+    """Spec, "Errors": failed requests aren't billed."""
+    message = {"type": "message", "role": "assistant", "content": content, "stop_reason": "end_turn",
+               "usage": {"input_tokens": 3, "output_tokens": 5}}
+    gateway = await serve_upstream(200, json.dumps(message).encode(), "application/json")
+    status, text = await call(gateway, stream=False)
+    assert status == 500
+    assert json.loads(text)["error"] == {
+        "message": "The upstream sent a reply the gateway cannot read.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert await gateway.app[STORE].ledger() == []
 
 
 async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):

@@ -1,0 +1,85 @@
+"""What the gateway reads of the upstream's messages and stream events, checked once, where they
+arrive. Past this check, billing and the translator index them freely. A reply that fails it is
+the upstream's error, not the gateway's: it is never billed (spec, "Errors": failed requests
+aren't billed), and before the first token it moves on to the next deployment, as a 5xx does.
+
+Only what the gateway reads is checked; fields it does not know pass as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The usage numbers billing reads: whole numbers, or absent (None).
+_COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+# A delta's text, by the delta's type.
+_DELTA_TEXT = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
+
+
+def readable_message(message: Any) -> bool:
+    """A whole (non-streamed) message: a JSON object with a list of readable content blocks."""
+    if not isinstance(message, dict):
+        return False
+    content = message.get("content", [])
+    return (
+        isinstance(content, list)
+        and all(_readable_block(block) for block in content)
+        and _readable_usage(message.get("usage", {}))
+        and _readable_stop(message.get("stop_reason"))
+    )
+
+
+def readable_event(event: dict[str, Any]) -> bool:
+    """One stream event (a JSON object with a string `type`)."""
+    kind = event["type"]
+    if kind == "content_block_delta":
+        delta = event.get("delta")
+        if not isinstance(delta, dict) or type(event.get("index")) is not int:
+            return False
+        field = _DELTA_TEXT.get(delta.get("type"))
+        return field is None or isinstance(delta.get(field), str)
+    if kind == "content_block_start":
+        return type(event.get("index")) is int and _readable_block(event.get("content_block"))
+    if kind == "content_block_stop":
+        return type(event.get("index")) is int
+    if kind == "message_start":
+        message = event.get("message")
+        return isinstance(message, dict) and _readable_usage(message.get("usage", {}))
+    if kind == "message_delta":
+        delta = event.get("delta", {})
+        return isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(
+            event.get("usage", {})
+        )
+    if kind == "error":
+        return isinstance(event.get("error", {}), dict)
+    return True
+
+
+def _readable_block(block: Any) -> bool:
+    if not isinstance(block, dict):
+        return False
+    kind = block.get("type")
+    if kind == "text":
+        return isinstance(block.get("text", ""), str)
+    if kind == "tool_use":
+        return isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
+    if kind == "thinking":
+        return isinstance(block.get("thinking", ""), str)
+    return True
+
+
+def _readable_usage(usage: Any) -> bool:
+    if not isinstance(usage, dict):
+        return False
+    if not all(_count(usage.get(name)) for name in _COUNTS):
+        return False
+    details = usage.get("output_tokens_details", {})
+    return details is None or (isinstance(details, dict) and _count(details.get("thinking_tokens")))
+
+
+def _count(value: Any) -> bool:
+    return value is None or (type(value) is int and value >= 0)
+
+
+def _readable_stop(reason: Any) -> bool:
+    return reason is None or isinstance(reason, str)
