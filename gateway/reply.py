@@ -53,7 +53,8 @@ class EventStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]: ...
     async def __anext__(self) -> list[dict[str, Any]]: ...
-    async def aclose(self) -> None: ...
+    async def aclose(self, failed: bool = False) -> None:
+        """`failed`: the stream ended in an error the client was told of (not billed)."""
 
 
 class AnthropicSSE:
@@ -128,6 +129,7 @@ class EventStreamReply(web.StreamResponse):
         self._pinger = pinger
         self.last_write = 0.0  # loop time of the last write, for the pinger
         self._ending = False
+        self._failed = False  # the gateway failed mid-stream, and said so in the stream
 
     async def prepare(self, request: web.BaseRequest):
         try:
@@ -137,7 +139,7 @@ class EventStreamReply(web.StreamResponse):
         finally:
             if self._pinger is not None:
                 self._pinger.done(self)
-            await self.events.aclose()
+            await self.events.aclose(self._failed)
 
     async def ping(self) -> None:
         if self._ending:  # the body's terminator is (being) written: nothing may follow it
@@ -171,4 +173,5 @@ class EventStreamReply(web.StreamResponse):
         except Exception:
             # The 200 is committed: the only way left to say it failed is in the stream itself.
             log.exception("stream to the client failed")
+            self._failed = True
             await self.write(encode([INTERNAL_ERROR]))

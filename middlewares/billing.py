@@ -124,11 +124,11 @@ class BilledEvents:
             self._settled = True  # failed requests are not billed
         return batch
 
-    async def aclose(self) -> None:
+    async def aclose(self, failed: bool = False) -> None:
         try:
-            if not self._settled:
+            if not self._settled and not failed:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
                 await self._bill.record(self._usage.so_far(), "client_closed")
         finally:
-            await self._events.aclose()
+            await self._events.aclose(failed)

@@ -19,13 +19,15 @@ import aiohttp
 import asyncpg
 import openai
 import pytest
+from aiohttp import web
 
-from gateway.app import STORE
+from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
 from gateway.mock_upstream import Scenario
+from gateway.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
 from tests.requests_util import WEATHER_TOOLS as TOOLS
-from tests.support import KEY, MODEL, make_config
+from tests.support import KEY, MODEL, Gateway, make_config
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
 MILLION = Decimal(1_000_000)
@@ -513,6 +515,60 @@ async def test_failed_requests_are_not_billed(start_gateway, upstream, storage_u
     try:
         assert await store.ledger() == []
         assert await store.spent(await key_id(store)) == 0
+        assert [k.spent_usd for k in await store.list_keys()] == [0]
+    finally:
+        await store.close()
+
+
+class BreakingEncoder:
+    """The translator's encoder, made to fail on the second batch that holds text: a fault of
+    the gateway's own, after the stream has started."""
+
+    def __init__(self, encoder) -> None:
+        self._encoder = encoder
+        self._texts = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._encoder.finished
+
+    def encode(self, batch):
+        if any(event["type"] == "content_block_delta" for event in batch):
+            self._texts += 1
+            if self._texts == 2:
+                raise RuntimeError("a fault of the gateway's own")
+        return self._encoder.encode(batch)
+
+
+@web.middleware
+async def break_the_encoder(request, handler):
+    reply = await handler(request)
+    if isinstance(reply, EventStreamReply):
+        reply.encoder = BreakingEncoder(reply.encoder)
+    return reply
+
+
+async def test_a_stream_the_gateway_fails_is_not_billed(upstream, storage_url):
+    """Spec, "Streaming": "If the request fails after the stream has started, you get
+    `data: {"error": {…}}` and then `data: [DONE]` […] and the request isn't billed", also
+    when the gateway is what failed."""
+    app = build_app(make_config(upstream.url, storage_url))
+    app.middlewares.append(break_the_encoder)  # innermost of the app's: it sees the translated reply
+    gateway = await Gateway(app).start()
+    upstream.enqueue(Scenario(blocks=long_text_blocks(), event_delay=0.01, usage={"input_tokens": 500}))
+    text = ""
+    async with gateway.client() as client:
+        with pytest.raises(openai.APIError) as caught:
+            chunks = await client.chat.completions.create(model=MODEL, stream=True, messages=MESSAGES)
+            async for chunk in chunks:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+    assert caught.value.message == "The gateway failed mid-stream."
+    assert text, "the failure should come after some text"
+
+    store = await settled_store(gateway, storage_url)
+    try:
+        assert await store.ledger() == []
         assert [k.spent_usd for k in await store.list_keys()] == [0]
     finally:
         await store.close()
