@@ -24,7 +24,8 @@ def ranked(deployments: Sequence[str], affinity: str | None) -> list[str]:
 
 
 def _weight(affinity: str, deployment: str) -> int:
-    digest = hashlib.blake2b(f"{affinity}\0{deployment}".encode(), digest_size=8).digest()
+    # A session header's bytes that are not UTF-8 come as surrogates (aiohttp): hashed as they came.
+    digest = hashlib.blake2b(f"{affinity}\0{deployment}".encode("utf-8", "surrogateescape"), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 

@@ -48,7 +48,8 @@ def auth_middleware(find_key: KeyLookup, *, cache_seconds: float = 5.0, cache_si
         secret = presented_key(request)
         if secret is None:
             raise _unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
-        key = await lookup(hashlib.sha256(secret.encode()).hexdigest())
+        # aiohttp hands a header's bytes that are not UTF-8 over as surrogates: hashed as they came.
+        key = await lookup(hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest())
         if key is None:
             raise _unauthorized("Incorrect API key provided.")
         if key.revoked:

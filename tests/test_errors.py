@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from gateway.config import KeyConfig
@@ -155,6 +156,45 @@ async def test_x_api_key_header_is_accepted(gateway, upstream):
     assert body["choices"][0]["message"]["content"] == echo("x")
     # The upstream got the gateway's own credentials, never the client's key.
     assert upstream.requests[-1].headers["x-api-key"] == UPSTREAM_KEY
+
+
+async def raw_post(gateway, headers: bytes) -> tuple[bytes, dict]:
+    """A request written byte for byte, for header values no HTTP library would send."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = orjson.dumps({"model": MODEL, "messages": MESSAGES})
+    writer.write(
+        b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        + headers + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+    )
+    reply = await reader.read()
+    writer.close()
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0], orjson.loads(payload)
+
+
+@pytest.mark.parametrize("header", [b"Authorization: Bearer sk-\xff\xfe", b"x-api-key: sk-\xff"])
+async def test_a_key_that_is_not_utf8_is_401(gateway, upstream, header):
+    status, body = await raw_post(gateway, header + b"\r\n")
+    assert status == b"HTTP/1.1 401 Unauthorized"
+    assert envelope(body) == {
+        "message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"
+    }
+    assert upstream.requests == []
+
+
+async def test_a_session_header_that_is_not_utf8_still_routes(start_gateway, upstream):
+    """The session picks one of several deployments by hashing its bytes, whatever they are."""
+    config = make_config(upstream.url)
+    config = replace(
+        config,
+        deployments=(*config.deployments, replace(config.deployments[0], name="secondary")),
+        models=(replace(config.models[0], deployments=("primary", "secondary")), *config.models[1:]),
+    )
+    gateway = await start_gateway(config)
+    status, body = await raw_post(gateway, f"Authorization: Bearer {KEY}\r\n".encode() + b"x-ezat-session: conv-\xff\r\n")
+    assert status == b"HTTP/1.1 200 OK"
+    assert body["choices"][0]["message"]["content"] == echo("x")
 
 
 async def test_body_over_32_mb_is_refused_before_it_is_read(gateway, upstream):
