@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
@@ -17,6 +19,9 @@ from aiohttp import web
 log = logging.getLogger("ezat.errors")
 # Seconds to wait after a 429 or 503 when nothing better is known (the upstream said nothing).
 DEFAULT_RETRY_AFTER = 1
+# The longest wait an upstream's retry-after is believed for: a deployment it cools is tried
+# again after this at the latest, whatever it said.
+MAX_RETRY_AFTER = 600.0
 
 
 class GatewayError(web.HTTPException):
@@ -50,6 +55,23 @@ def invalid_request(message: str, param: str | None = None) -> GatewayError:
 def retry_after(seconds: float) -> dict[str, str]:
     """The `retry-after` header for a wait: whole seconds, at least one."""
     return {"retry-after": str(max(1, math.ceil(seconds)))}
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """The wait an upstream's `retry-after` asks for (seconds, or an HTTP date), at most
+    MAX_RETRY_AFTER; None when it says nothing usable ("inf", "nan", negative, garbage)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    if not 0 <= seconds < math.inf:  # NaN fails both comparisons
+        return None
+    return min(seconds, MAX_RETRY_AFTER)
 
 
 def too_deeply_nested() -> GatewayError:
@@ -90,8 +112,6 @@ _TYPE_BY_STATUS = {
     504: "timeout_error",
     529: "overloaded_error",
 }
-# Upstream headers worth passing on: when to come back.
-_KEPT_HEADERS = ("retry-after", "retry-after-ms")
 
 
 def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
@@ -109,13 +129,14 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
     _, type_, code = _BY_ANTHROPIC_TYPE[anthropic_type]
     if code is None and message.startswith("prompt is too long"):
         code = "context_length_exceeded"
+    wait = retry_after_seconds(headers.get("retry-after"))  # passed on as whole seconds, if usable
     return GatewayError(
         503 if status == 529 else status,
         message,
         type=type_,
         code=code,
         param="model" if code == "model_not_found" else None,
-        headers={name: headers[name] for name in _KEPT_HEADERS if name in headers},
+        headers=retry_after(wait) if wait is not None else None,
     )
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
 from gateway.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, SESSION
-from gateway.errors import GatewayError, model_not_found, retry_after
+from gateway.errors import GatewayError, model_not_found, retry_after, retry_after_seconds
 from gateway.health import Health
 from gateway.reply import EventStreamReply, MessageReply, Pinger
 from gateway.routing import affinity, ranked
@@ -98,7 +98,7 @@ def proxy_handler(
                 except GatewayError as failure:
                     if failure.status not in RETRYABLE:
                         raise
-                    health.failed(name, _seconds(failure.headers.get("retry-after")))
+                    health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
                     error = failure
                     continue
                 health.succeeded(name)
@@ -154,9 +154,3 @@ def _all_cooling(seconds: float) -> GatewayError:
         headers=retry_after(seconds),
     )
 
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None  # an HTTP date: the usual cool-down applies

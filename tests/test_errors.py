@@ -7,7 +7,8 @@ import asyncio
 import hashlib
 import re
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
 
 import aiohttp
 import openai
@@ -72,6 +73,39 @@ async def test_retry_after_is_kept(client, upstream, upstream_status):
         await client.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert caught.value.response.headers["retry-after"] == "12"
     assert caught.value.status_code == {429: 429, 529: 503}[upstream_status]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-3", "soon", "1e400"])
+async def test_an_unusable_retry_after_is_not_passed_on_nor_believed(client, upstream, value):
+    upstream.enqueue(Scenario(status=529, headers={"retry-after": value}), Scenario())
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.status_code == 503
+    assert caught.value.response.headers["retry-after"] == "1"  # the gateway's own default
+    # The deployment is not cooled for good: the next request reaches it.
+    completion = await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert completion.choices[0].message.content == echo("x")
+
+
+async def test_a_retry_after_is_believed_for_ten_minutes_at_most(client, upstream):
+    upstream.enqueue(Scenario(status=429, headers={"retry-after": "999999"}))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert (caught.value.status_code, caught.value.response.headers["retry-after"]) == (429, "600")
+    # Its one deployment is cooling: the next request is told when it may be tried again.
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert caught.value.status_code == 503
+    assert 590 <= int(caught.value.response.headers["retry-after"]) <= 600
+    assert len(upstream.requests) == 1
+
+
+async def test_a_retry_after_date_is_passed_on_in_seconds(client, upstream):
+    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+    upstream.enqueue(Scenario(status=429, headers={"retry-after": when}))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert 28 <= int(caught.value.response.headers["retry-after"]) <= 30
 
 
 async def test_upstream_rejecting_the_gateways_credentials_is_not_the_clients_key_problem(gateway, upstream):
