@@ -50,26 +50,38 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     add("--expires", type=_moment, metavar="DATETIME", help='ISO datetime (UTC), or "never"')
 
 
+# Each raises ArgumentTypeError with what it expected, which argparse prints after the option's
+# name (any other exception would end in a traceback, or name the function).
+
 def _limit(text: str) -> Decimal | None:
     if text.lower() == "none":
         return None
-    value = Decimal(text)
-    if not value.is_finite() or value < 0:
-        raise argparse.ArgumentTypeError("expected a non-negative amount")
+    try:
+        value = Decimal(text)
+    except ArithmeticError:  # decimal.InvalidOperation
+        value = None
+    if value is None or not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f'expected an amount of USD of 0 or more, or "none", not {text!r}')
     return value
 
 
 def _count(text: str) -> int | None:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError("expected 0 or more")
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, not {text!r}")
     return value or None
 
 
 def _moment(text: str) -> datetime | None:
     if text.lower() == "never":
         return None
-    moment = datetime.fromisoformat(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected an ISO datetime such as 2030-01-31T12:00, or "never", not {text!r}') from None
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 

@@ -174,6 +174,27 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
     assert secret not in caplog.text  # the key never appears in a log line
 
 
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--spend-limit", "abc", "expected an amount of USD of 0 or more, or \"none\", not 'abc'"),
+        ("--spend-limit", "-1", "expected an amount of USD of 0 or more, or \"none\", not '-1'"),
+        ("--spend-limit", "NaN", "expected an amount of USD of 0 or more, or \"none\", not 'NaN'"),
+        ("--rpm", "ten", "expected a whole number of 0 or more, not 'ten'"),
+        ("--tpm", "-5", "expected a whole number of 0 or more, not '-5'"),
+        ("--expires", "next week", "expected an ISO datetime such as 2030-01-31T12:00, or \"never\", not 'next week'"),
+    ],
+)
+async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, value, expected):
+    path = tmp_path / "gateway.toml"
+    path.write_text(CONFIG.format(db=tmp_path / "ezat.db", upstream=upstream.url, upstream_key=UPSTREAM_KEY, model=MODEL,
+                                  upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
+    status, output = await run_command("keys", "create", "--name", "x", option, value, "--config", str(path), cwd=tmp_path)
+    assert status == 2
+    assert f"argument {option}: {expected}" in output
+    assert "Traceback" not in output
+
+
 async def test_keys_update_changes_expiry_and_models(backend, start_gateway, upstream):
     secret = await create_ci_key(backend, *LIMITS)
     gateway = await serve(start_gateway, backend)
