@@ -1,7 +1,7 @@
 """The cache_breakpoints stage (spec, "Prompt caching").
 
 A request with no cache breakpoints of its own gets two 5-minute ones, unless it opts out with
-`x-ezat-cache: off` or is too short to be cached: one after the stable prefix (the last system
+`x-ezat-cache: off` or is certainly too short to be cached: one after the stable prefix (the last system
 text, or the last tool when there is no system prompt) and one on the newest message, which
 the next turn reads back. A request that places its own (`cache_control` on content parts or
 tools, OpenRouter style) keeps them and gets none added.
@@ -30,7 +30,7 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         request[SESSION] = _session(request, body)
-        placed = _count_breakpoints(body)
+        placed, media = _scan(body)
         if placed > MAX_BREAKPOINTS:
             raise invalid_request(
                 f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
@@ -42,8 +42,9 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
             and model is not None
             and model.min_cache_tokens
             and request.headers.get("x-ezat-cache", "").lower() != "off"
-            # about 4 bytes of JSON a token: clearly shorter prompts would never be cached
-            and request.get(BODY_BYTES, 0) >= 4 * model.min_cache_tokens
+            # A token of text is at least one byte of it: a shorter body can never be cached. An
+            # image's or a PDF's tokens follow its pixels and pages, not its bytes (nor its URL).
+            and (media or request.get(BODY_BYTES, 0) >= model.min_cache_tokens)
         ):
             _mark_prefix(body)
             _mark_newest_message(body)
@@ -64,14 +65,20 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
-def _count_breakpoints(body: dict[str, Any]) -> int:
+_MEDIA = frozenset({"image_url", "file"})
+
+
+def _scan(body: dict[str, Any]) -> tuple[int, bool]:
+    """The breakpoints the request placed itself, and whether it holds an image or a file."""
     tools = body.get("tools")
     count = sum(1 for tool in tools if _marked(tool)) if isinstance(tools, list) else 0
+    media = False
     for message in _messages(body):
         content = message.get("content")
         if isinstance(content, list):
             count += sum(1 for part in content if _marked(part))
-    return count
+            media = media or any(isinstance(part, dict) and part.get("type") in _MEDIA for part in content)
+    return count, media
 
 
 def _marked(item: Any) -> bool:

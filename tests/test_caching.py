@@ -380,6 +380,20 @@ async def test_a_short_prompt_gets_no_breakpoints(client, upstream):
     assert cache_usage(completion) == (0, 0)
 
 
+async def test_a_short_question_about_an_image_is_marked(client, upstream):
+    """An image's tokens follow its pixels, not its bytes: a small file can be a long prompt."""
+    await ask(client, messages=[system("Be brief."), user([text("What is this?"), image_part()])])
+
+    assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[1]": EPHEMERAL}
+
+
+async def test_a_prompt_of_few_bytes_a_token_is_marked(client, upstream):
+    """1,100 CJK characters are 3,300 bytes and more than 1,024 tokens: long enough to cache."""
+    await ask(client, messages=[system("请简要回答。" + "缓存" * 550), user("你好")])
+
+    assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
+
+
 async def test_a_model_with_a_large_minimum_gets_no_breakpoints(start_gateway, upstream):
     gateway = await start_gateway(make_config(upstream.url, min_cache_tokens=100_000))
     async with gateway.client() as client:
