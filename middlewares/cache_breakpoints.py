@@ -65,7 +65,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
-_MEDIA = frozenset({"image_url", "file"})
+_MEDIA = ("image_url", "file")  # a tuple: a part's "type" may be anything, unhashable too
 
 
 def _scan(body: dict[str, Any]) -> tuple[int, bool]:

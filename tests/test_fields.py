@@ -108,6 +108,11 @@ def received(upstream, stream: bool) -> dict[str, Any]:
     return body
 
 
+# Image and PDF parts are always worth a cache breakpoint; with caching off, the upstream body
+# is the translator's work alone (test_caching covers the breakpoints).
+NO_CACHE = {"x-ezat-cache": "off"}
+
+
 @pytest.fixture
 async def start_client(start_gateway, upstream):
     """A client of a gateway whose model has the given fields (see `make_config`)."""
@@ -195,6 +200,7 @@ async def test_image_data_url_becomes_a_base64_image_source(client, upstream, st
     answer = await ask(
         client,
         stream,
+        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",
@@ -216,6 +222,7 @@ async def test_image_detail_is_ignored(client, upstream, stream):
     await ask(
         client,
         stream,
+        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",
@@ -292,6 +299,7 @@ async def test_pdf_file_part_becomes_a_base64_document(client, upstream, stream)
     answer = await ask(
         client,
         stream,
+        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",
