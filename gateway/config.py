@@ -106,7 +106,7 @@ class ImagesConfig:
     max_urls: int = _field(20, check=_positive)
     timeout_seconds: float = _field(15.0, check=_positive_number)
     max_redirects: int = _field(3, check=_non_negative)
-    ports: tuple[int, ...] = _field((80, 443), check_each=_port)  # empty: any port
+    ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the spec sets no limit)
 
 
 @dataclass(frozen=True)

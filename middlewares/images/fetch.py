@@ -26,7 +26,7 @@ class Limits:
     total_bytes: int = 32 * MB
     timeout: float = 15.0
     redirects: int = 3
-    ports: tuple[int, ...] = (80, 443)  # empty: any port
+    ports: tuple[int, ...] = ()  # the ports allowed; empty: any port (the spec sets no limit)
     allow_private_hosts: bool = False
 
 
