@@ -22,6 +22,10 @@ from gateway.usage import StreamUsage
 log = logging.getLogger("ezat.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
+# The largest request body the upstream takes (the Messages API's 32 MB; its edge answers 413
+# above it). A client's body is at most as large, but downloaded images inlined as base64 can
+# make the upstream's larger.
+MAX_UPSTREAM_BODY = 32 * 1024 * 1024
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
@@ -67,6 +71,13 @@ class UpstreamClient:
             data = orjson.dumps(body)
         except orjson.JSONEncodeError:
             raise too_deeply_nested() from None
+        if len(data) > MAX_UPSTREAM_BODY:
+            raise GatewayError(
+                413,
+                f"The request is over 32 MB once its image URLs are downloaded and inlined ({len(data):,} bytes); "
+                "send fewer or smaller images.",
+                code="request_too_large",
+            )
         try:
             response = await self._session.post(url, data=data, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, OSError) as exc:

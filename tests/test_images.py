@@ -565,6 +565,25 @@ async def test_32_mb_in_total_with_the_default_limits(start_client, upstream, se
     assert re.fullmatch(r"messages\[0\]\.content\[[1-4]\]\.image_url\.url: the images of this request are over 32 MB in total", message)
 
 
+@STREAM
+async def test_downloads_too_large_once_inlined_are_a_413_before_the_upstream(start_client, upstream, server, stream):
+    """27 MB of downloads are within the spec's 32 MB, but as base64 they make a 36 MB request,
+    more than the upstream takes: refused with a message that says why, without sending it."""
+    client = await start_client(allow_private_hosts=True, ports=())
+    urls = [server.serve(f"/{i}.png", padded_png(9 * MB)) for i in range(3)]
+    with pytest.raises(openai.APIStatusError) as caught:
+        await ask(client, stream, look(*map(image_url, urls)))
+    assert caught.value.status_code == 413
+    assert caught.value.body["type"] == "invalid_request_error"
+    assert caught.value.body["code"] == "request_too_large"
+    assert re.fullmatch(
+        r"The request is over 32 MB once its image URLs are downloaded and inlined \(3\d,\d{3},\d{3} bytes\); "
+        r"send fewer or smaller images\.",
+        caught.value.body["message"],
+    )
+    assert upstream.requests == []
+
+
 # --- A request refused for another field downloads nothing ----------------------------------------
 
 
