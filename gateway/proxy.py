@@ -50,11 +50,11 @@ def proxy_handler(
                 events = UpstreamEvents(await upstream.post(deployment, body))
                 await events.first_output()
         except TimeoutError:
+            # A 500, not the spec's 504 `timeout`: that one tells a non-streaming request to stream.
             raise GatewayError(
-                504,
+                500,
                 f"The upstream produced nothing within {deployment.first_token_timeout_seconds:g} seconds.",
                 type="server_error",
-                code="timeout",
             ) from None
         return EventStreamReply(events, pinger=pinger)
 

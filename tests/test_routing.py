@@ -512,6 +512,22 @@ async def test_a_stream_without_a_first_token_in_time_moves_on(start_gateway, mo
     await mocks[0].wait_disconnect(timeout=2)  # the slow attempt was abandoned upstream too
 
 
+async def test_a_stream_no_deployment_starts_in_time_is_a_500(start_gateway, mocks):
+    """Spec, "Errors": 504 `timeout` is a non-streaming request's, past 590 s ("stream it
+    instead"); a stream that no deployment started in time is an error on the provider's side."""
+    for mock in mocks[:2]:
+        mock.enqueue(Scenario(event_delay=2))
+    gateway = await start_gateway(routed_config(
+        mocks, fallback=(), options={name: {"first_token_timeout_seconds": 0.3} for name in ("d0", "d1")}
+    ))
+    error = await ask_error(gateway, stream=True)
+    assert error.status_code == 500
+    assert error.body == {
+        "message": "The upstream produced nothing within 0.3 seconds.", "type": "server_error", "param": None, "code": None
+    }
+    assert counts(mocks) == [1, 1, 0]
+
+
 async def test_the_non_streaming_deadline_counts_every_attempt_together(start_gateway, mocks):
     # d0 is slow, then fails; d1 is slower still. Per attempt, a 1 s deadline would end after
     # about 1.8 s (0.8 s on d0, then 1 s on d1); for the whole request it ends after 1 s.
