@@ -32,6 +32,8 @@ def is_public(ip: IPAddress) -> bool:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if embedded is not None and not is_public(embedded):
             return False
+        if ip.is_site_local:  # fec0::/10: deprecated, yet still routed inside some networks
+            return False
     return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback)
 
 
