@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The usage numbers billing reads: whole numbers, or absent (None).
+# The usage numbers billing reads: whole numbers of 0 or more, or absent (None).
 _COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 # A delta's text, by the delta's type.
 _DELTA_TEXT = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
@@ -20,11 +20,11 @@ def readable_message(message: Any) -> bool:
     """A whole (non-streamed) message: a JSON object with a list of readable content blocks."""
     if not isinstance(message, dict):
         return False
-    content = message.get("content", [])
+    content = message.get("content") or []
     return (
         isinstance(content, list)
         and all(_readable_block(block) for block in content)
-        and _readable_usage(message.get("usage", {}))
+        and _readable_usage(message.get("usage"))
         and _readable_stop(message.get("stop_reason"))
     )
 
@@ -36,7 +36,8 @@ def readable_event(event: dict[str, Any]) -> bool:
         delta = event.get("delta")
         if not isinstance(delta, dict) or type(event.get("index")) is not int:
             return False
-        field = _DELTA_TEXT.get(delta.get("type"))
+        dtype = delta.get("type")
+        field = _DELTA_TEXT.get(dtype) if isinstance(dtype, str) else None  # a list is no key
         return field is None or isinstance(delta.get(field), str)
     if kind == "content_block_start":
         return type(event.get("index")) is int and _readable_block(event.get("content_block"))
@@ -44,14 +45,12 @@ def readable_event(event: dict[str, Any]) -> bool:
         return type(event.get("index")) is int
     if kind == "message_start":
         message = event.get("message")
-        return isinstance(message, dict) and _readable_usage(message.get("usage", {}))
+        return isinstance(message, dict) and _readable_usage(message.get("usage"))
     if kind == "message_delta":
         delta = event.get("delta", {})
-        return isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(
-            event.get("usage", {})
-        )
+        return isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(event.get("usage"))
     if kind == "error":
-        return isinstance(event.get("error", {}), dict)
+        return isinstance(event.get("error") or {}, dict)
     return True
 
 
@@ -69,6 +68,8 @@ def _readable_block(block: Any) -> bool:
 
 
 def _readable_usage(usage: Any) -> bool:
+    if usage is None:  # absent: nothing to count
+        return True
     if not isinstance(usage, dict):
         return False
     if not all(_count(usage.get(name)) for name in _COUNTS):

@@ -177,6 +177,7 @@ async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
         TEXT_START,
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "fine"}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "future_delta"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": ["text_delta"]}},
         {"type": "content_block_stop", "index": 0},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
         {"type": "message_stop"},
