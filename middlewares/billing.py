@@ -125,10 +125,12 @@ class BilledEvents:
         return batch
 
     async def aclose(self, failed: bool = False) -> None:
+        # The upstream goes first: a client gone cancels it at once, not after the commit. What
+        # is billed does not change meanwhile: usage is counted as events are read.
         try:
+            await self._events.aclose(failed)
+        finally:
             if not self._settled and not failed:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
                 await self._bill.record(self._usage.so_far(), "client_closed")
-        finally:
-            await self._events.aclose(failed)

@@ -429,6 +429,29 @@ async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, s
     assert await store.spent(await key_id(store)) == row.cost_usd
 
 
+async def test_early_close_stops_the_upstream_before_the_row_is_written(start_gateway, upstream, storage_url, write_lock):
+    """A client gone cancels the upstream at once, however long its row then takes to commit."""
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    upstream.enqueue(Scenario(blocks=long_text_blocks(), usage={"input_tokens": 40}, event_delay=0.05, pings=0))
+    lock = await write_lock(storage_url, await key_id(store))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": True, "messages": MESSAGES},
+        ) as response:
+            async with asyncio.timeout(5):
+                while b'"content":"' not in await response.content.readany():
+                    pass
+    # The client is gone; the ledger cannot commit while the lock is held.
+    await upstream.wait_disconnect(timeout=1)
+    assert await lock.committed_rows() == 0
+    await lock.release()
+    (row,) = await wait_for_rows(store, 1)
+    assert (row.outcome, row.input_tokens) == ("client_closed", 40)
+
+
 async def test_early_close_bills_the_reasoning_and_tool_arguments_produced(start_gateway, upstream, storage_url):
     # Thinking the client never sees, then a tool call whose arguments it sees in part.
     thinking, notes = "Let me check the forecast. " * 20, "n" * 600  # 540 characters; 600
