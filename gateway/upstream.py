@@ -33,6 +33,9 @@ _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop
 _ENDS = frozenset({"message_stop", "error"})
 # Seconds a finished stream's connection waits for the body's last bytes before it is closed.
 _LAST_BYTES_WITHIN = 5.0
+# The most an event may take, whole. Anthropic's largest (a server tool's results) are far
+# smaller; an upstream that sends more without an event's end is not sending SSE.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
 _CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
 _UNREADABLE = {"type": "error", "error": {"type": "api_error", "message": "The upstream sent an event the gateway cannot read."}}
 
@@ -150,8 +153,13 @@ class UpstreamEvents:
         data = self._buffer + chunk
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n") + 2
+        # The buffer holds no event's end: one can only end in what the read added.
+        end = data.rfind(b"\n\n", max(0, len(self._buffer) - 2)) + 2
         if end == 1:
+            if len(data) > MAX_EVENT_BYTES:
+                log.warning("upstream sent %d bytes without an event's end", len(data))
+                await self.aclose()
+                return [_UNREADABLE]
             self._buffer = data
             return []
         if end == len(data):  # the read ended where an event did, as reads mostly do
@@ -161,7 +169,9 @@ class UpstreamEvents:
         batch = _parse_events(complete)
         self.usage.count(batch)
         if batch and batch[-1]["type"] in _ENDS:
-            self._finished = True
+            # The upstream ended the stream, unless the gateway gave up on what it sent: then
+            # it is still answering, and its connection is closed at once.
+            self._finished = batch[-1] is not _UNREADABLE
             await self.aclose()
         return batch
 

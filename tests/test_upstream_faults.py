@@ -27,8 +27,10 @@ TEXT_START = {"type": "content_block_start", "index": 0, "content_block": {"type
 
 @pytest.fixture
 async def serve_upstream():
-    """Serves one canned HTTP answer as the upstream; yields a function that starts a gateway."""
+    """Serves one canned HTTP answer as the upstream; yields a function that starts a gateway.
+    `start.gone` is set when the gateway closes the connection before the answer is written."""
     runners = []
+    gone = asyncio.Event()
 
     async def start(status: int, body: bytes | list[bytes], content_type: str = "text/event-stream",
                     piece: int = 0) -> Gateway:
@@ -41,9 +43,12 @@ async def serve_upstream():
             response = web.StreamResponse(status=status, headers={"content-type": content_type})
             await response.prepare(request)
             pieces = body if isinstance(body, list) else [body[i : i + piece] for i in range(0, len(body), piece)]
-            for part in pieces:  # events and lines split across reads
-                await response.write(part)
-                await asyncio.sleep(0.001 if piece else 0.02)
+            try:
+                for part in pieces:  # events and lines split across reads
+                    await response.write(part)
+                    await asyncio.sleep(0.001 if piece else 0.02)
+            except ConnectionError:
+                gone.set()
             return response
 
         app = web.Application()
@@ -57,6 +62,7 @@ async def serve_upstream():
         runners.append(gateway.runner)
         return gateway
 
+    start.gone = gone
     yield start
     for runner in reversed(runners):
         await runner.cleanup()
@@ -140,6 +146,20 @@ async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done_unbilled
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "hello"
     assert all("error" not in c and c.get("usage") is None for c in chunks)
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert await gateway.app[STORE].ledger() == []
+
+
+@pytest.mark.parametrize("bad", [sse(MALFORMED["delta missing"]), b"data: " + b"x" * (5 * 1024 * 1024)],
+                         ids=["malformed", "over 4 MB without an end"])
+async def test_a_stream_the_gateway_cannot_read_is_closed_upstream_at_once(serve_upstream, bad):
+    """The upstream is still answering: its connection is closed, not kept for the body's end."""
+    gateway = await serve_upstream(200, [sse(START, TEXT_START, TEXT), bad] + [sse(TEXT)] * 200)  # 4 s more
+    status, text = await call(gateway, stream=True)
+    assert status == 200
+    events = [e for e in text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][len("data: "):])["error"]["message"] == "The upstream sent an event the gateway cannot read."
+    await asyncio.wait_for(serve_upstream.gone.wait(), 1)
     assert await gateway.app[STORE].ledger() == []
 
 
