@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from gateway.errors import GatewayError
 from gateway.storage import LedgerRow, Store
 
 log = logging.getLogger("ezat.ledger")
@@ -19,6 +20,16 @@ LINGER_TURNS = 2
 # A row is alone when the row before it came (or was committed) at least this long before: not
 # one of a burst of replies finishing together, which had better share a transaction.
 ALONE_AFTER = 0.0002
+
+
+class LedgerError(GatewayError):
+    """A row that could not be written: the request it bills fails, since none goes unrecorded.
+    Its own type, whatever the store raised: a ConnectionError would pass for the client's."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            500, "The gateway could not record this request's usage; it is not billed.", type="server_error"
+        )
 
 
 class Ledger:
@@ -79,24 +90,25 @@ class Ledger:
         for attempt in range(1, self._attempts + 1):
             try:
                 await self._store.write_ledger(rows)
-                return _settle(batch, None)
+                return _settle(batch, failed=False)
             except Exception as exc:  # the database may be briefly unavailable: try again
                 log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
                 if attempt < self._attempts:
                     await asyncio.sleep(0.05 * 2**attempt)
                 elif len(batch) == 1:
-                    return _settle(batch, exc)
+                    return _settle(batch, failed=True)
         # A batch that keeps failing may hold one bad row: it must not take its neighbours down.
         for entry in batch:
             try:
                 await self._store.write_ledger([entry[0]])
-                _settle([entry], None)
+                _settle([entry], failed=False)
             except Exception as exc:
                 log.error("ledger row %s could not be written: %r", entry[0].request_id, exc)
-                _settle([entry], exc)
+                _settle([entry], failed=True)
 
 
-def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], error: Exception | None) -> None:
+def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:
     for _, done in batch:
         if not done.done():
-            done.set_exception(error) if error else done.set_result(None)
+            # An error each: a request's error becomes its response, which no other request may share.
+            done.set_exception(LedgerError()) if failed else done.set_result(None)

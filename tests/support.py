@@ -244,3 +244,70 @@ class ServeProcess:
         except TimeoutError:
             self.process.kill()
             await asyncio.wait_for(self.process.wait(), 10)
+
+
+class Link:
+    """A TCP link to a server (PostgreSQL, say) that a test can cut: every byte passes through
+    untouched until `cut()` aborts the connections and refuses new ones (an outage), or until a
+    chunk holding `cut_after_sending` reaches the server, which aborts that client's connection
+    right after (the server got it; its answer is lost)."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.up = True
+        self.cut_after_sending: bytes | None = None
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+
+    async def start(self) -> Link:
+        self._server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def url(self, url: str) -> str:
+        """`url` with its host and port replaced by the link's."""
+        scheme, rest = url.split("://", 1)
+        credentials, _, address = rest.rpartition("@")
+        path = address[address.index("/"):] if "/" in address else ""
+        return f"{scheme}://{credentials + '@' if credentials else ''}127.0.0.1:{self.port}{path}"
+
+    def cut(self) -> None:
+        self.up = False
+        for client, server in list(self._pairs):
+            client.transport.abort()
+            server.transport.abort()
+
+    def restore(self) -> None:
+        self.up = True
+
+    async def close(self) -> None:
+        self.cut()
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _connect(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        try:
+            if not self.up:
+                raise ConnectionRefusedError
+            server_reader, server = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            client.transport.abort()
+            return
+        pair = (client, server)
+        self._pairs.add(pair)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+                    if writer is server and self.cut_after_sending and self.cut_after_sending in data:
+                        self.cut_after_sending = None
+                        client.transport.abort()
+                        return
+            except OSError:
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_reader, server), pipe(server_reader, client))
+        self._pairs.discard(pair)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import socket
 import sqlite3
 import time
@@ -27,9 +28,11 @@ from gateway.mock_upstream import Scenario
 from gateway.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
 from tests.requests_util import WEATHER_TOOLS as TOOLS
-from tests.support import KEY, MODEL, Gateway, make_config
+from tests.support import KEY, MODEL, Gateway, Link, make_config, read_store
+from tests.conftest import POSTGRES_URL
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
+POSTGRES_PORT = POSTGRES_URL.rsplit(":", 1)[1].split("/")[0]
 MILLION = Decimal(1_000_000)
 
 
@@ -595,6 +598,74 @@ async def test_a_stream_the_gateway_fails_is_not_billed(upstream, storage_url):
         assert [k.spent_usd for k in await store.list_keys()] == [0]
     finally:
         await store.close()
+
+
+# --- the ledger's database failing (PostgreSQL, through a link the test cuts)
+
+
+@pytest.fixture
+async def linked_gateway(upstream, postgres_url):
+    """A gateway whose PostgreSQL is reached through a Link; yields (gateway, link)."""
+    link = await Link(int(POSTGRES_PORT)).start()
+    gateway = await Gateway(build_app(make_config(upstream.url, link.url(postgres_url)))).start()
+    yield gateway, link
+    await gateway.runner.cleanup()
+    await link.close()
+
+
+async def post_reading_all(gateway, stream: bool) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": stream, "messages": MESSAGES},
+        ) as response:
+            return response.status, await response.read()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_commit_whose_answer_is_lost_is_billed_once(linked_gateway, upstream, postgres_url, stream):
+    """The database commits the row, then the connection breaks before the gateway hears so: the
+    ledger writes the batch again, which must neither fail the request nor charge it twice."""
+    gateway, link = linked_gateway
+    upstream.enqueue(Scenario(usage={"input_tokens": 10, "output_tokens": 20}))
+    link.cut_after_sending = b"COMMIT"
+    status, body = await post_reading_all(gateway, stream)
+    assert status == 200
+    if stream:
+        assert body.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"stop"' in body
+        assert b'"error"' not in body
+    else:
+        assert json.loads(body)["object"] == "chat.completion"
+    assert link.cut_after_sending is None, "the link never saw the commit"
+    rows, keys = await read_store(postgres_url)
+    assert [(r.outcome, r.cost_usd) for r in rows] == [("complete", price(10, output=20))]
+    assert [k.spent_usd for k in keys] == [price(10, output=20)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(linked_gateway, upstream, postgres_url, stream):
+    """The database is out of reach while the reply ends (the connection refused: a
+    ConnectionError, which the stream must not take for the client leaving)."""
+    gateway, link = linked_gateway
+    async with gateway.client() as client:  # the key is looked up (and cached) while the link is up
+        await client.models.list()
+    upstream.enqueue(Scenario(blocks=long_text_blocks(), event_delay=0.02, usage={"input_tokens": 10}))
+    link.cut()
+    status, body = await post_reading_all(gateway, stream)
+    message = "The gateway could not record this request's usage; it is not billed."
+    if stream:
+        assert status == 200
+        events = [e for e in body.decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "server_error"
+    else:
+        assert status == 500
+        assert json.loads(body)["error"] == {"message": message, "type": "server_error", "param": None, "code": None}
+    link.restore()
+    rows, keys = await read_store(postgres_url)
+    assert rows == []
+    assert [k.spent_usd for k in keys] == [0]
 
 
 # --- group commit under load

@@ -34,7 +34,9 @@ class Store(Protocol):
         """What the key has spent so far, across every process sharing the store."""
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        """Record rows and add their cost to their keys' spend, in one durable transaction."""
+        """Record rows and add their cost to their keys' spend, in one durable transaction. A
+        row already written (its request id) is skipped, its cost not added again: the ledger
+        writes a failed batch again, and a server's commit can succeed with its answer lost."""
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         """write_ledger without leaving the event loop, where that cannot wait (SQLite's own

@@ -12,11 +12,25 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
+from gateway.storage.records import KeyRecord, LedgerRow
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
 
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
+# Seconds a connection may take to open, and a statement to answer, before it counts as failed:
+# a server that stops answering fails requests instead of holding them (and shutdown) forever.
+_TIMEOUT = 10.0
+# The ledger's columns in LEDGER_FIELDS' order, as PostgreSQL types for unnest().
+_LEDGER_TYPES = ("text", "bigint", "text", "text", "text", "bigint", "bigint", "bigint", "bigint", "bigint",
+                 "numeric", "text", "timestamptz", "timestamptz")
+assert len(_LEDGER_TYPES) == len(LEDGER_FIELDS)
+# Written again after a commit whose answer was lost (the ledger tries a failed batch again), a
+# row that is already there is skipped, and only the rows inserted add to their key's spend.
+_INSERT_LEDGER = (
+    f"INSERT INTO ledger ({', '.join(LEDGER_FIELDS)}) "
+    f"SELECT * FROM unnest({', '.join(f'${i}::{t}[]' for i, t in enumerate(_LEDGER_TYPES, start=1))}) "
+    "ON CONFLICT (request_id) DO NOTHING RETURNING key_id, cost_usd"
+)
 
 
 class PostgresStore:
@@ -26,7 +40,9 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
-        self._pool = await asyncpg.create_pool(self.url, min_size=1, max_size=self._pool_size)
+        self._pool = await asyncpg.create_pool(
+            self.url, min_size=1, max_size=self._pool_size, timeout=_TIMEOUT, command_timeout=_TIMEOUT
+        )
         await self._migrate()
 
     async def close(self) -> None:
@@ -98,12 +114,13 @@ class PostgresStore:
         return Decimal(0) if value is None else value
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        async with self._pool.acquire() as db, db.transaction():
-            await db.copy_records_to_table("ledger", records=rows, columns=LEDGER_FIELDS)
+        async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
+            inserted = await db.fetch(_INSERT_LEDGER, *(list(column) for column in zip(*rows)))
+            spend: dict[int, Decimal] = {}
+            for key_id, cost in inserted:
+                spend[key_id] = spend.get(key_id, Decimal(0)) + cost
             # In key order, so two replicas' batches never wait on each other's locks in a cycle.
-            await db.executemany(
-                "UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(cost_by_key(rows).items())
-            )
+            await db.executemany("UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(spend.items()))
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return False  # every write is a round trip to the server

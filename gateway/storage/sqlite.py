@@ -294,12 +294,26 @@ def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals:
     return _transaction(db, _insert_ledger, values, totals)
 
 
-_INSERT_LEDGER = f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * len(LEDGER_FIELDS))})"
+_INSERT_LEDGER = (
+    f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * len(LEDGER_FIELDS))})"
+    " ON CONFLICT (request_id) DO NOTHING"
+)
 
 
 def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
-    """The rows, and each key's spend raised by their cost; the keys' new spend."""
-    db.executemany(_INSERT_LEDGER, values)
+    """The rows, and each key's spend raised by their cost; the keys' new spend. A row already
+    written (the same request id) is skipped, and its cost not added again."""
+    inserted = db.executemany(_INSERT_LEDGER, values).rowcount
+    if inserted == 0:
+        return {}
+    if inserted != len(values):
+        # Only the rows inserted count. The one writer, this transaction gave them the rowids up
+        # to the last one it inserted, one after another.
+        last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
+        totals = {}
+        for key_id, cost in db.execute("SELECT key_id, cost_usd FROM ledger WHERE id > ? AND id <= ?",
+                                       (last - inserted, last)):
+            totals[key_id] = totals.get(key_id, Decimal(0)) + Decimal(cost)
     marks = ", ".join("?" * len(totals))
     rows = db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
     spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in rows}
