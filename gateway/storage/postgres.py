@@ -15,6 +15,7 @@ from gateway.config import KeyConfig
 from gateway.storage.records import KeyRecord, LedgerRow
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
 
+_MAX_ID = 2**63 - 1  # BIGSERIAL's largest
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
 # Seconds a connection may take to open, and a statement to answer, before it counts as failed:
@@ -92,8 +93,8 @@ class PostgresStore:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
-        column = "id" if name_or_id.isdigit() else "name"
-        value = int(name_or_id) if name_or_id.isdigit() else name_or_id
+        by_id = name_or_id.isdigit() and int(name_or_id) <= _MAX_ID  # more digits: no id, so a name
+        column, value = ("id", int(name_or_id)) if by_id else ("name", name_or_id)
         rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys WHERE {column} = $1", value)
         if len(rows) != 1:
             return None
