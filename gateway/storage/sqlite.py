@@ -101,6 +101,7 @@ class SQLiteStore:
         # ":memory:" is one database per connection: there, reads share the writer's.
         self._reader = self._writer if path == ":memory:" else Connection(path)
         self._spent: dict[int, tuple[Decimal, float]] = {}
+        self._writes = 0  # ledger writes whose spend was noted: a read begun before one is older
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._since_checkpoint = 0
 
@@ -155,7 +156,10 @@ class SQLiteStore:
         cached = self._spent.get(key_id)
         if cached is not None and time.monotonic() - cached[1] < SPEND_TTL:
             return cached[0]
+        writes = self._writes
         spent = await self._reader.call(_select_spent, key_id)
+        if self._writes != writes and key_id in self._spent:
+            return self._spent[key_id][0]  # a write of ours noted a newer spend while this read ran
         self._spent[key_id] = (spent, time.monotonic())
         return spent
 
@@ -194,6 +198,7 @@ class SQLiteStore:
 
     def _note_spent(self, spent: dict[int, Decimal]) -> None:
         now = time.monotonic()
+        self._writes += 1
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
