@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial, update_wrapper
 
 from aiohttp import web
@@ -13,7 +14,7 @@ from gateway.errors import error_envelope
 from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.ratelimit import rate_limiter
-from gateway.reply import Pinger
+from gateway.reply import OpenStreams
 from gateway.storage import Store, open_store
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
@@ -68,8 +69,8 @@ def build_app(
         translator_middleware(config.model),
         billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
     ]
-    pinger = Pinger(ping_interval)
-    proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, pinger=pinger)
+    streams = OpenStreams(ping_interval)
+    proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, streams=streams)
     chat_completions = chain(openai_chain, proxy)
     healthz, list_models, model_catalog = catalog_handlers(config)
 
@@ -81,13 +82,22 @@ def build_app(
         await limiter.close()
         await store.close()
 
+    async def end_streams_before_the_deadline(app: web.Application) -> None:
+        # On SIGTERM the open requests get shutdown_timeout_seconds to finish. A stream that
+        # would outlast it is ended shortly before with an error and [DONE], as a failed stream
+        # is, and so is not billed; at the deadline, aiohttp would cut it with neither. (Ending
+        # a stream right at the deadline races aiohttp's own timeout: InvalidStateError.)
+        timeout = config.server.shutdown_timeout_seconds
+        asyncio.get_running_loop().call_later(timeout - min(1.0, timeout / 5), streams.end_all, SHUTTING_DOWN)
+
     app = web.Application(middlewares=[error_envelope])
     app[STORE] = store
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
     app.cleanup_ctx.append(fetcher.lifespan)
-    app.cleanup_ctx.append(pinger.lifespan)
+    app.cleanup_ctx.append(streams.lifespan)
     app.on_response_prepare.append(_request_id_headers)
+    app.on_shutdown.append(end_streams_before_the_deadline)
     app.router.add_post("/openai/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/openai/v1/models", chain([auth], list_models))
@@ -98,6 +108,7 @@ def build_app(
 
 
 STORE = web.AppKey("ezat.store", Store)
+SHUTTING_DOWN = {"type": "error", "error": {"type": "api_error", "message": "The gateway is shutting down; send the request again."}}
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -21,7 +21,7 @@ from gateway.config import Config, Deployment, Model
 from gateway.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, SESSION
 from gateway.errors import GatewayError, model_not_found, retry_after, retry_after_seconds
 from gateway.health import Health
-from gateway.reply import EventStreamReply, MessageReply, Pinger
+from gateway.reply import EventStreamReply, MessageReply, OpenStreams
 from gateway.routing import affinity, ranked
 from gateway.upstream import UpstreamClient, UpstreamEvents
 from gateway.upstream_shape import readable_message
@@ -38,7 +38,7 @@ def proxy_handler(
     *,
     health: Health | None = None,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
-    pinger: Pinger | None = None,
+    streams: OpenStreams | None = None,
 ):
     health = health or Health(
         failures_before_cooldown=config.routing.failures_before_cooldown, cooldown=config.routing.cooldown_seconds
@@ -56,7 +56,7 @@ def proxy_handler(
                 f"The upstream produced nothing within {deployment.first_token_timeout_seconds:g} seconds.",
                 type="server_error",
             ) from None
-        return EventStreamReply(events, pinger=pinger)
+        return EventStreamReply(events, streams=streams)
 
     async def message(deployment: Deployment, body: dict[str, Any]) -> MessageReply:
         try:

@@ -57,6 +57,13 @@ class EventStream(Protocol):
         """`failed`: the stream ended in an error the client was told of (not billed)."""
 
 
+class EventSource(EventStream, Protocol):
+    """Where a stream's events come from (the upstream), which the gateway can end."""
+
+    def stop(self, event: dict[str, Any]) -> None:
+        """End the stream now: what is being read is cut off, and `event` (an error) comes next."""
+
+
 class AnthropicSSE:
     """Anthropic's own SSE framing: what a stream sends when no stage translates it."""
 
@@ -69,11 +76,12 @@ class AnthropicSSE:
         )
 
 
-class Pinger:
-    """Keeps quiet streams alive: one task for every open stream of the app, which writes a
+class OpenStreams:
+    """The app's open streams. It keeps quiet ones alive: one task for all of them writes a
     `: ping` comment into each stream that has sent nothing for `interval` seconds (the
-    upstream silent, or busy with output the client never sees, such as thinking). One timer
-    for all streams costs less than one per read; a stream notes the time of its own writes."""
+    upstream silent, or busy with output the client never sees, such as thinking); one timer
+    for all streams costs less than one per read, and a stream notes the time of its own
+    writes. And it ends them all at once, when the gateway shuts down (`end_all`)."""
 
     def __init__(self, interval: float = 15.0) -> None:
         self.interval = interval
@@ -85,6 +93,11 @@ class Pinger:
 
     def done(self, stream: EventStreamReply) -> None:
         self._streams.discard(stream)
+
+    def end_all(self, event: dict[str, Any]) -> None:
+        """End every open stream with `event`, an error: each then ends as failed upstreams do."""
+        for stream in list(self._streams):
+            stream.stop(event)
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pinging task lives as long as the app."""
@@ -110,24 +123,25 @@ class EventStreamReply(web.StreamResponse):
 
     Each batch is encoded and written at once, so events that arrived together leave in one
     write; the headers go with the first batch, and the chunked body's terminator with the
-    last. While it is open, `pinger` keeps it alive through long pauses. However the loop ends
-    (done, client gone, cancelled), the upstream stream is closed with it. Its `usage` is the
-    events' meter, read by every stage that needs it (billing, the translator).
+    last. While it is open, `streams` keeps it alive through long pauses, and may end it. However
+    the loop ends (done, client gone, cancelled), the upstream stream is closed with it. Its
+    `usage` is the events' meter, read by every stage that needs it (billing, the translator).
     """
 
     # prepare() runs once the first output is at hand (the proxy primes the stream): the
     # headers can wait for it and share its write, as aiohttp's own Response does.
     _send_headers_immediately = False
 
-    def __init__(self, events: EventStream, *, pinger: Pinger | None = None, headers: dict[str, str] | None = None):
+    def __init__(self, events: EventSource, *, streams: OpenStreams | None = None, headers: dict[str, str] | None = None):
         super().__init__(headers=headers)
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"
         self.events = events
         self.usage = events.usage  # the stages wrap `events`; this stays the source's meter
+        self._source = events
         self.encoder: EventEncoder = AnthropicSSE()
-        self._pinger = pinger
-        self.last_write = 0.0  # loop time of the last write, for the pinger
+        self._streams = streams
+        self.last_write = 0.0  # loop time of the last write, for the pings
         self._ending = False
         self._failed = False  # the gateway failed mid-stream, and said so in the stream
 
@@ -137,9 +151,12 @@ class EventStreamReply(web.StreamResponse):
             await self._send_events()
             return writer
         finally:
-            if self._pinger is not None:
-                self._pinger.done(self)
+            if self._streams is not None:
+                self._streams.done(self)
             await self.events.aclose(self._failed)
+
+    def stop(self, event: dict[str, Any]) -> None:
+        self._source.stop(event)
 
     async def ping(self) -> None:
         if self._ending:  # the body's terminator is (being) written: nothing may follow it
@@ -154,8 +171,8 @@ class EventStreamReply(web.StreamResponse):
         encode = encoder.encode
         clock = asyncio.get_running_loop().time
         self.last_write = clock()
-        if self._pinger is not None:
-            self._pinger.watch(self)
+        if self._streams is not None:
+            self._streams.watch(self)
         try:
             async for batch in self.events:
                 data = encode(batch)

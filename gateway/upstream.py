@@ -113,6 +113,7 @@ class UpstreamEvents:
         self._pending: deque[list[dict[str, Any]]] = deque()
         self._finished = False
         self._closed = False
+        self._stopped: dict[str, Any] | None = None  # the error the gateway ends the stream with
 
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
@@ -145,11 +146,12 @@ class UpstreamEvents:
         try:
             chunk = await self._content.readany()  # all that is buffered: a burst is one read
         except (aiohttp.ClientError, OSError) as exc:
-            log.warning("upstream stream broke: %r", exc)
+            if self._stopped is None:
+                log.warning("upstream stream broke: %r", exc)
             chunk = b""
-        if not chunk:
+        if not chunk or self._stopped is not None:
             await self.aclose()
-            return [_CUT_SHORT]
+            return [self._stopped or _CUT_SHORT]
         data = self._buffer + chunk
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
@@ -174,6 +176,13 @@ class UpstreamEvents:
             self._finished = batch[-1] is not _UNREADABLE
             await self.aclose()
         return batch
+
+    def stop(self, event: dict[str, Any]) -> None:
+        """End the stream now with `event`, an error: the read under way (if any) is cut off by
+        closing the connection, and the batch it returns is `event`. A finished stream stays as it is."""
+        if not self._finished:
+            self._stopped = event
+            self._response.close()
 
     async def aclose(self, failed: bool = False) -> None:
         """Give the connection back: to the pool once the body has ended, closed if the stream

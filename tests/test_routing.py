@@ -654,6 +654,44 @@ async def test_sigterm_lets_streams_in_flight_finish_and_bills_them(tmp_path, up
     assert {row.outcome for row in rows} == {"complete"}
 
 
+async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled(tmp_path, upstream):
+    """Spec, "Streaming": a request that fails after the stream started gets `data: {"error": …}`
+    then `data: [DONE]`, and isn't billed; a shutdown is the gateway failing it."""
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "x" * 60}], chunk_size=2, event_delay=0.2))  # 6 s
+    db = tmp_path / "ledger.db"
+    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 1"),
+                          storage_url=f"sqlite:///{db}", upstream_url=upstream.url)
+    try:
+        await served.start()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                served.url + "/openai/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"model": MODEL, "stream": True, "messages": MESSAGES},
+            ) as response:
+                body = await response.content.readline()  # the stream has started
+                served.process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                body += await asyncio.wait_for(response.read(), 10)
+            ended = time.monotonic() - signalled
+        await asyncio.wait_for(served.process.wait(), 10)
+    finally:
+        await served.stop()
+        print(served.output())
+
+    assert served.process.returncode == 0
+    assert 0.8 <= ended < 1.5, ended  # ended shortly before the 1 s deadline
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert data(events[-2])["error"] == {
+        "message": "The gateway is shutting down; send the request again.", "type": "server_error", "param": None, "code": None
+    }
+    chunks = [data(e) for e in events[:-2] if e.startswith("data: {")]
+    assert "x" in "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    rows, _ = await read_store(f"sqlite:///{db}")
+    assert rows == []
+
+
 def children(pid: int) -> dict[int, str]:
     """The processes whose parent is `pid`: their command lines."""
     found = {}

@@ -94,7 +94,7 @@ async def test_a_long_thinking_phase_is_filled_with_pings(start_gateway, upstrea
     assert response.status == 200
     events = sse_events(raw)
     assert events[-1] == "data: [DONE]"
-    # About 1.2 s of thinking with nothing for the client: the 0.2 s pinger must have spoken.
+    # About 1.2 s of thinking with nothing for the client: the pings every 0.2 s must have spoken.
     assert events.count(": ping") >= 2
     chunks = [data(e) for e in events[:-1] if not e.startswith(":")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Done."
