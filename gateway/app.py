@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial, update_wrapper
 
 from aiohttp import web
@@ -88,7 +87,7 @@ def build_app(
         # is, and so is not billed; at the deadline, aiohttp would cut it with neither. (Ending
         # a stream right at the deadline races aiohttp's own timeout: InvalidStateError.)
         timeout = config.server.shutdown_timeout_seconds
-        asyncio.get_running_loop().call_later(timeout - min(1.0, timeout / 5), streams.end_all, SHUTTING_DOWN)
+        streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
 
     app = web.Application(middlewares=[error_envelope])
     app[STORE] = store

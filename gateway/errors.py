@@ -66,9 +66,12 @@ def retry_after_seconds(value: str | None) -> float | None:
         seconds = float(value)
     except ValueError:
         try:
-            seconds = (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds()
+            when = parsedate_to_datetime(value)
         except (TypeError, ValueError):
             return None
+        if when.tzinfo is None:  # asctime's form, or "-0000": HTTP dates are in UTC
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = (when - datetime.now(timezone.utc)).total_seconds()
     if not 0 <= seconds < math.inf:  # NaN fails both comparisons
         return None
     return min(seconds, MAX_RETRY_AFTER)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from gateway.errors import GatewayError
 from gateway.usage import StreamUsage, Usage
 
 log = logging.getLogger("ezat.reply")
@@ -87,15 +88,24 @@ class OpenStreams:
         self.interval = interval
         self._streams: set[EventStreamReply] = set()
         self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+        self._end: dict[str, Any] | None = None  # once set, every stream ends with it
+        self._ending: asyncio.TimerHandle | None = None
 
     def watch(self, stream: EventStreamReply) -> None:
         self._streams.add(stream)
+        if self._end is not None:  # it started after end_all: it ends at once too
+            stream.stop(self._end)
 
     def done(self, stream: EventStreamReply) -> None:
         self._streams.discard(stream)
 
-    def end_all(self, event: dict[str, Any]) -> None:
-        """End every open stream with `event`, an error: each then ends as failed upstreams do."""
+    def end_all_after(self, seconds: float, event: dict[str, Any]) -> None:
+        """In `seconds`, end every open stream, and any that starts later, with `event` (an
+        error): each then ends as a stream whose upstream failed does."""
+        self._ending = asyncio.get_running_loop().call_later(seconds, self._end_all, event)
+
+    def _end_all(self, event: dict[str, Any]) -> None:
+        self._end = event
         for stream in list(self._streams):
             stream.stop(event)
 
@@ -104,6 +114,8 @@ class OpenStreams:
         task = asyncio.create_task(self._ping_forever())
         yield
         task.cancel()
+        if self._ending is not None:
+            self._ending.cancel()
 
     async def _ping_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -187,8 +199,13 @@ class EventStreamReply(web.StreamResponse):
                     self.last_write = clock()
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
-        except Exception:
+        except Exception as exc:
             # The 200 is committed: the only way left to say it failed is in the stream itself.
-            log.exception("stream to the client failed")
             self._failed = True
-            await self.write(encode([INTERNAL_ERROR]))
+            if isinstance(exc, GatewayError):  # a failure the gateway foresaw, with its message
+                log.warning("stream to the client failed: %s", exc)
+                error = {"type": "error", "error": {"type": "api_error", "message": exc.message}}
+            else:
+                log.exception("stream to the client failed")
+                error = INTERNAL_ERROR
+            await self.write(encode([error]))

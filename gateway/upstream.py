@@ -227,11 +227,11 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
     if events is None or not all(isinstance(event, dict) and isinstance(event.get("type"), str) for event in events):
         events = [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
     for index, event in enumerate(events):
-        if event["type"] in _ENDS:
-            return events[: index + 1]
         if not readable_event(event):  # the stream ends there, as if the upstream had failed
             log.warning("upstream sent an event the gateway cannot read: %r", event)
             return [*events[:index], _UNREADABLE]
+        if event["type"] in _ENDS:
+            return events[: index + 1]
     return events
 
 

@@ -195,7 +195,7 @@ async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, v
     assert "Traceback" not in output
 
 
-@pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999"])
+@pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
 async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key):
     status, output = await ezat(backend, "keys", "revoke", key)
     assert (status, output) == (1, f"no single key named or numbered {key!r}\n")

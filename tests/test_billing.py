@@ -658,7 +658,8 @@ async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(linked_gateway
         assert status == 200
         events = [e for e in body.decode().split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
-        assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "server_error"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error == {"message": message, "type": "server_error", "param": None, "code": None}
     else:
         assert status == 500
         assert json.loads(body)["error"] == {"message": message, "type": "server_error", "param": None, "code": None}

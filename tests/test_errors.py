@@ -100,8 +100,10 @@ async def test_a_retry_after_is_believed_for_ten_minutes_at_most(client, upstrea
     assert len(upstream.requests) == 1
 
 
-async def test_a_retry_after_date_is_passed_on_in_seconds(client, upstream):
-    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=30), usegmt=True)
+@pytest.mark.parametrize("form", ["IMF-fixdate", "asctime"])
+async def test_a_retry_after_date_is_passed_on_in_seconds(client, upstream, form):
+    moment = datetime.now(timezone.utc) + timedelta(seconds=30)
+    when = format_datetime(moment, usegmt=True) if form == "IMF-fixdate" else moment.strftime("%a %b %d %H:%M:%S %Y")
     upstream.enqueue(Scenario(status=429, headers={"retry-after": when}))
     with pytest.raises(openai.APIStatusError) as caught:
         await client.chat.completions.create(model=MODEL, messages=MESSAGES)

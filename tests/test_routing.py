@@ -654,25 +654,34 @@ async def test_sigterm_lets_streams_in_flight_finish_and_bills_them(tmp_path, up
     assert {row.outcome for row in rows} == {"complete"}
 
 
-async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled(tmp_path, upstream):
+@pytest.mark.parametrize("starts", ["before", "after"])
+async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled(tmp_path, upstream, starts):
     """Spec, "Streaming": a request that fails after the stream started gets `data: {"error": …}`
-    then `data: [DONE]`, and isn't billed; a shutdown is the gateway failing it."""
-    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "x" * 60}], chunk_size=2, event_delay=0.2))  # 6 s
+    then `data: [DONE]`, and isn't billed; a shutdown is the gateway failing it. The streams end
+    shortly before the 1 s timeout: those started by then ("before"), and one whose first token
+    comes later ("after": the upstream answers after 1.1 s), as soon as it starts."""
+    delay = 1.1 if starts == "after" else 0
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "x" * 60}], chunk_size=2, event_delay=0.2, delay=delay))
     db = tmp_path / "ledger.db"
     served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 1"),
                           storage_url=f"sqlite:///{db}", upstream_url=upstream.url)
     try:
         await served.start()
         async with aiohttp.ClientSession() as http:
-            async with http.post(
+            request = asyncio.create_task(http.post(
                 served.url + "/openai/v1/chat/completions",
                 headers={"Authorization": f"Bearer {KEY}"},
                 json={"model": MODEL, "stream": True, "messages": MESSAGES},
-            ) as response:
-                body = await response.content.readline()  # the stream has started
-                served.process.send_signal(signal.SIGTERM)
-                signalled = time.monotonic()
-                body += await asyncio.wait_for(response.read(), 10)
+            ))
+            async with asyncio.timeout(5):
+                while not upstream.requests:  # the upstream has the request
+                    await asyncio.sleep(0.01)
+            if starts == "before":
+                await asyncio.sleep(0.3)  # its first events are out
+            served.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            async with await request as response:
+                body = await asyncio.wait_for(response.read(), 10)
             ended = time.monotonic() - signalled
         await asyncio.wait_for(served.process.wait(), 10)
     finally:
@@ -680,7 +689,7 @@ async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled
         print(served.output())
 
     assert served.process.returncode == 0
-    assert 0.8 <= ended < 1.5, ended  # ended shortly before the 1 s deadline
+    assert 0.8 <= ended < (1.5 if starts == "before" else 1.9), ended
     events = [e for e in body.decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     assert data(events[-2])["error"] == {

@@ -366,6 +366,22 @@ async def test_a_spend_read_overtaken_by_a_write_does_not_replace_its_newer_spen
     assert await store.spent(key.id) == Decimal("1.04")
 
 
+async def test_a_spend_read_overtaken_by_another_keys_write_keeps_what_it_read(tmp_path, opened):
+    url = f"sqlite:///{tmp_path / 'ezat.db'}"
+    store, other_process = await opened(url), await opened(url)
+    key = await store.create_key(digest("sk-read"), name="read")
+    busy = await store.create_key(digest("sk-busy"), name="busy")
+    await store.spent(key.id)  # cached: 0
+    await other_process.write_ledger([row("req-1", key.id, "51")])
+    await asyncio.sleep(SPEND_TTL)  # this process's cached 0 is stale: the next spent() reads the file
+    reading = asyncio.create_task(store.spent(key.id))
+    await asyncio.sleep(0)
+    time.sleep(0.2)  # the read is done, its 51 waiting for the event loop, when a write for another key commits
+    assert store.write_ledger_now([row("req-2", busy.id, "1")])
+    assert await reading == Decimal("51")
+    assert await store.spent(key.id) == Decimal("51")
+
+
 async def test_two_sqlite_stores_on_one_file_see_each_others_spend(tmp_path, opened):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     a, b = await opened(url), await opened(url)

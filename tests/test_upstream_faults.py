@@ -117,6 +117,7 @@ MALFORMED = {
     "stop without index": {"type": "content_block_stop"},
     "usage not an object": {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": 7},
     "delta null": {"type": "message_delta", "delta": None},
+    "error not an object": {"type": "error", "error": "overloaded"},
 }
 
 

@@ -93,7 +93,8 @@ class PostgresStore:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
-        by_id = name_or_id.isdigit() and int(name_or_id) <= _MAX_ID  # more digits: no id, so a name
+        # ASCII digits ("²".isdigit() too) that fit an id; else a name.
+        by_id = name_or_id.isascii() and name_or_id.isdigit() and int(name_or_id) <= _MAX_ID
         column, value = ("id", int(name_or_id)) if by_id else ("name", name_or_id)
         rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys WHERE {column} = $1", value)
         if len(rows) != 1:
@@ -115,6 +116,8 @@ class PostgresStore:
         return Decimal(0) if value is None else value
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
+        if not rows:
+            return
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
             inserted = await db.fetch(_INSERT_LEDGER, *(list(column) for column in zip(*rows)))
             spend: dict[int, Decimal] = {}

@@ -101,7 +101,6 @@ class SQLiteStore:
         # ":memory:" is one database per connection: there, reads share the writer's.
         self._reader = self._writer if path == ":memory:" else Connection(path)
         self._spent: dict[int, tuple[Decimal, float]] = {}
-        self._writes = 0  # ledger writes whose spend was noted: a read begun before one is older
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._since_checkpoint = 0
 
@@ -156,10 +155,12 @@ class SQLiteStore:
         cached = self._spent.get(key_id)
         if cached is not None and time.monotonic() - cached[1] < SPEND_TTL:
             return cached[0]
-        writes = self._writes
         spent = await self._reader.call(_select_spent, key_id)
-        if self._writes != writes and key_id in self._spent:
-            return self._spent[key_id][0]  # a write of ours noted a newer spend while this read ran
+        noted = self._spent.get(key_id)
+        if noted is not cached and noted is not None:
+            # A write of ours noted this key's spend while the read ran: the later of the two
+            # is the larger, since spend only grows.
+            spent = max(spent, noted[0])
         self._spent[key_id] = (spent, time.monotonic())
         return spent
 
@@ -198,7 +199,6 @@ class SQLiteStore:
 
     def _note_spent(self, spent: dict[int, Decimal]) -> None:
         now = time.monotonic()
-        self._writes += 1
         self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
@@ -280,7 +280,8 @@ def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
 
 
 def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any]) -> KeyRecord | None:
-    found = _select_key(db, "id = ?" if name_or_id.isdigit() else "name = ?", name_or_id)
+    by_id = name_or_id.isascii() and name_or_id.isdigit()  # ASCII digits: "²".isdigit() too
+    found = _select_key(db, "id = ?" if by_id else "name = ?", name_or_id)
     if found is None or not fields:
         return found
     merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
