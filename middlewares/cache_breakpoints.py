@@ -22,6 +22,9 @@ from gateway.context import BODY, BODY_BYTES, SESSION
 from gateway.errors import invalid_request
 
 MAX_BREAKPOINTS = 4  # the upstream's limit per request
+# Tokens the upstream adds to a request with tools (its tool-use system prompt: 346 at most on
+# the models documented), more than the body's bytes could tell.
+TOOL_PROMPT_TOKENS = 400
 MAX_CACHE_KEY = 256
 EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minutes
 
@@ -44,13 +47,18 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
             and request.headers.get("x-ezat-cache", "").lower() != "off"
             # A token of text is at least one byte of it: a shorter body can never be cached. An
             # image's or a PDF's tokens follow its pixels and pages, not its bytes (nor its URL).
-            and (media or request.get(BODY_BYTES, 0) >= model.min_cache_tokens)
+            and (media or _most_tokens(request, body) >= model.min_cache_tokens)
         ):
             _mark_prefix(body)
             _mark_newest_message(body)
         return await handler(request)
 
     return cache_breakpoints
+
+
+def _most_tokens(request: web.Request, body: dict[str, Any]) -> int:
+    """The most tokens a request of text can make: a byte each, and the tool-use prompt."""
+    return request.get(BODY_BYTES, 0) + (TOOL_PROMPT_TOKENS if body.get("tools") else 0)
 
 
 def _session(request: web.Request, body: dict[str, Any]) -> str | None:

@@ -373,6 +373,19 @@ async def test_the_opt_out_header_keeps_the_client_s_own_breakpoints(client, ups
     assert marks(upstream.requests[-1].body) == {"system[0]": ONE_HOUR}
 
 
+async def test_a_prompt_with_tools_counts_the_upstreams_tool_prompt(start_gateway, upstream):
+    """With tools the upstream adds its tool-use system prompt (hundreds of tokens): a body of
+    fewer bytes than the minimum can still reach it."""
+    gateway = await start_gateway(make_config(upstream.url, min_cache_tokens=1200))
+    messages = [system("Be brief. " + "Keep it short. " * 45), user("Hi")]  # about 700 bytes
+    async with gateway.client() as client:
+        await ask(client, messages=messages)
+        assert marks(upstream.requests[-1].body) == {}
+        await ask(client, messages=messages, tools=[WEATHER])
+        assert len(orjson.dumps(upstream.requests[-1].body)) < 1200  # fewer bytes than the minimum
+        assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
+
+
 async def test_a_short_prompt_gets_no_breakpoints(client, upstream):
     completion = await ask(client, messages=[system("Be brief."), user("Hi")], tools=[WEATHER])
 

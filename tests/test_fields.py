@@ -108,9 +108,12 @@ def received(upstream, stream: bool) -> dict[str, Any]:
     return body
 
 
-# Image and PDF parts are always worth a cache breakpoint; with caching off, the upstream body
-# is the translator's work alone (test_caching covers the breakpoints).
-NO_CACHE = {"x-ezat-cache": "off"}
+@pytest.fixture
+async def client(gateway):
+    """Caching off: what the upstream receives is the translator's work alone (test_caching
+    covers the breakpoints a request gets)."""
+    async with gateway.client(default_headers={"x-ezat-cache": "off"}) as c:
+        yield c
 
 
 @pytest.fixture
@@ -200,7 +203,6 @@ async def test_image_data_url_becomes_a_base64_image_source(client, upstream, st
     answer = await ask(
         client,
         stream,
-        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",
@@ -222,7 +224,6 @@ async def test_image_detail_is_ignored(client, upstream, stream):
     await ask(
         client,
         stream,
-        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",
@@ -299,7 +300,6 @@ async def test_pdf_file_part_becomes_a_base64_document(client, upstream, stream)
     answer = await ask(
         client,
         stream,
-        extra_headers=NO_CACHE,
         messages=[
             {
                 "role": "user",

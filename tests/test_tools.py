@@ -41,6 +41,14 @@ OSLO_TIME = {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
+@pytest.fixture
+async def client(gateway):
+    """Caching off: what the upstream receives is the translator's work alone (test_caching
+    covers the breakpoints a request gets)."""
+    async with gateway.client(default_headers={"x-ezat-cache": "off"}) as c:
+        yield c
+
+
 def strict(tool: dict) -> dict:
     return {**tool, "function": {**tool["function"], "strict": True}}
 
