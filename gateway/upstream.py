@@ -224,9 +224,17 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
         events = orjson.loads(b"[" + b",".join(_DATA_LINE.findall(b"\n" + complete)) + b"]")
     except orjson.JSONDecodeError:
         events = None
-    if events is None or not all(isinstance(event, dict) and isinstance(event.get("type"), str) for event in events):
-        events = [event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None]
+    if events is not None and (through_end := _through_end(events)) is not None:
+        return through_end
+    return _through_end([event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None])
+
+
+def _through_end(events: list) -> list[dict[str, Any]] | None:
+    """`events` through the first that ends the stream, or that the gateway cannot read (an
+    error then ends it); None if one of them is not a JSON event (one of several data lines)."""
     for index, event in enumerate(events):
+        if not isinstance(event, dict) or type(event.get("type")) is not str:
+            return None
         if not readable_event(event):  # the stream ends there, as if the upstream had failed
             log.warning("upstream sent an event the gateway cannot read: %r", event)
             return [*events[:index], _UNREADABLE]
