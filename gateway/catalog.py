@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Config, Model
+from gateway.context import API_KEY
 
 _CREATED = 1_767_225_600  # 2026-01-01: model ids carry no date of their own
 
@@ -33,21 +34,20 @@ def _catalog_entry(model: Model) -> dict[str, Any]:
 
 
 def catalog_handlers(config: Config):
-    """(healthz, OpenAI model list, catalog) handlers; the bodies are made once."""
-    openai_list = {
-        "object": "list",
-        "data": [
-            {"id": m.id, "object": "model", "created": _CREATED, "owned_by": _catalog_entry(m)["owned_by"]}
-            for m in config.models
-        ],
-    }
+    """(healthz, OpenAI model list, catalog) handlers. The model list is the caller's key's
+    (behind auth): the models it may use."""
+    openai_models = [
+        {"id": m.id, "object": "model", "created": _CREATED, "owned_by": _catalog_entry(m)["owned_by"]}
+        for m in config.models
+    ]
     catalog = {"object": "list", "data": [_catalog_entry(m) for m in config.models]}
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def list_models(request: web.Request) -> web.Response:
-        return web.json_response(openai_list)
+        key = request[API_KEY]
+        return web.json_response({"object": "list", "data": [m for m in openai_models if key.allows(m["id"])]})
 
     async def model_catalog(request: web.Request) -> web.Response:
         return web.json_response(catalog)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import aiohttp
 import openai
 import pytest
 
-from tests.support import MODEL
+from tests.support import MODEL, make_config
 
 
 async def test_healthz_needs_no_key(gateway):
@@ -22,6 +24,15 @@ async def test_models_list_through_the_sdk(client):
     assert [m.id for m in models] == [MODEL, "test/small"]
     assert all(m.object == "model" and isinstance(m.created, int) for m in models)
     assert models[0].owned_by == "anthropic"
+
+
+async def test_models_list_holds_only_the_models_the_key_may_use(start_gateway, upstream):
+    """Spec: clients pick "a model id from GET /openai/v1/models"; one the key may not use would be a 403."""
+    config = make_config(upstream.url)
+    config = replace(config, keys=(replace(config.keys[0], models=("test/*",)),))
+    gateway = await start_gateway(config)
+    async with gateway.client() as client:
+        assert [m.id async for m in await client.models.list()] == ["test/small"]
 
 
 async def test_models_list_needs_a_key(gateway):
