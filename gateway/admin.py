@@ -107,6 +107,11 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
             fields = {"revoked": True}
         elif args.unrevoke:
             fields["revoked"] = False
+        named = [k for k in await store.list_keys() if args.key in (k.name, str(k.id))]
+        if len(named) == 1 and named[0].from_config:
+            # The next start would undo the change: the file is this key's source of truth.
+            print(f"key {args.key!r} is declared in the config file: change it there (revoked = true to revoke it)")
+            return 1
         key = await store.update_key(args.key, **fields)
         if key is None:
             print(f"no single key named or numbered {args.key!r}")

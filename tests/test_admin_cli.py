@@ -195,6 +195,17 @@ async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, v
     assert "Traceback" not in output
 
 
+async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backend, start_gateway, upstream):
+    """A change the next start would undo is refused: the file is the key's source of truth."""
+    await serve(start_gateway, backend)  # the config's key is in the store
+    for args in (("revoke", "cfg"), ("update", "cfg", "--rpm", "5")):
+        status, output = await ezat(backend, "keys", *args)
+        assert (status, output) == (
+            1, "key 'cfg' is declared in the config file: change it there (revoked = true to revoke it)\n")
+    gateway = await serve(start_gateway, backend)
+    await ask(gateway, CONFIG_KEY)  # still usable, unchanged
+
+
 @pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
 async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key):
     status, output = await ezat(backend, "keys", "revoke", key)

@@ -218,6 +218,23 @@ async def test_sync_config_keys_creates_then_updates_and_keeps_spend(store_url, 
     assert await store.spent(created.id) == Decimal("1.234567")
 
 
+async def test_a_key_the_config_file_no_longer_declares_is_revoked(store_url, opened):
+    """The file is its keys' source of truth: one taken out of it stops working at the next
+    start; put back, it works again. Keys made with the CLI are not the file's to revoke."""
+    store = await opened(store_url)
+    kept, dropped = KeyConfig(name="kept", key_sha256=digest("sk-kept")), KeyConfig(name="dropped", key_sha256=digest("sk-dropped"))
+    await store.sync_config_keys([kept, dropped])
+    made = await store.create_key(digest("sk-made"), name="made")
+    assert (await store.find_key(digest("sk-kept"))).from_config and not made.from_config
+
+    await store.sync_config_keys([kept])
+    assert {k.name: k.revoked for k in await store.list_keys()} == {"kept": False, "dropped": True, "made": False}
+    await store.sync_config_keys([])
+    assert {k.name: k.revoked for k in await store.list_keys()} == {"kept": True, "dropped": True, "made": False}
+    await store.sync_config_keys([kept, dropped])
+    assert {k.name: k.revoked for k in await store.list_keys()} == {"kept": False, "dropped": False, "made": False}
+
+
 async def test_the_plaintext_key_is_stored_nowhere(store_url, opened):
     secret = "sk-plaintext-Zq7vX2"
     config = parse_config(f'[[keys]]\nkey = "{secret}"\nname = "laptop"\n')

@@ -22,7 +22,8 @@ class Store(Protocol):
     async def find_key(self, key_sha256: str) -> KeyRecord | None: ...
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
-        """Create or update the keys the config file declares (the file is their source of truth)."""
+        """Create or update the keys the config file declares, and revoke those it declared
+        before and no longer does: the file is their source of truth."""
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord: ...
 

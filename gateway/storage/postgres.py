@@ -67,7 +67,12 @@ class PostgresStore:
         return _key(row) if row else None
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
+        """The file's keys as it declares them; a key it no longer declares is revoked."""
         async with self._pool.acquire() as db, db.transaction():
+            await db.execute(
+                "UPDATE keys SET revoked = TRUE WHERE from_config AND NOT (key_sha256 = ANY($1::text[]))",
+                [k.key_sha256 for k in keys],
+            )
             await db.executemany(
                 """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
                                      from_config)
@@ -158,4 +163,5 @@ def _key(row) -> KeyRecord:
         expires_at=row["expires_at"].astimezone(timezone.utc) if row["expires_at"] else None,
         revoked=row["revoked"],
         spent_usd=row["spent_usd"],
+        from_config=row["from_config"],
     )

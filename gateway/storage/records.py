@@ -24,6 +24,7 @@ class KeyRecord:
     expires_at: datetime | None = None
     revoked: bool = False
     spent_usd: Decimal = Decimal(0)  # as of when the record was read
+    from_config: bool = False  # declared in the config file, which alone may change it
 
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)

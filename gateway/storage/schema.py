@@ -83,7 +83,7 @@ POSTGRES = [
 
 # Key columns a caller may set, in the order both stores read them back.
 KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked")
-KEY_COLUMNS = "id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd"
+KEY_COLUMNS = "id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd, from_config"
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)  # beside a join with keys

@@ -259,6 +259,12 @@ def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
 
 
 def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
+    """The file's keys as it declares them; a key it no longer declares is revoked."""
+    declared = [row[0] for row in values]
+    db.execute(
+        f"UPDATE keys SET revoked = 1 WHERE from_config = 1 AND key_sha256 NOT IN ({', '.join('?' * len(declared))})",
+        declared,
+    )
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
                              from_config, created_at)
@@ -348,7 +354,7 @@ def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked) ->
 
 
 def _key(row: tuple) -> KeyRecord:
-    key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent = row
+    key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config = row
     return KeyRecord(
         id=key_id,
         name=name,
@@ -360,6 +366,7 @@ def _key(row: tuple) -> KeyRecord:
         expires_at=_time(expires_at),
         revoked=bool(revoked),
         spent_usd=Decimal(spent),
+        from_config=bool(from_config),
     )
 
 
