@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.config import MAX_PER_MINUTE
 from gateway.storage import KeyRecord, LedgerRow, open_store
 
 
@@ -34,7 +35,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
 
     usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
     usage.add_argument("--key", help="only this key (name or id)")
-    usage.add_argument("--since", type=_moment, help="only requests finished since (ISO date or datetime, UTC)")
+    usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
     usage.add_argument("--by", choices=("day", "model", "key"), default="day")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
@@ -70,8 +71,8 @@ def _count(text: str) -> int | None:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, not {text!r}")
+    if not 0 <= value <= MAX_PER_MINUTE:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_PER_MINUTE}, not {text!r}")
     return value or None
 
 
@@ -79,9 +80,16 @@ def _moment(text: str) -> datetime | None:
     if text.lower() == "never":
         return None
     try:
+        return _since(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f'expected an ISO datetime such as 2030-01-31T12:00, or "never", not {text!r}') from None
+
+
+def _since(text: str) -> datetime:
+    try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected an ISO datetime such as 2030-01-31T12:00, or "never", not {text!r}') from None
+        raise argparse.ArgumentTypeError(f"expected an ISO datetime such as 2030-01-31T12:00, not {text!r}") from None
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
 
 
@@ -90,8 +98,12 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
     await store.open()
     try:
         if args.command == "usage":
+            keys = await store.list_keys()
+            if args.key is not None and not any(args.key in (k.name, str(k.id)) for k in keys):
+                print(f"no key named or numbered {args.key!r}")
+                return 1
             rows = await store.ledger(key=args.key, since=args.since)
-            names = {key.id: key.name or str(key.id) for key in await store.list_keys()}
+            names = {key.id: key.name or str(key.id) for key in keys}
             print(usage_report(rows, names, by=args.by, format=args.format), end="")
             return 0
         if args.action == "list":

@@ -20,7 +20,9 @@ from aiohttp import web
 from gateway import admin
 from gateway.app import build_app
 from gateway.runtime import run, tune_garbage_collector, until_stopped
-from gateway.config import Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config
+from gateway.config import (
+    Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config, storage_url_problem,
+)
 
 log = logging.getLogger("ezat")
 
@@ -44,15 +46,15 @@ def main(argv: list[str] | None = None) -> int:
 
     serving = commands.add_parser("serve", parents=[config_option], help="run the gateway")
     serving.add_argument("--host", help="override [server] host")
-    serving.add_argument("--port", type=int, help="override [server] port")
-    serving.add_argument("--workers", type=int, help="override [server] workers (processes sharing the port)")
+    serving.add_argument("--port", type=_port, help="override [server] port")
+    serving.add_argument("--workers", type=_workers, help="override [server] workers (processes sharing the port)")
 
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
 
     mock = commands.add_parser("mock-upstream", help="run the mock Anthropic Messages upstream")
     mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=int, default=8081)
+    mock.add_argument("--port", type=_port, default=8081)
 
     admin.add_commands(commands, storage_options)
 
@@ -68,12 +70,32 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command in ("keys", "usage"):
             storage = args.storage or (load_config(args.config) if args.config else Config()).storage.url
+            if problem := storage_url_problem(storage):
+                print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
+                return 2
             return asyncio.run(admin.run(args, storage))
         serve(args.config, args.host, args.port, args.workers)
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
     return 0
+
+
+def _whole_number(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, not {text!r}")
+        return value
+
+    return parse
+
+
+_port = _whole_number(1, 65535)
+_workers = _whole_number(1, 1024)
 
 
 def _configure_logging() -> None:

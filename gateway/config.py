@@ -11,7 +11,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -31,6 +31,8 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.problems))
 
 
+# The largest rpm or tpm: the stores keep them as 32-bit integers.
+MAX_PER_MINUTE = 2**31 - 1
 # Stands in for a value whose problem is already reported, so it is not reported twice.
 _INVALID: Any = object()
 
@@ -43,6 +45,7 @@ def _rule(is_fine: Callable[[Any], bool], problem: str) -> Callable[[Any], str |
 
 _port = _rule(lambda v: 1 <= v <= 65535, "expected an integer from 1 to 65535")
 _positive = _rule(lambda v: v > 0, "expected a positive integer")
+_per_minute = _rule(lambda v: 0 < v <= MAX_PER_MINUTE, f"expected a positive integer up to {MAX_PER_MINUTE}")
 _non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
 _zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
 _positive_number = _rule(lambda v: v > 0, "expected a positive number")
@@ -50,16 +53,28 @@ _non_empty = _rule(bool, "expected a non-empty string")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
 _sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
-_redis_url = _rule(lambda v: v == "" or v.startswith(("redis://", "rediss://", "unix://")),
+def _port_fits(url: str) -> bool:
+    try:
+        urlsplit(url).port  # raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError:
+        return False
+    return True
+
+
+_redis_url = _rule(lambda v: v == "" or (v.startswith(("redis://", "rediss://", "unix://")) and _port_fits(v)),
                    "expected a redis://, rediss:// or unix:// URL")
-_storage_url = _rule(lambda v: v.startswith(("sqlite:///", "postgresql://", "postgres://")),
-                     "expected a sqlite:///, postgresql:// or postgres:// URL")
+storage_url_problem = _rule(
+    lambda v: (v.startswith("sqlite:///") and v != "sqlite:///")
+    or (v.startswith(("postgresql://", "postgres://")) and _port_fits(v)),
+    "expected a sqlite:///, postgresql:// or postgres:// URL",
+)
 
 
 def _http_url(value: str) -> str | None:
     try:
         parts = urlsplit(value)
         host = parts.hostname
+        parts.port  # raises ValueError for a port that is not a number from 0 to 65535
     except ValueError:
         host = None
     if not host or parts.scheme not in ("http", "https"):
@@ -93,7 +108,7 @@ class RoutingConfig:
 
 @dataclass(frozen=True)
 class StorageConfig:
-    url: str = _field("sqlite:///ezat-gateway.db", check=_storage_url)
+    url: str = _field("sqlite:///ezat-gateway.db", check=storage_url_problem)
 
 
 @dataclass(frozen=True)
@@ -150,8 +165,8 @@ class KeyConfig:
     key_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the plaintext key is never kept
     models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
     spend_limit_usd: Decimal | None = _field(None, check=_non_negative)
-    rpm: int | None = _field(None, check=_positive)  # requests per minute
-    tpm: int | None = _field(None, check=_positive)  # tokens per minute
+    rpm: int | None = _field(None, check=_per_minute)  # requests per minute
+    tpm: int | None = _field(None, check=_per_minute)  # tokens per minute
     expires_at: datetime | None = None  # always timezone-aware (UTC)
     revoked: bool = False
 
@@ -207,6 +222,8 @@ def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
     data = _interpolate(data, "", env, problems)
     config = _build(Config, data, "", problems)
     _check_across_entries(data, problems)
+    if config is not _INVALID:
+        _report_same_keys(config.keys, problems)
     if problems:
         raise ConfigError(problems)
     return config
@@ -260,6 +277,9 @@ _SCALARS: dict[type, tuple[Callable[[Any], bool], Callable[[Any], Any], str]] = 
 }
 
 
+_LISTS = {str: "a list of strings", int: "a list of integers"}
+
+
 def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
     """Turn a TOML value into `kind` (a scalar, a dataclass or a tuple of either)."""
     if value is _INVALID:
@@ -272,7 +292,7 @@ def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
         item_kind = get_args(kind)[0]
         if not isinstance(value, list):
             tables = dataclasses.is_dataclass(item_kind)
-            problems.append(f"{path}: expected {'an array of tables' if tables else 'a list of strings'}")
+            problems.append(f"{path}: expected {'an array of tables' if tables else _LISTS[item_kind]}")
             return _INVALID
         items = [_convert(item_kind, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
         return _INVALID if any(item is _INVALID for item in items) else tuple(items)
@@ -356,6 +376,15 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
         for j, name in enumerate(references if isinstance(references, list) else []):
             if isinstance(name, str) and name not in deployment_names:
                 problems.append(f'models[{i}].deployments[{j}]: no deployment named "{name}"')
+
+
+def _report_same_keys(keys: Sequence[KeyConfig], problems: list[str]) -> None:
+    """One key twice would be one row with the last entry's settings (the key is not shown)."""
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key.key_sha256 in first:
+            problems.append(f"keys[{i}]: the same key as keys[{first[key.key_sha256]}]")
+        first.setdefault(key.key_sha256, i)
 
 
 def _report_duplicates(data: dict[str, Any], section: str, key: str, what: str,

@@ -180,8 +180,9 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
         ("--spend-limit", "abc", "expected an amount of USD of 0 or more, or \"none\", not 'abc'"),
         ("--spend-limit", "-1", "expected an amount of USD of 0 or more, or \"none\", not '-1'"),
         ("--spend-limit", "NaN", "expected an amount of USD of 0 or more, or \"none\", not 'NaN'"),
-        ("--rpm", "ten", "expected a whole number of 0 or more, not 'ten'"),
-        ("--tpm", "-5", "expected a whole number of 0 or more, not '-5'"),
+        ("--rpm", "ten", "expected a whole number from 0 to 2147483647, not 'ten'"),
+        ("--tpm", "-5", "expected a whole number from 0 to 2147483647, not '-5'"),
+        ("--tpm", "3000000000", "expected a whole number from 0 to 2147483647, not '3000000000'"),
         ("--expires", "next week", "expected an ISO datetime such as 2030-01-31T12:00, or \"never\", not 'next week'"),
     ],
 )
@@ -204,6 +205,13 @@ async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backen
             1, "key 'cfg' is declared in the config file: change it there (revoked = true to revoke it)\n")
     gateway = await serve(start_gateway, backend)
     await ask(gateway, CONFIG_KEY)  # still usable, unchanged
+
+
+async def test_usage_of_an_unknown_key_or_since_never_is_said_plainly(backend):
+    assert await ezat(backend, "usage", "--key", "nobody") == (1, "no key named or numbered 'nobody'\n")
+    status, output = await ezat(backend, "usage", "--since", "never")
+    assert status == 2
+    assert "argument --since: expected an ISO datetime such as 2030-01-31T12:00, not 'never'" in output
 
 
 @pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
@@ -317,7 +325,6 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
     filters = {
         ("--key", "ci"): {"ci": totals(ci_rows)},
         ("--key", str(ci_id)): {"ci": totals(ci_rows)},
-        ("--key", "nobody"): {},
         ("--since", between.isoformat()): {"cfg": totals(cfg_rows)},
         ("--since", (between - timedelta(days=1)).date().isoformat()): expected["key"],
         ("--since", (between + timedelta(days=1)).date().isoformat()): {},

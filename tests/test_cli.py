@@ -138,3 +138,22 @@ async def test_serve_refuses_a_bad_config(tmp_path):
     status, output = await run_command("serve", "--config", str(path), cwd=tmp_path)
     assert status == 1
     assert "server.port: expected an integer" in output
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("serve", "--port", "70000"), "argument --port: expected a whole number from 1 to 65535, not '70000'"),
+        (("serve", "--workers", "-2"), "argument --workers: expected a whole number from 1 to 1024, not '-2'"),
+        (("mock-upstream", "--port", "0"), "argument --port: expected a whole number from 1 to 65535, not '0'"),
+    ],
+)
+async def test_out_of_range_options_are_usage_errors(tmp_path, args, expected):
+    status, output = await run_command(*args, cwd=tmp_path)
+    assert status == 2
+    assert expected in output and "Traceback" not in output
+
+
+async def test_a_bad_storage_url_is_refused_without_showing_it(tmp_path):
+    status, output = await run_command("usage", "--storage", "postgresq://admin:hunter2@db/x", cwd=tmp_path)
+    assert (status, output) == (2, "--storage: expected a sqlite:///, postgresql:// or postgres:// URL\n")

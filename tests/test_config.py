@@ -196,6 +196,27 @@ expires_at = 2027-01-01T12:00:00+02:00
     assert config.keys[1].expires_at.utcoffset() == timedelta(0)
 
 
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0", "redis://h:70000", "memcached://h"])
+def test_ratelimit_url_is_a_redis_url(url):
+    assert problems_of(f'[ratelimit]\nurl = "{url}"') == ["ratelimit.url: expected a redis://, rediss:// or unix:// URL"]
+
+
+@pytest.mark.parametrize("field", ["rpm", "tpm"])
+def test_per_minute_limits_fit_the_stores(field):
+    key = f'[[keys]]\nkey = "sk-x"\n{field} = '
+    assert parse_config(key + "2147483647").keys[0].__getattribute__(field) == 2147483647
+    assert problems_of(key + "2147483648") == [f"keys[0].{field}: expected a positive integer up to 2147483647"]
+
+
+def test_the_same_key_twice_is_a_problem_that_does_not_show_it():
+    text = '[[keys]]\nkey = "sk-twice"\nname = "a"\n[[keys]]\nkey = "sk-twice"\nname = "b"\n'
+    assert problems_of(text) == ["keys[1]: the same key as keys[0]"]
+
+
+def test_a_list_of_ports_is_a_list_of_integers():
+    assert problems_of("[images]\nports = 443") == ["images.ports: expected a list of integers"]
+
+
 def test_base_url_trailing_slash_removed():
     config = parse_config('[[deployments]]\nname = "a"\nbase_url = "http://localhost:9000/proxy/"\n')
     assert config.deployments[0].base_url == "http://localhost:9000/proxy"
@@ -365,14 +386,16 @@ def test_port_out_of_range(port):
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://a.example", "api.anthropic.com", "https://", "https:///v1", "", "http://[::1"]
+    "url", ["ftp://a.example", "api.anthropic.com", "https://", "https:///v1", "", "http://[::1", "http://127.0.0.1:99999",
+            "http://host:port"]
 )
 def test_base_url_must_be_http_with_host(url):
     text = f'[[deployments]]\nname = "a"\nbase_url = "{url}"'
     assert problems_of(text) == ["deployments[0].base_url: expected an http(s) URL with a host"]
 
 
-@pytest.mark.parametrize("url", ["mysql://db/gw", "sqlite://relative.db", "ezat.db", "postgresql:/x"])
+@pytest.mark.parametrize("url", ["mysql://db/gw", "sqlite://relative.db", "ezat.db", "postgresql:/x", "sqlite:///",
+                                 "postgresql://db:notaport/gw"])
 def test_storage_url_scheme(url):
     assert problems_of(f'[storage]\nurl = "{url}"') == [
         "storage.url: expected a sqlite:///, postgresql:// or postgres:// URL"

@@ -56,4 +56,4 @@ def open_store(url: str) -> Store:
         from gateway.storage.postgres import PostgresStore
 
         return PostgresStore(url)
-    raise ValueError(f"unsupported storage url: {url}")
+    raise ValueError("unsupported storage URL: expected sqlite:///… or postgresql://…")  # it may hold a password
