@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import sqlite3
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
+    except (OSError, sqlite3.Error) as exc:  # a port taken, a database out of reach
+        print(f"ezat-gateway {args.command}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -119,7 +123,9 @@ def check_config(path: str) -> int:
 def serve(config_path: str | None, host: str | None, port: int | None, workers: int | None) -> None:
     """Run the gateway until SIGTERM or Ctrl-C; with several workers, one process each, sharing
     the port (SO_REUSEPORT lets the kernel spread connections over them)."""
-    workers = workers or (load_config(config_path).server.workers if config_path else 1)
+    # Loaded here even for --workers: a bad file is one message, not one traceback per worker.
+    config = load_config(config_path) if config_path else None
+    workers = workers or (config.server.workers if config else 1)
     if workers == 1:
         run(serve_forever(config_path, host, port))
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import socket
 
 import openai
 import pytest
@@ -157,3 +158,22 @@ async def test_out_of_range_options_are_usage_errors(tmp_path, args, expected):
 async def test_a_bad_storage_url_is_refused_without_showing_it(tmp_path):
     status, output = await run_command("usage", "--storage", "postgresq://admin:hunter2@db/x", cwd=tmp_path)
     assert (status, output) == (2, "--storage: expected a sqlite:///, postgresql:// or postgres:// URL\n")
+
+
+async def test_a_port_already_taken_is_one_line_not_a_traceback(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, output = await run_command("serve", "--port", str(port), cwd=tmp_path)
+    assert status == 1
+    assert "ezat-gateway serve: [Errno 98] error while attempting to bind on address" in output
+    assert "Traceback" not in output
+
+
+async def test_serve_with_workers_reports_a_bad_config_once(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text("[server]\nport = 'eighty'\n")
+    status, output = await run_command("serve", "--config", str(path), "--workers", "2", cwd=tmp_path)
+    assert status == 1
+    assert output.count("server.port: expected an integer") == 1 and "Traceback" not in output
