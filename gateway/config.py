@@ -31,8 +31,8 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.problems))
 
 
-# The largest rpm or tpm: the stores keep them as 32-bit integers.
-MAX_PER_MINUTE = 2**31 - 1
+# The largest rpm or tpm: the stores keep them as 64-bit integers.
+MAX_PER_MINUTE = 2**63 - 1
 # Stands in for a value whose problem is already reported, so it is not reported twice.
 _INVALID: Any = object()
 

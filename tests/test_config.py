@@ -204,8 +204,9 @@ def test_ratelimit_url_is_a_redis_url(url):
 @pytest.mark.parametrize("field", ["rpm", "tpm"])
 def test_per_minute_limits_fit_the_stores(field):
     key = f'[[keys]]\nkey = "sk-x"\n{field} = '
-    assert parse_config(key + "2147483647").keys[0].__getattribute__(field) == 2147483647
-    assert problems_of(key + "2147483648") == [f"keys[0].{field}: expected a positive integer up to 2147483647"]
+    assert getattr(parse_config(key + "9223372036854775807").keys[0], field) == 2**63 - 1
+    assert problems_of(key + "9223372036854775808") == [
+        f"keys[0].{field}: expected a positive integer up to 9223372036854775807"]
 
 
 def test_the_same_key_twice_is_a_problem_that_does_not_show_it():

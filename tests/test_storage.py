@@ -188,7 +188,7 @@ async def test_sync_config_keys_creates_then_updates_and_keeps_spend(store_url, 
         tpm=1000,
         expires_at=datetime(2030, 1, 1, tzinfo=UTC),
     )
-    other = KeyConfig(name="other", key_sha256=digest("sk-other"))
+    other = KeyConfig(name="other", key_sha256=digest("sk-other"), rpm=2**63 - 1, tpm=3_000_000_000)  # beyond 32 bits
     await store.sync_config_keys([config, other])
 
     created = await store.find_key(digest("sk-ci"))
@@ -198,9 +198,9 @@ async def test_sync_config_keys_creates_then_updates_and_keeps_spend(store_url, 
     assert created.expires_at == datetime(2030, 1, 1, tzinfo=UTC)
     assert created.revoked is False
     assert created.spent_usd == Decimal(0)
-    default = await store.find_key(digest("sk-other"))
-    assert (default.models, default.spend_limit_usd, default.rpm, default.tpm, default.expires_at) == (
-        ("*",), None, None, None, None)
+    other_key = await store.find_key(digest("sk-other"))
+    assert (other_key.models, other_key.spend_limit_usd, other_key.rpm, other_key.tpm, other_key.expires_at) == (
+        ("*",), None, 2**63 - 1, 3_000_000_000, None)
 
     await store.write_ledger([row("req-1", created.id, "1.234567")])
     changed = replace(

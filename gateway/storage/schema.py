@@ -79,6 +79,10 @@ POSTGRES = [
     CREATE INDEX ledger_by_time ON ledger (finished_at);
     CREATE INDEX ledger_by_key ON ledger (key_id, finished_at);
     """,
+    # Limits as large as SQLite's INTEGER holds (rpm, tpm: up to config.MAX_PER_MINUTE).
+    """
+    ALTER TABLE keys ALTER COLUMN rpm TYPE BIGINT, ALTER COLUMN tpm TYPE BIGINT;
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
