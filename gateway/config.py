@@ -292,7 +292,7 @@ def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
         item_kind = get_args(kind)[0]
         if not isinstance(value, list):
             tables = dataclasses.is_dataclass(item_kind)
-            problems.append(f"{path}: expected {'an array of tables' if tables else _LISTS[item_kind]}")
+            problems.append(f"{path}: expected {'an array of tables' if tables else _LISTS.get(item_kind, 'a list')}")
             return _INVALID
         items = [_convert(item_kind, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
         return _INVALID if any(item is _INVALID for item in items) else tuple(items)
