@@ -7,6 +7,7 @@ Every behaviour that depends on the store runs on both: a SQLite file and Postgr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import socket
@@ -33,6 +34,19 @@ from tests.conftest import POSTGRES_URL
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
 POSTGRES_PORT = POSTGRES_URL.rsplit(":", 1)[1].split("/")[0]
+
+
+@contextlib.asynccontextmanager
+async def posted(gateway, *, stream: bool):
+    """MESSAGES POSTed as raw HTTP with the test key, the response open: to read all of it,
+    part of it, or nothing yet."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": stream, "messages": MESSAGES},
+        ) as response:
+            yield response
 MILLION = Decimal(1_000_000)
 
 
@@ -318,30 +332,25 @@ async def test_done_is_sent_only_after_the_row_is_committed(start_gateway, upstr
     )
     lock = await write_lock(storage_url, key)
 
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": True, "messages": MESSAGES},
-        ) as response:
-            assert response.status == 200
-            received = b""
-            async with asyncio.timeout(5):
-                while b'"finish_reason":"stop"' not in received:
-                    received += await response.content.readany()
-            assert b"[DONE]" not in received
+    async with posted(gateway, stream=True) as response:
+        assert response.status == 200
+        received = b""
+        async with asyncio.timeout(5):
+            while b'"finish_reason":"stop"' not in received:
+                received += await response.content.readany()
+        assert b"[DONE]" not in received
 
-            # Nothing more while the ledger cannot commit.
-            more = asyncio.create_task(response.content.readany())
-            done, _ = await asyncio.wait({more}, timeout=0.5)
-            assert not done, f"bytes arrived while the row could not be committed: {more.result()!r}"
-            assert await lock.committed_rows() == 0
+        # Nothing more while the ledger cannot commit.
+        more = asyncio.create_task(response.content.readany())
+        done, _ = await asyncio.wait({more}, timeout=0.5)
+        assert not done, f"bytes arrived while the row could not be committed: {more.result()!r}"
+        assert await lock.committed_rows() == 0
 
-            await lock.release()
-            async with asyncio.timeout(15):
-                received += await more
-                received += await response.content.read()
-            rows_at_done = await store.ledger()
+        await lock.release()
+        async with asyncio.timeout(15):
+            received += await more
+            received += await response.content.read()
+        rows_at_done = await store.ledger()
 
     assert received.endswith(b"data: [DONE]\n\n")
     (row,) = rows_at_done
@@ -358,13 +367,8 @@ async def test_body_is_sent_only_after_the_row_is_committed(start_gateway, upstr
     lock = await write_lock(storage_url, key)
 
     async def post() -> tuple[aiohttp.ClientResponse, dict]:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(
-                gateway.url + "/openai/v1/chat/completions",
-                headers={"Authorization": f"Bearer {KEY}"},
-                json={"model": MODEL, "messages": MESSAGES},
-            ) as response:
-                return response, await response.json()
+        async with posted(gateway, stream=False) as response:
+            return response, await response.json()
 
     reply = asyncio.create_task(post())
     async with asyncio.timeout(5):  # the upstream has the request (and answers it at once)
@@ -438,15 +442,10 @@ async def test_early_close_stops_the_upstream_before_the_row_is_written(start_ga
     store = gateway.app[STORE]
     upstream.enqueue(Scenario(blocks=long_text_blocks(), usage={"input_tokens": 40}, event_delay=0.05, pings=0))
     lock = await write_lock(storage_url, await key_id(store))
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": True, "messages": MESSAGES},
-        ) as response:
-            async with asyncio.timeout(5):
-                while b'"content":"' not in await response.content.readany():
-                    pass
+    async with posted(gateway, stream=True) as response:
+        async with asyncio.timeout(5):
+            while b'"content":"' not in await response.content.readany():
+                pass
     # The client is gone; the ledger cannot commit while the lock is held.
     await upstream.wait_disconnect(timeout=1)
     assert await lock.committed_rows() == 0
@@ -614,13 +613,8 @@ async def linked_gateway(upstream, postgres_url):
 
 
 async def post_reading_all(gateway, stream: bool) -> tuple[int, bytes]:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            gateway.url + "/openai/v1/chat/completions",
-            headers={"Authorization": f"Bearer {KEY}"},
-            json={"model": MODEL, "stream": stream, "messages": MESSAGES},
-        ) as response:
-            return response.status, await response.read()
+    async with posted(gateway, stream=stream) as response:
+        return response.status, await response.read()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
