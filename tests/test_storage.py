@@ -370,20 +370,10 @@ async def test_rows_written_again_are_skipped_and_not_charged_twice(store_url, o
     assert {k.name: k.spent_usd for k in await fresh.list_keys()} == {"again": Decimal("1.625"), "other": Decimal("2.25")}
 
 
-async def test_a_spend_read_overtaken_by_a_write_does_not_replace_its_newer_spend(tmp_path, opened):
-    store = await opened(f"sqlite:///{tmp_path / 'ezat.db'}")
-    key = await store.create_key(digest("sk-race"), name="race")
-    await store.write_ledger([row("req-1", key.id, "0.99")])
-    await asyncio.sleep(SPEND_TTL)  # the cached spend is stale: the next spent() reads the file
-    reading = asyncio.create_task(store.spent(key.id))
-    await asyncio.sleep(0)  # the read is on the reader's thread ...
-    time.sleep(0.2)  # ... and done, its 0.99 waiting for the event loop, when a write commits there
-    assert store.write_ledger_now([row("req-2", key.id, "0.05")])
-    assert await reading == Decimal("1.04")
-    assert await store.spent(key.id) == Decimal("1.04")
-
-
-async def test_a_spend_read_overtaken_by_another_keys_write_keeps_what_it_read(tmp_path, opened):
+@pytest.mark.parametrize("overtaking, expected", [("same key", "52"), ("another key", "51")])
+async def test_a_spend_read_overtaken_by_a_write_returns_the_newest_spend(tmp_path, opened, overtaking, expected):
+    """A read on the reader's thread overtaken by a ledger write on the event loop: a write for
+    its key noted a newer spend, which stands; one for another key leaves the read's own."""
     url = f"sqlite:///{tmp_path / 'ezat.db'}"
     store, other_process = await opened(url), await opened(url)
     key = await store.create_key(digest("sk-read"), name="read")
@@ -392,11 +382,11 @@ async def test_a_spend_read_overtaken_by_another_keys_write_keeps_what_it_read(t
     await other_process.write_ledger([row("req-1", key.id, "51")])
     await asyncio.sleep(SPEND_TTL)  # this process's cached 0 is stale: the next spent() reads the file
     reading = asyncio.create_task(store.spent(key.id))
-    await asyncio.sleep(0)
-    time.sleep(0.2)  # the read is done, its 51 waiting for the event loop, when a write for another key commits
-    assert store.write_ledger_now([row("req-2", busy.id, "1")])
-    assert await reading == Decimal("51")
-    assert await store.spent(key.id) == Decimal("51")
+    await asyncio.sleep(0)  # the read is on the reader's thread ...
+    time.sleep(0.2)  # ... and done, its 51 waiting for the event loop, when a write commits there
+    assert store.write_ledger_now([row("req-2", key.id if overtaking == "same key" else busy.id, "1")])
+    assert await reading == Decimal(expected)
+    assert await store.spent(key.id) == Decimal(expected)
 
 
 async def test_two_sqlite_stores_on_one_file_see_each_others_spend(tmp_path, opened):
