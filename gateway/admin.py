@@ -8,6 +8,7 @@ import hashlib
 import io
 import secrets
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -66,14 +67,22 @@ def _limit(text: str) -> Decimal | None:
     return value
 
 
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, not {text!r}")
+        return value
+
+    return parse
+
+
 def _count(text: str) -> int | None:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_PER_MINUTE:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_PER_MINUTE}, not {text!r}")
-    return value or None
+    return whole_number(0, MAX_PER_MINUTE)(text) or None  # 0: no limit
 
 
 def _moment(text: str) -> datetime | None:

@@ -85,21 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _whole_number(low: int, high: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, not {text!r}")
-        return value
-
-    return parse
-
-
-_port = _whole_number(1, 65535)
-_workers = _whole_number(1, 1024)
+_port = admin.whole_number(1, 65535)
+_workers = admin.whole_number(1, 1024)
 
 
 def _configure_logging() -> None:
