@@ -196,6 +196,16 @@ async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, v
     assert "Traceback" not in output
 
 
+async def test_a_key_taken_out_of_the_config_file_stops_working_at_the_next_start(backend, start_gateway, upstream):
+    path = backend[0]
+    await ask(await serve(start_gateway, backend), CONFIG_KEY)
+    path.write_text(path.read_text().split("[[keys]]")[0])  # the file declares no key any more
+    gateway = await serve(start_gateway, backend)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await ask(gateway, CONFIG_KEY)
+    assert caught.value.body["message"] == "This API key has been revoked."
+
+
 async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backend, start_gateway, upstream):
     """A change the next start would undo is refused: the file is the key's source of truth."""
     await serve(start_gateway, backend)  # the config's key is in the store
