@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import openai
 from aiohttp import web
+from yarl import URL
 
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, StorageConfig
 from gateway.storage import KeyRecord, LedgerRow, open_store
@@ -265,10 +266,7 @@ class Link:
 
     def url(self, url: str) -> str:
         """`url` with its host and port replaced by the link's."""
-        scheme, rest = url.split("://", 1)
-        credentials, _, address = rest.rpartition("@")
-        path = address[address.index("/"):] if "/" in address else ""
-        return f"{scheme}://{credentials + '@' if credentials else ''}127.0.0.1:{self.port}{path}"
+        return str(URL(url).with_host("127.0.0.1").with_port(self.port))
 
     def cut(self) -> None:
         self.up = False

@@ -22,6 +22,7 @@ import asyncpg
 import openai
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
@@ -33,7 +34,6 @@ from tests.support import KEY, MODEL, Gateway, Link, make_config, read_store
 from tests.conftest import POSTGRES_URL
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
-POSTGRES_PORT = POSTGRES_URL.rsplit(":", 1)[1].split("/")[0]
 
 
 @contextlib.asynccontextmanager
@@ -605,7 +605,7 @@ async def test_a_stream_the_gateway_fails_is_not_billed(upstream, storage_url):
 @pytest.fixture
 async def linked_gateway(upstream, postgres_url):
     """A gateway whose PostgreSQL is reached through a Link; yields (gateway, link)."""
-    link = await Link(int(POSTGRES_PORT)).start()
+    link = await Link(URL(POSTGRES_URL).port).start()
     gateway = await Gateway(build_app(make_config(upstream.url, link.url(postgres_url)))).start()
     yield gateway, link
     await gateway.runner.cleanup()
