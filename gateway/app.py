@@ -8,28 +8,30 @@ from aiohttp import web
 
 from gateway.catalog import catalog_handlers
 from gateway.config import Config
-from gateway.context import request_id
-from gateway.errors import error_envelope
 from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.ratelimit import rate_limiter
-from gateway.reply import OpenStreams
 from gateway.storage import Store, open_store
+from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
-from middlewares.images import ImageFetcher, Limits, images_middleware
-from middlewares.images.fetch import MB
-from middlewares.refusals import refusals
+from middlewares.core.chain import checked
+from middlewares.core.context import request_id
+from middlewares.core.errors import error_envelope, error_event
+from middlewares.core.sizes import MiB
+from middlewares.images import images_middleware
+from middlewares.limits import limits_middleware
+from middlewares.refusals import refusals_middleware
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 
 
 def chain(middlewares, handler):
     """`handler` behind `middlewares`, the first one outermost, exactly as an aiohttp app would
-    run them; each route gets the chain its API needs."""
-    for middleware in reversed(middlewares):
+    run them (each route gets the chain its API needs), once their order is checked."""
+    for middleware in reversed(checked(middlewares, handler)):
         handler = update_wrapper(partial(middleware, handler=handler), handler)
     return handler
 
@@ -45,28 +47,27 @@ def build_app(
     store = open_store(config.storage.url)
     ledger = Ledger(store)
     limiter = rate_limiter(config.ratelimit.url)
-    auth = auth_middleware(store.find_key, cache_seconds=key_cache_seconds)
-    images = config.images
-    fetcher = ImageFetcher(
-        Limits(
-            image_bytes=images.max_image_mb * MB,
-            urls=images.max_urls,
-            total_bytes=images.max_total_mb * MB,
-            timeout=images.timeout_seconds,
-            redirects=images.max_redirects,
-            ports=images.ports,
-            allow_private_hosts=images.allow_private_hosts,
-        )
+    auth = auth_middleware(find_key=store.find_key, cache_seconds=key_cache_seconds)
+    settings = config.images
+    images = images_middleware(
+        max_image_bytes=settings.max_image_mb * MiB,
+        max_urls=settings.max_urls,
+        max_total_bytes=settings.max_total_mb * MiB,
+        timeout=settings.timeout_seconds,
+        max_redirects=settings.max_redirects,
+        ports=settings.ports,
+        allow_private_hosts=settings.allow_private_hosts,
     )
 
     openai_chain = [
         auth,
         size_limit_middleware(),
-        refusals,
-        images_middleware(fetcher),
-        cache_breakpoints_middleware(config.model),
-        translator_middleware(config.model),
-        billing_middleware(find_model=config.model, spent=store.spent, limiter=limiter, ledger=ledger),
+        refusals_middleware(),
+        limits_middleware(find_model=config.model, spent=store.spent, limiter=limiter),
+        images,
+        cache_breakpoints_middleware(),
+        translator_middleware(),
+        billing_middleware(record=ledger.record),
     ]
     streams = OpenStreams(ping_interval)
     proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, streams=streams)
@@ -93,7 +94,7 @@ def build_app(
     app[STORE] = store
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
-    app.cleanup_ctx.append(fetcher.lifespan)
+    app.cleanup_ctx.append(images.cleanup_ctx)
     app.cleanup_ctx.append(streams.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.on_shutdown.append(end_streams_before_the_deadline)
@@ -107,7 +108,7 @@ def build_app(
 
 
 STORE = web.AppKey("ezat.store", Store)
-SHUTTING_DOWN = {"type": "error", "error": {"type": "api_error", "message": "The gateway is shutting down; send the request again."}}
+SHUTTING_DOWN = error_event("The gateway is shutting down; send the request again.")
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Config, Model
-from gateway.context import API_KEY
+from middlewares.core.context import API_KEY
 
 _CREATED = 1_767_225_600  # 2026-01-01: model ids carry no date of their own
 

@@ -10,8 +10,8 @@ import asyncio
 import logging
 import time
 
-from gateway.errors import GatewayError
 from gateway.storage import LedgerRow, Store
+from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.ledger")
 # Loop turns a batch waits for company when the last one was shared. Measured on SQLite at 64

@@ -18,13 +18,16 @@ import orjson
 from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
-from gateway.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, SESSION
-from gateway.errors import GatewayError, model_not_found, retry_after, retry_after_seconds
 from gateway.health import Health
-from gateway.reply import EventStreamReply, MessageReply, OpenStreams
 from gateway.routing import affinity, ranked
+from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient, UpstreamEvents
+from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message
+from middlewares.core.chain import Stage
+from middlewares.core.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, MODEL, SESSION
+from middlewares.core.errors import GatewayError, retry_after
+from middlewares.core.reply import EventStreamReply, MessageReply
 
 # Spec, "Errors": a non-streaming request that takes longer than this ends with 504.
 NON_STREAMING_DEADLINE = 590.0
@@ -74,10 +77,8 @@ def proxy_handler(
 
     async def first_answer(request: web.Request) -> web.StreamResponse:
         body = request[BODY]
-        asked = config.model(body.get("model"))
-        if asked is None:
-            raise model_not_found(body.get("model"))
-        models = [asked, *(config.model(name) for name in request.get(FALLBACK_MODELS, ()))]
+        asked = request[MODEL]
+        models = [asked, *request.get(FALLBACK_MODELS, ())]
         attempt = stream if body.get("stream") else message
         attempts, error = config.routing.max_attempts, None
         # Worked out only when there is a deployment to choose (the digest costs a serialisation).
@@ -102,7 +103,7 @@ def proxy_handler(
                     error = failure
                     continue
                 health.succeeded(name)
-                request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model.id
+                request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
                 reply.headers["x-ezat-model"] = model.id
                 if model is not asked:
                     reply.headers["x-ezat-routed-from"] = asked.id
@@ -110,6 +111,7 @@ def proxy_handler(
         raise error
 
     async def proxy(request: web.Request) -> web.StreamResponse:
+        """Requires `request[BODY]`, an Anthropic Messages request, and `request[MODEL]`."""
         if request[BODY].get("stream"):
             return await first_answer(request)
         try:
@@ -123,6 +125,7 @@ def proxy_handler(
                 code="timeout",
             ) from None
 
+    proxy.stage = Stage("proxy", requires=frozenset({BODY, MODEL}))
     return proxy
 
 

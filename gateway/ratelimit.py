@@ -12,17 +12,13 @@ import logging
 import time
 from typing import Protocol
 
-from gateway.storage import KeyRecord
+from middlewares.core import protocols
+from middlewares.core.records import KeyRecord
 
 log = logging.getLogger("ezat.ratelimit")
 
 
-class RateLimiter(Protocol):
-    async def admit(self, key: KeyRecord) -> float:
-        """0 to let the request through, else the seconds to wait."""
-
-    async def charge_tokens(self, key: KeyRecord, tokens: int) -> None: ...
-
+class RateLimiter(protocols.RateLimiter, Protocol):
     async def close(self) -> None: ...
 
 

@@ -15,17 +15,15 @@ from aiohttp import web
 from yarl import URL
 
 from gateway.config import Deployment
-from gateway.errors import GatewayError, stream_error, too_deeply_nested, upstream_error
+from gateway.upstream_errors import upstream_error
 from gateway.upstream_shape import readable_event
-from gateway.usage import StreamUsage
+from middlewares.core.errors import GatewayError, error_event, stream_error, too_deeply_nested
+from middlewares.core.sizes import MAX_BODY_BYTES, MiB
+from middlewares.core.usage import StreamUsage
 
 log = logging.getLogger("ezat.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
-# The largest request body the upstream takes (the Messages API's 32 MB; its edge answers 413
-# above it). A client's body is at most as large, but downloaded images inlined as base64 can
-# make the upstream's larger.
-MAX_UPSTREAM_BODY = 32 * 1024 * 1024
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
@@ -36,8 +34,8 @@ _LAST_BYTES_WITHIN = 5.0
 # The most an event may take, whole. Anthropic's largest (a server tool's results) are far
 # smaller; an upstream that sends more without an event's end is not sending SSE.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
-_CUT_SHORT = {"type": "error", "error": {"type": "api_error", "message": "The upstream stream ended early."}}
-_UNREADABLE = {"type": "error", "error": {"type": "api_error", "message": "The upstream sent an event the gateway cannot read."}}
+_CUT_SHORT = error_event("The upstream stream ended early.")
+_UNREADABLE = error_event("The upstream sent an event the gateway cannot read.")
 
 
 class UpstreamClient:
@@ -74,10 +72,10 @@ class UpstreamClient:
             data = orjson.dumps(body)
         except orjson.JSONEncodeError:
             raise too_deeply_nested() from None
-        if len(data) > MAX_UPSTREAM_BODY:
+        if len(data) > MAX_BODY_BYTES:  # inlined images (base64) can take it over
             raise GatewayError(
                 413,
-                f"The request is over 32 MB once its image URLs are downloaded and inlined ({len(data):,} bytes); "
+                f"The request is over {MAX_BODY_BYTES // MiB} MB once its image URLs are downloaded and inlined ({len(data):,} bytes); "
                 "send fewer or smaller images.",
                 code="request_too_large",
             )

@@ -6,16 +6,16 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.context import API_KEY
-from gateway.errors import GatewayError
-from gateway.storage import KeyRecord
+from middlewares.core.chain import stage
+from middlewares.core.context import API_KEY
+from middlewares.core.errors import GatewayError
+from middlewares.core.protocols import FindKey
+from middlewares.core.records import KeyRecord
 
-# Finds the key whose sha256 hex digest is given, or None.
-KeyLookup = Callable[[str], Awaitable[KeyRecord | None]]
+__all__ = ["auth_middleware", "presented_key"]
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -27,9 +27,18 @@ def presented_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-def auth_middleware(find_key: KeyLookup, *, cache_seconds: float = 5.0, cache_size: int = 10_000):
-    """`cache_seconds` bounds how long a revoked or changed key keeps its old record here.
-    Matching by digest compares digests, never the secret, so timing says nothing of a key."""
+def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size: int = 10_000):
+    """A request without a key, with an unknown, revoked or expired one gets 401
+    `invalid_api_key`; otherwise its `KeyRecord` is `request[API_KEY]`. `find_key(digest)` finds
+    a key by the SHA-256 hex digest of its secret (so the secret is never stored), or None.
+
+    `cache_seconds` bounds how long a revoked or changed key keeps its old record here (0: no
+    cache). Matching by digest compares digests, never the secret, so timing says nothing of
+    a key."""
+    if not callable(find_key):
+        raise TypeError("auth_middleware: find_key must be an async callable")
+    if not cache_seconds >= 0 or not isinstance(cache_size, int) or cache_size < 1:
+        raise ValueError("auth_middleware: cache_seconds must be 0 or more, cache_size a positive integer")
     cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
 
     async def lookup(digest: str) -> KeyRecord | None:
@@ -44,6 +53,7 @@ def auth_middleware(find_key: KeyLookup, *, cache_seconds: float = 5.0, cache_si
             cache.popitem(last=False)
         return key
 
+    @stage("auth", provides=(API_KEY,))
     async def auth(request: web.Request, handler) -> web.StreamResponse:
         secret = presented_key(request)
         if secret is None:

@@ -1,65 +1,43 @@
-"""The billing stage. On the way in: may this key use this model (403), has it spent its
-limit (402), is it over its rate (429)? On the way out: price the usage and record it in the
+"""The billing stage: metering, on the way out. It prices the usage and records it in the
 ledger, durably, before the reply ends: before the body of a message, before `[DONE]` of a
 stream. Failed requests are not billed; a stream the client closes early is, for what was
-produced, with the output estimated from the text seen."""
+produced, with the output estimated from the text seen. (Whether a request may run at all is
+the limits stage's, on the way in.)"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
 
-from gateway.config import Model
-from gateway.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, FALLBACK_MODELS, request_id
-from gateway.errors import GatewayError, model_not_found, retry_after
-from gateway.ledger import Ledger
-from gateway.ratelimit import RateLimiter
-from gateway.reply import EventStreamReply, MessageReply
-from gateway.storage import KeyRecord, LedgerRow
-from gateway.usage import StreamUsage, Usage
+from middlewares.core.chain import stage
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, MODEL, SETTLE, request_id
+from middlewares.core.protocols import ModelSpec, RecordRow
+from middlewares.core.records import KeyRecord, LedgerRow
+from middlewares.core.reply import EventStreamReply, MessageReply
+from middlewares.core.usage import StreamUsage, Usage
+
+__all__ = ["billing_middleware"]
 
 
-def billing_middleware(
-    *,
-    find_model: Callable[[str], Model | None],
-    spent: Callable[[int], Awaitable[Decimal]],
-    limiter: RateLimiter,
-    ledger: Ledger,
-):
+def billing_middleware(*, record: RecordRow):
+    """Records one `LedgerRow` for the key in `request[API_KEY]` with `record(row)`, which
+    returns once the row is committed: priced at the model that answered
+    (`request[ANSWERED_MODEL]`, else `request[MODEL]`). Then `request[SETTLE](usage)`, when a
+    stage before this one set it. A row that cannot be recorded fails the request."""
+    if not callable(record):
+        raise TypeError("billing_middleware: record must be an async callable")
+
+    @stage("billing", requires=(API_KEY, MODEL))
     async def billing(request: web.Request, handler) -> web.StreamResponse:
-        key = request[API_KEY]
-        model_id = request[BODY].get("model")
-        model = find_model(model_id) if isinstance(model_id, str) else None
-        if model is None:
-            raise model_not_found(model_id)
-        for allowed in (model.id, *request.get(FALLBACK_MODELS, ())):
-            if not key.allows(allowed):
-                raise GatewayError(403, f"This key may not use the model `{allowed}`.", type="permission_error")
-        if key.spend_limit_usd is not None and await spent(key.id) >= key.spend_limit_usd:
-            raise GatewayError(
-                402,
-                f"This key has reached its spend limit of ${key.spend_limit_usd}.",
-                type="insufficient_quota",
-                code="insufficient_quota",
-            )
-        wait = await limiter.admit(key)
-        if wait:
-            raise GatewayError(
-                429,
-                "Too many requests for this key; wait and try again.",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers=retry_after(wait),
-            )
-
         started = datetime.now(timezone.utc)
         reply = await handler(request)
-        answered = find_model(request.get(ANSWERED_MODEL, model.id)) or model
-        bill = Bill(request_id(request), key, model, answered, request.get(DEPLOYMENT, ""), started, ledger, limiter)
+        asked = request[MODEL]
+        bill = Bill(
+            request_id(request), request[API_KEY], asked, request.get(ANSWERED_MODEL, asked),
+            request.get(DEPLOYMENT, ""), started, record, request.get(SETTLE),
+        )
         if isinstance(reply, MessageReply):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
@@ -72,11 +50,11 @@ def billing_middleware(
 class Bill:
     """What one request's ledger row needs, and recording it."""
 
-    def __init__(self, rid: str, key: KeyRecord, asked: Model, answered: Model, deployment: str, started: datetime,
-                 ledger: Ledger, limiter: RateLimiter) -> None:
+    def __init__(self, rid: str, key: KeyRecord, asked: ModelSpec, answered: ModelSpec, deployment: str,
+                 started: datetime, record: RecordRow, settle) -> None:
         self.rid, self.key, self.asked, self.answered = rid, key, asked, answered
         self.deployment, self.started = deployment, started
-        self._ledger, self._limiter = ledger, limiter
+        self._record, self._settle = record, settle
 
     async def record(self, usage: Usage, outcome: str = "complete") -> None:
         row = LedgerRow(
@@ -95,8 +73,9 @@ class Bill:
             started_at=self.started,
             finished_at=datetime.now(timezone.utc),
         )
-        await self._ledger.record(row)
-        await self._limiter.charge_tokens(self.key, usage.prompt_tokens + usage.output_tokens)
+        await self._record(row)
+        if self._settle is not None:
+            await self._settle(usage)
 
 
 class BilledEvents:

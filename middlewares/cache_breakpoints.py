@@ -12,14 +12,13 @@ The stage also names the conversation for routing: `x-ezat-session`, else `promp
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from gateway.config import Model
-from gateway.context import BODY, BODY_BYTES, SESSION
-from gateway.errors import invalid_request
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY, BODY_BYTES, MODEL, SESSION
+from middlewares.core.errors import invalid_request
 
 MAX_BREAKPOINTS = 4  # the upstream's limit per request
 # Tokens the upstream adds to a request with tools (its tool-use system prompt: 346 at most on
@@ -29,7 +28,15 @@ MAX_CACHE_KEY = 256
 EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minutes
 
 
-def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
+def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024):
+    """Adds the automatic breakpoints to `request[BODY]`, an OpenAI chat completion request,
+    and sets `request[SESSION]`. The model's `min_cache_tokens` (`request[MODEL]`, when a stage
+    before this one resolved it; `min_cache_tokens` here otherwise) is the shortest prompt its
+    cache takes: 0 means it has none."""
+    if not isinstance(min_cache_tokens, int) or min_cache_tokens < 0:
+        raise ValueError("cache_breakpoints_middleware: min_cache_tokens must be 0 or more")
+
+    @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,))
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         request[SESSION] = _session(request, body)
@@ -39,15 +46,15 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
                 f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
                 "messages",
             )
-        model = find_model(body["model"]) if isinstance(body.get("model"), str) else None
+        model = request.get(MODEL)
+        least = model.min_cache_tokens if model is not None else min_cache_tokens
         if (
             not placed
-            and model is not None
-            and model.min_cache_tokens
+            and least
             and request.headers.get("x-ezat-cache", "").lower() != "off"
             # A token of text is at least one byte of it: a shorter body can never be cached. An
             # image's or a PDF's tokens follow its pixels and pages, not its bytes (nor its URL).
-            and (media or _most_tokens(request, body) >= model.min_cache_tokens)
+            and (media or _most_tokens(request, body) >= least)
         ):
             _mark_prefix(body)
             _mark_newest_message(body)
@@ -58,7 +65,7 @@ def cache_breakpoints_middleware(find_model: Callable[[str], Model | None]):
 
 def _most_tokens(request: web.Request, body: dict[str, Any]) -> int:
     """The most tokens a request of text can make: a byte each, and the tool-use prompt."""
-    return request.get(BODY_BYTES, 0) + (TOOL_PROMPT_TOKENS if body.get("tools") else 0)
+    return request[BODY_BYTES] + (TOOL_PROMPT_TOKENS if body.get("tools") else 0)
 
 
 def _session(request: web.Request, body: dict[str, Any]) -> str | None:

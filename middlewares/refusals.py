@@ -1,5 +1,5 @@
 """The refusals stage: fields that would change the answer and have no equivalent upstream are
-refused with a 400 naming the field, in the spec's exact words ("Ignored and refused fields").
+refused with a 400 naming the field, in the exact words the API promises (docs/api.md).
 
 Ignored fields need no work here: the translator copies only what the upstream understands.
 Refusing here, before the images stage, means a refused request downloads no image.
@@ -11,9 +11,12 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.context import BODY
-from gateway.errors import invalid_request
-from middlewares.translator.request import EFFORTS, UNKNOWN_EFFORT
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY
+from middlewares.core.errors import invalid_request
+from middlewares.core.reasoning import UNKNOWN_EFFORT, known_effort
+
+__all__ = ["refusals_middleware", "refused"]
 
 LEGACY_FUNCTIONS = "functions: the legacy functions API is not supported; use tools"
 LOG_PROBABILITIES = "log probabilities are not available"
@@ -49,8 +52,7 @@ def refused(body: dict[str, Any]) -> tuple[str, str] | None:
         for i, tool in enumerate(tools):
             if not isinstance(tool, dict) or tool.get("type") != "function":
                 return f"tools[{i}].type: only function tools are supported", "tools"
-    effort = body.get("reasoning_effort")
-    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
+    if not known_effort(body.get("reasoning_effort")):
         return UNKNOWN_EFFORT, "reasoning_effort"
     messages = body.get("messages")
     return _refused_in_messages(messages) if isinstance(messages, list) else None
@@ -78,8 +80,15 @@ def _refused_in_messages(messages: list[Any]) -> tuple[str, str] | None:
     return None
 
 
-async def refusals(request: web.Request, handler) -> web.StreamResponse:
-    found = refused(request[BODY])
-    if found is not None:
-        raise invalid_request(*found)
-    return await handler(request)
+def refusals_middleware():
+    """A request in `request[BODY]` (an OpenAI chat completion request) with a refused field
+    gets its 400, naming the field; any other goes on unchanged."""
+
+    @stage("refusals", requires=(BODY,))
+    async def refusals(request: web.Request, handler) -> web.StreamResponse:
+        found = refused(request[BODY])
+        if found is not None:
+            raise invalid_request(*found)
+        return await handler(request)
+
+    return refusals

@@ -8,18 +8,27 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from gateway.context import BODY, BODY_BYTES
-from gateway.errors import GatewayError, invalid_request
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY, BODY_BYTES
+from middlewares.core.errors import GatewayError, invalid_request
+from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 
-MAX_BODY_BYTES = 32 * 1024 * 1024  # spec: "The whole request body can be up to 32 MB."
+__all__ = ["size_limit_middleware"]
 
 
-def size_limit_middleware(max_bytes: int = MAX_BODY_BYTES):
-    too_large = f"The request body is over {max_bytes // (1024 * 1024)} MB."
+def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES):
+    """A body declared (Content-Length) or found (chunked) to be over `max_bytes` gets 413
+    `request_too_large`, unread; one that is not a JSON object gets 400. Otherwise the parsed
+    object is `request[BODY]` and its size in bytes `request[BODY_BYTES]`."""
+    if not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError("size_limit_middleware: max_bytes must be a positive integer")
+    size = f"{max_bytes // MiB} MB" if max_bytes % MiB == 0 else f"{max_bytes:,} bytes"
+    too_large = f"The request body is over {size}."
 
     def refuse() -> GatewayError:
         return GatewayError(413, too_large, code="request_too_large")
 
+    @stage("size_limit", provides=(BODY, BODY_BYTES))
     async def size_limit(request: web.Request, handler) -> web.StreamResponse:
         length = request.content_length
         if length is not None:

@@ -27,7 +27,7 @@ from yarl import URL
 from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
 from gateway.mock_upstream import Scenario
-from gateway.reply import EventStreamReply
+from middlewares.core.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
 from tests.requests_util import WEATHER_TOOLS as TOOLS
 from tests.support import KEY, MODEL, Gateway, Link, make_config, read_store

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow
+from middlewares.core.records import KeyRecord, LedgerRow
 
 __all__ = ["KeyRecord", "LedgerRow", "Store", "open_store"]
 

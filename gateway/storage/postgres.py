@@ -12,7 +12,7 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow
+from middlewares.core.records import KeyRecord, LedgerRow
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
 
 _MAX_ID = 2**63 - 1  # BIGSERIAL's largest

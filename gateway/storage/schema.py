@@ -3,7 +3,7 @@ on start, each migration in its own transaction."""
 
 from __future__ import annotations
 
-from gateway.storage.records import LedgerRow
+from middlewares.core.records import LedgerRow
 
 SQLITE = [
     """

@@ -1,35 +1,87 @@
-"""The images stage (spec, "Images and PDFs"): http(s) image URLs are downloaded and sent
-inline, since the models take images only inline; data URLs must hold the image type they
-name. Every failure is a 400 naming the part, e.g.
-`messages[0].content[2].image_url.url: could not download the image (HTTP 404)`."""
+"""The images stage: http(s) image URLs are downloaded and sent inline, since the models take
+images only inline; data URLs must hold the image type they name. Every failure is a 400 naming
+the part, e.g. `messages[0].content[2].image_url.url: could not download the image (HTTP 404)`.
+
+The stage owns one connection pool for its downloads: an app that mounts it adds
+`stage.cleanup_ctx` to its `app.cleanup_ctx`, which opens the pool on startup and closes it on
+cleanup.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
-from gateway.context import BODY
-from gateway.errors import invalid_request
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY
+from middlewares.core.errors import GatewayError, invalid_request
+from middlewares.core.media import IMAGE_TYPES, split_data_url
+from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
-from middlewares.images.sniff import IMAGE_TYPES, image_type
+from middlewares.images.sniff import image_type
 
-__all__ = ["ImageFetcher", "Limits", "images_middleware"]
+__all__ = ["images_middleware"]
 
-# Downloads of one request running at once.
-CONCURRENT_DOWNLOADS = 8
+log = logging.getLogger("ezat.images")
 
 
-def images_middleware(fetcher: ImageFetcher):
+def images_middleware(
+    *,
+    max_image_bytes: int = 10 * MiB,
+    max_urls: int = 20,
+    max_total_bytes: int = MAX_BODY_BYTES,
+    timeout: float = 15.0,
+    max_redirects: int = 3,
+    ports: Sequence[int] = (),
+    allow_private_hosts: bool = False,
+    concurrent_downloads: int = 8,
+    resolver=None,
+):
+    """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
+    in place as base64 data URLs; checks that data URLs hold the image type they name.
+
+    Defaults are the API's limits: 10 MB an image, 20 distinct URLs and 32 MB a request, 15 s
+    and 3 redirects a download, any port, public addresses only (`allow_private_hosts` lifts
+    that, for trusted networks and tests). `concurrent_downloads` of one request run at once.
+    `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests."""
+    for name, value in (("max_image_bytes", max_image_bytes), ("max_urls", max_urls),
+                        ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"images_middleware: {name} must be a positive integer")
+    if not timeout > 0:
+        raise ValueError("images_middleware: timeout must be positive")
+    if not isinstance(max_redirects, int) or max_redirects < 0:
+        raise ValueError("images_middleware: max_redirects must be 0 or more")
+    if any(not isinstance(port, int) or not 1 <= port <= 65535 for port in ports):
+        raise ValueError("images_middleware: ports must be integers from 1 to 65535")
+    limits = Limits(
+        image_bytes=max_image_bytes,
+        urls=max_urls,
+        total_bytes=max_total_bytes,
+        timeout=timeout,
+        redirects=max_redirects,
+        ports=tuple(ports),
+        allow_private_hosts=allow_private_hosts,
+    )
+    fetcher = ImageFetcher(limits, resolver=resolver)
+
+    @stage("images", requires=(BODY,))
     async def images(request: web.Request, handler) -> web.StreamResponse:
         parts = list(_image_parts(request[BODY]))
         if parts:
-            await _inline(parts, fetcher)
+            if not fetcher.open:
+                log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
+                raise GatewayError(500, "The image fetcher is not running.", type="server_error")
+            await _inline(parts, fetcher, concurrent_downloads)
         return await handler(request)
 
+    images.cleanup_ctx = fetcher.lifespan
     return images
 
 
@@ -44,11 +96,11 @@ def _image_parts(body: dict[str, Any]):
                     yield f"messages[{i}].content[{j}].image_url.url", part["image_url"]
 
 
-async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher) -> None:
+async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher, concurrent: int) -> None:
     limits = fetcher.limits
     downloads: dict[str, asyncio.Task] = {}  # url → its one download, shared by repeats
     waiting: list[tuple[str, dict[str, Any], asyncio.Task]] = []
-    budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(CONCURRENT_DOWNLOADS)
+    budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(concurrent)
 
     async def download(url: str) -> tuple[str, bytes]:
         async with gate:
@@ -80,13 +132,13 @@ async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher
 
 
 def _check_data_url(url: str, path: str) -> None:
-    head, _, data = url.partition(",")
-    declared = head[5:].removesuffix(";base64").lower()
-    if not head.endswith(";base64") or declared not in IMAGE_TYPES:
+    parts = split_data_url(url)
+    if parts is None or parts[0] not in IMAGE_TYPES:
         raise invalid_request(
             f"{path}: expected data:<type>;base64,<data> with type image/jpeg, image/png, image/gif or image/webp",
             "messages",
         )
+    declared, data = parts
     try:
         # The first 16 bytes tell the type; 24 base64 characters hold 18 of them.
         head_bytes = base64.b64decode(data[:24], validate=True)

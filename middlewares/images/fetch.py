@@ -10,20 +10,20 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public, literal_address
 from middlewares.images.sniff import image_type
 
-MB = 1024 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The spec's limits ("Images and PDFs") unless configured otherwise."""
+    """The API's limits on downloaded images, unless configured otherwise."""
 
-    image_bytes: int = 10 * MB
+    image_bytes: int = 10 * MiB
     urls: int = 20
-    total_bytes: int = 32 * MB
+    total_bytes: int = MAX_BODY_BYTES
     timeout: float = 15.0
     redirects: int = 3
     ports: tuple[int, ...] = ()  # the ports allowed; empty: any port (the spec sets no limit)
@@ -43,7 +43,7 @@ class Budget:
     def take(self, size: int) -> None:
         self.left -= size
         if self.left < 0:
-            raise ImageError(f"the images of this request are over {self.total // MB} MB in total")
+            raise ImageError(f"the images of this request are over {self.total // MiB} MB in total")
 
 
 class ImageFetcher:
@@ -52,8 +52,12 @@ class ImageFetcher:
         self._resolver = resolver  # tests may give a resolver of their own (a fake DNS)
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def open(self) -> bool:
+        return self._session is not None
+
     async def lifespan(self, app: web.Application):
-        """aiohttp cleanup context: one connection pool for every download of the process."""
+        """aiohttp cleanup context: one connection pool for every download of the app."""
         resolver = self._resolver
         if not self.limits.allow_private_hosts:
             resolver = PublicOnlyResolver(resolver)
@@ -64,7 +68,8 @@ class ImageFetcher:
             headers={"Accept": "image/*"},
         )
         yield
-        await self._session.close()
+        session, self._session = self._session, None
+        await session.close()
 
     async def fetch(self, url: str, budget: Budget) -> tuple[str, bytes]:
         """(media type, bytes) of the image at `url`."""
@@ -105,7 +110,7 @@ class ImageFetcher:
 
     async def _read(self, response: aiohttp.ClientResponse, budget: Budget) -> tuple[str, bytes]:
         limit = self.limits.image_bytes
-        too_large = f"the image is over {limit // MB} MB"
+        too_large = f"the image is over {limit // MiB} MB"
         if response.content_length is not None and response.content_length > limit:
             raise ImageError(too_large)  # said up front: not a byte of it is read
         parts, size = [], 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
-
 
 def image_type(data: bytes) -> str | None:
     if data.startswith(b"\xff\xd8\xff"):

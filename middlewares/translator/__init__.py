@@ -4,40 +4,39 @@ the reply back: a message becomes a chat completion, stream events become chunks
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.config import Model
-from gateway.context import ANSWERED_MODEL, BODY, FALLBACK_MODELS, request_id
-from gateway.errors import invalid_request, model_not_found
-from gateway.reply import EventStreamReply, MessageReply
+from middlewares.core.chain import stage
+from middlewares.core.context import ANSWERED_MODEL, BODY, MODEL, request_id
+from middlewares.core.errors import invalid_request
+from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.translator.request import to_anthropic
 from middlewares.translator.response import to_completion
 from middlewares.translator.stream import ChunkEncoder
 
+__all__ = ["translator_middleware"]
 
-def translator_middleware(find_model: Callable[[str], Model | None]):
-    """`find_model` maps the model id a client sends to its configuration (None: unknown)."""
 
+def translator_middleware():
+    """Replaces `request[BODY]`, an OpenAI chat completion request, by the Anthropic Messages
+    request for `request[MODEL]` (fields the upstream has no use for are left out; invalid ones
+    are a 400 naming the field), then turns the handler's reply, an unsent Anthropic message or
+    event stream, into a chat completion or its chunks. `model` in the answer is the model that
+    answered (`request[ANSWERED_MODEL]`, set by the handler), else the one asked."""
+
+    @stage("translator", requires=(BODY, MODEL))
     async def translator(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
-        name = body.get("model")
-        if not isinstance(name, str) or not name:
-            raise invalid_request("model: required", "model")
-        model = find_model(name)
-        if model is None:
-            raise model_not_found(name)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise invalid_request("stream: expected a boolean", "stream")
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        request[FALLBACK_MODELS] = _fallbacks(body.get("models"), name, find_model)
-        request[BODY], renamed = to_anthropic(body, model)
+        request[BODY], renamed = to_anthropic(body, request[MODEL])
 
         reply = await handler(request)
-        name = request.get(ANSWERED_MODEL, name)  # `model` is the model that answered
+        name = request.get(ANSWERED_MODEL, request[MODEL]).id
         completion_id = "chatcmpl-" + request_id(request)
         created = int(time.time())
         if isinstance(reply, MessageReply):
@@ -56,15 +55,3 @@ def translator_middleware(find_model: Callable[[str], Model | None]):
         return reply
 
     return translator
-
-
-def _fallbacks(models, asked: str, find_model: Callable[[str], Model | None]) -> tuple[str, ...]:
-    """The request's `models`: alternatives tried in order when the asked model cannot answer."""
-    if models is None:
-        return ()
-    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-        raise invalid_request("models: expected a list of model ids", "models")
-    for name in models:
-        if find_model(name) is None:
-            raise model_not_found(name)
-    return tuple(dict.fromkeys(m for m in models if m != asked))

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config import Model
-from gateway.errors import invalid_request
+from middlewares.core.errors import invalid_request
+from middlewares.core.protocols import ModelSpec
+from middlewares.core.reasoning import EFFORTS, UNKNOWN_EFFORT, known_effort
 from middlewares.translator.messages import cached, convert_messages, upstream_identifier
 
 # Spec, "Output length and format": with neither limit sent, 32,000 or the model's maximum.
 DEFAULT_MAX_TOKENS = 32_000
-# Spec, "Reasoning": reasoning_effort → (effort, thinking requested).
-EFFORTS = {
-    "none": ("low", False),
-    "minimal": ("low", False),
-    "low": ("low", True),
-    "medium": ("medium", True),
-    "high": ("high", True),
-    "xhigh": ("xhigh", True),
-    "max": ("max", True),
-}
-UNKNOWN_EFFORT = "reasoning_effort: use one of " + ", ".join(EFFORTS)  # spec, "Ignored and refused fields"
 
 
-def to_anthropic(body: dict[str, Any], model: Model) -> tuple[dict[str, Any], dict[str, str]]:
+def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any], dict[str, str]]:
     """The upstream request for `body`, and the tool names it renamed (upstream → client).
 
     Only fields that mean something upstream are copied, so nothing OpenAI-only (or ignored
@@ -52,7 +42,7 @@ def to_anthropic(body: dict[str, Any], model: Model) -> tuple[dict[str, Any], di
     return request, renamed
 
 
-def _max_tokens(body: dict[str, Any], model: Model) -> int:
+def _max_tokens(body: dict[str, Any], model: ModelSpec) -> int:
     for field in ("max_completion_tokens", "max_tokens"):
         value = body.get(field)
         if value is None:
@@ -78,7 +68,7 @@ def _stop_sequences(stop: Any) -> list[str]:
 
 # --- Tools.
 
-def _tools(body: dict[str, Any], model: Model, request: dict[str, Any]) -> dict[str, str]:
+def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> dict[str, str]:
     tools = body.get("tools")
     if tools is None or tools == []:
         return {}  # spec: without tools, tool_choice and parallel_tool_calls are ignored
@@ -120,7 +110,7 @@ def _tools(body: dict[str, Any], model: Model, request: dict[str, Any]) -> dict[
     return renamed
 
 
-def _tool_choice(choice: Any, model: Model, names: set[str]) -> dict[str, Any]:
+def _tool_choice(choice: Any, model: ModelSpec, names: set[str]) -> dict[str, Any]:
     if choice is None:
         return {}
     if choice in ("auto", "none"):
@@ -148,12 +138,12 @@ def _tool_choice(choice: Any, model: Model, names: set[str]) -> dict[str, Any]:
 # --- Reasoning and sampling.
 
 def _reasoning(
-    value: Any, model: Model, request: dict[str, Any], forced_tool: bool, messages: list[dict[str, Any]]
+    value: Any, model: ModelSpec, request: dict[str, Any], forced_tool: bool, messages: list[dict[str, Any]]
 ) -> bool:
     """Set effort (and adaptive thinking) from reasoning_effort; True when thinking is requested."""
     if value is None:
         return False
-    if not isinstance(value, str) or value not in EFFORTS:
+    if not known_effort(value):
         raise invalid_request(UNKNOWN_EFFORT, "reasoning_effort")  # when the refusals stage is not mounted
     effort, think = EFFORTS[value]
     if effort not in model.efforts:

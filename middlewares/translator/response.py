@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from gateway.usage import Usage
+from middlewares.core.usage import Usage
 
 # Spec, "Finish reasons". A context window filled by the output is a truncation too.
 FINISH_REASONS = {

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import stream_error
-from gateway.reply import PING
-from gateway.usage import StreamUsage
+from middlewares.core.errors import stream_error
+from middlewares.core.reply import PING
+from middlewares.core.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gateway.config import Pricing
+from middlewares.core.protocols import Pricing
 
 _PER_MILLION = Decimal(1_000_000)
 

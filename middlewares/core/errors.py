@@ -1,4 +1,4 @@
-"""Errors in OpenAI's envelope, with the statuses and codes of the spec's "Errors" table.
+"""Errors in OpenAI's envelope, with the statuses and codes the gateway's API promises.
 
 `GatewayError` is an aiohttp HTTP exception, so any stage can raise it and any aiohttp app that
 mounts the stage renders it, with no error middleware of ours.
@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
@@ -19,9 +17,6 @@ from aiohttp import web
 log = logging.getLogger("ezat.errors")
 # Seconds to wait after a 429 or 503 when nothing better is known (the upstream said nothing).
 DEFAULT_RETRY_AFTER = 1
-# The longest wait an upstream's retry-after is believed for: a deployment it cools is tried
-# again after this at the latest, whatever it said.
-MAX_RETRY_AFTER = 600.0
 
 
 class GatewayError(web.HTTPException):
@@ -57,29 +52,14 @@ def retry_after(seconds: float) -> dict[str, str]:
     return {"retry-after": str(max(1, math.ceil(seconds)))}
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """The wait an upstream's `retry-after` asks for (seconds, or an HTTP date), at most
-    MAX_RETRY_AFTER; None when it says nothing usable ("inf", "nan", negative, garbage)."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:  # asctime's form, or "-0000": HTTP dates are in UTC
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - datetime.now(timezone.utc)).total_seconds()
-    if not 0 <= seconds < math.inf:  # NaN fails both comparisons
-        return None
-    return min(seconds, MAX_RETRY_AFTER)
-
-
 def too_deeply_nested() -> GatewayError:
     """orjson parses JSON up to 1024 levels deep but writes only 255: deeper cannot be sent on."""
     return GatewayError(400, "The request nests JSON more than 255 levels deep.")
+
+
+def error_event(message: str, type: str = "api_error") -> dict[str, Any]:
+    """An Anthropic stream's `error` event: how a stream that has begun says it failed."""
+    return {"type": "error", "error": {"type": type, "message": message}}
 
 
 def model_not_found(name: object) -> GatewayError:
@@ -92,8 +72,8 @@ def model_not_found(name: object) -> GatewayError:
 
 
 # Anthropic error type → (status the client gets, OpenAI type, OpenAI code). The status is the
-# Anthropic API's own, except 529 → 503 (spec, "Errors").
-_BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
+# Anthropic API's own, except 529 → 503 (OpenAI's clients know no 529).
+BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
     "invalid_request_error": (400, "invalid_request_error", None),
     "billing_error": (402, "insufficient_quota", "insufficient_quota"),
     "permission_error": (403, "permission_error", None),
@@ -104,58 +84,14 @@ _BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
     "timeout_error": (504, "server_error", "timeout"),
     "overloaded_error": (503, "server_error", "overloaded"),
 }
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
-    """Map an upstream's non-2xx answer to the error the client gets: the upstream's status
-    (529 becomes 503), OpenAI's type and code for it, the upstream's message."""
-    message = _read_anthropic_message(body)
-    if status < 400:
-        return GatewayError(500, f"The upstream answered with HTTP {status}.", type="server_error")
-    if status == 401:
-        # The client's key passed auth: it is the gateway's upstream credential that failed.
-        # "invalid_api_key" would send the client after the wrong key.
-        log.error("upstream rejected the gateway's credentials: %s", message)
-        return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
-    anthropic_type = _TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    _, type_, code = _BY_ANTHROPIC_TYPE[anthropic_type]
-    if code is None and message.startswith("prompt is too long"):
-        code = "context_length_exceeded"
-    wait = retry_after_seconds(headers.get("retry-after"))  # passed on as whole seconds, if usable
-    return GatewayError(
-        503 if status == 529 else status,
-        message,
-        type=type_,
-        code=code,
-        param="model" if code == "model_not_found" else None,
-        headers=retry_after(wait) if wait is not None else None,
-    )
 
 
 def stream_error(event: Mapping[str, Any]) -> GatewayError:
     """An `error` event from an upstream stream, as the error the client gets."""
     error = event.get("error") or {}
     anthropic_type = error.get("type", "api_error")
-    status, type_, code = _BY_ANTHROPIC_TYPE.get(anthropic_type, _BY_ANTHROPIC_TYPE["api_error"])
+    status, type_, code = BY_ANTHROPIC_TYPE.get(anthropic_type, BY_ANTHROPIC_TYPE["api_error"])
     return GatewayError(status, str(error.get("message") or "upstream error"), type=type_, code=code)
-
-
-def _read_anthropic_message(body: bytes) -> str:
-    try:
-        return str(orjson.loads(body)["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace").strip() or "upstream error"
 
 
 @web.middleware

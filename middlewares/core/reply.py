@@ -16,13 +16,13 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from gateway.errors import GatewayError
-from gateway.usage import StreamUsage, Usage
+from middlewares.core.errors import GatewayError, error_event
+from middlewares.core.usage import StreamUsage, Usage
 
 log = logging.getLogger("ezat.reply")
 
 PING = b": ping\n\n"
-INTERNAL_ERROR = {"type": "error", "error": {"type": "api_error", "message": "The gateway failed mid-stream."}}
+INTERNAL_ERROR = error_event("The gateway failed mid-stream.")
 
 
 class MessageReply(web.Response):
@@ -77,57 +77,11 @@ class AnthropicSSE:
         )
 
 
-class OpenStreams:
-    """The app's open streams. It keeps quiet ones alive: one task for all of them writes a
-    `: ping` comment into each stream that has sent nothing for `interval` seconds (the
-    upstream silent, or busy with output the client never sees, such as thinking); one timer
-    for all streams costs less than one per read, and a stream notes the time of its own
-    writes. And it ends them all at once, when the gateway shuts down (`end_all`)."""
+class StreamRegistry(Protocol):
+    """Where an app keeps its open streams (to keep quiet ones alive, to end them on shutdown)."""
 
-    def __init__(self, interval: float = 15.0) -> None:
-        self.interval = interval
-        self._streams: set[EventStreamReply] = set()
-        self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
-        self._end: dict[str, Any] | None = None  # once set, every stream ends with it
-        self._ending: asyncio.TimerHandle | None = None
-
-    def watch(self, stream: EventStreamReply) -> None:
-        self._streams.add(stream)
-        if self._end is not None:  # it started after end_all: it ends at once too
-            stream.stop(self._end)
-
-    def done(self, stream: EventStreamReply) -> None:
-        self._streams.discard(stream)
-
-    def end_all_after(self, seconds: float, event: dict[str, Any]) -> None:
-        """In `seconds`, end every open stream, and any that starts later, with `event` (an
-        error): each then ends as a stream whose upstream failed does."""
-        self._ending = asyncio.get_running_loop().call_later(seconds, self._end_all, event)
-
-    def _end_all(self, event: dict[str, Any]) -> None:
-        self._end = event
-        for stream in list(self._streams):
-            stream.stop(event)
-
-    async def lifespan(self, app: web.Application):
-        """aiohttp cleanup context: the pinging task lives as long as the app."""
-        task = asyncio.create_task(self._ping_forever())
-        yield
-        task.cancel()
-        if self._ending is not None:
-            self._ending.cancel()
-
-    async def _ping_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(1.0, self.interval / 2))
-            now = loop.time()
-            for stream in list(self._streams):
-                if stream.last_write <= now - self.interval:
-                    stream.last_write = now
-                    ping = asyncio.create_task(stream.ping())
-                    self._pings.add(ping)
-                    ping.add_done_callback(self._pings.discard)
+    def watch(self, stream: EventStreamReply) -> None: ...
+    def done(self, stream: EventStreamReply) -> None: ...
 
 
 class EventStreamReply(web.StreamResponse):
@@ -144,7 +98,7 @@ class EventStreamReply(web.StreamResponse):
     # headers can wait for it and share its write, as aiohttp's own Response does.
     _send_headers_immediately = False
 
-    def __init__(self, events: EventSource, *, streams: OpenStreams | None = None, headers: dict[str, str] | None = None):
+    def __init__(self, events: EventSource, *, streams: StreamRegistry | None = None, headers: dict[str, str] | None = None):
         super().__init__(headers=headers)
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"
@@ -204,7 +158,7 @@ class EventStreamReply(web.StreamResponse):
             self._failed = True
             if isinstance(exc, GatewayError):  # a failure the gateway foresaw, with its message
                 log.warning("stream to the client failed: %s", exc)
-                error = {"type": "error", "error": {"type": "api_error", "message": exc.message}}
+                error = error_event(exc.message)
             else:
                 log.exception("stream to the client failed")
                 error = INTERNAL_ERROR

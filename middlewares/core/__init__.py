@@ -1,0 +1,23 @@
+"""The core every stage depends on, and nothing else: the request keys, the error type and its
+OpenAI envelope, the unsent reply types, usage and its price, the records a stage reads and
+writes, and the Protocols for what a stage is handed. It imports only aiohttp, orjson and the
+standard library, so another aiohttp app can mount a stage without the gateway's application,
+config, storage or ledger."""
+
+from middlewares.core.chain import ChainError, Stage, checked, stage
+from middlewares.core.context import (
+    ANSWERED_MODEL, API_KEY, BODY, BODY_BYTES, DEPLOYMENT, FALLBACK_MODELS, MODEL, REQUEST_ID, SESSION, SETTLE,
+    request_id,
+)
+from middlewares.core.errors import GatewayError, error_envelope, invalid_request
+from middlewares.core.protocols import ModelSpec, Pricing, RateLimiter
+from middlewares.core.records import KeyRecord, LedgerRow
+from middlewares.core.reply import EventStreamReply, MessageReply
+from middlewares.core.usage import StreamUsage, Usage
+
+__all__ = [
+    "ANSWERED_MODEL", "API_KEY", "BODY", "BODY_BYTES", "DEPLOYMENT", "FALLBACK_MODELS", "MODEL", "REQUEST_ID",
+    "SESSION", "SETTLE", "ChainError", "EventStreamReply", "GatewayError", "KeyRecord", "LedgerRow",
+    "MessageReply", "ModelSpec", "Pricing", "RateLimiter", "Stage", "StreamUsage", "Usage", "checked",
+    "error_envelope", "invalid_request", "request_id", "stage",
+]

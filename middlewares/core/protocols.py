@@ -1,0 +1,49 @@
+"""What a stage is handed by the app that mounts it: small Protocols and callable types, so
+that another aiohttp app can mount a stage with its own implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from middlewares.core.records import KeyRecord, LedgerRow
+
+
+class Pricing(Protocol):
+    """USD per million tokens of each kind."""
+
+    input: Decimal
+    output: Decimal
+    cache_write: Decimal
+    cache_read: Decimal
+
+
+class ModelSpec(Protocol):
+    """A model as the stages see it (the gateway's configured model is one)."""
+
+    id: str  # what clients send
+    max_output_tokens: int
+    sampling: bool  # temperature and top_p are sent on
+    efforts: Sequence[str]  # the upstream's effort levels it takes
+    forced_tool_choice: bool
+    min_cache_tokens: int  # 0: no prompt cache
+    pricing: Pricing
+
+
+class RateLimiter(Protocol):
+    async def admit(self, key: KeyRecord) -> float:
+        """0 to let the request through, else the seconds to wait."""
+
+    async def charge_tokens(self, key: KeyRecord, tokens: int) -> None: ...
+
+
+# Finds the key whose SHA-256 hex digest is given, or None.
+FindKey = Callable[[str], Awaitable["KeyRecord | None"]]
+# The model a client's model id names, or None.
+FindModel = Callable[[str], "ModelSpec | None"]
+# What a key (by id) has spent so far, in USD.
+Spent = Callable[[int], Awaitable[Decimal]]
+# Records a ledger row durably; returns once it is committed.
+RecordRow = Callable[["LedgerRow"], Awaitable[None]]

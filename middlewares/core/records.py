@@ -1,0 +1,53 @@
+"""The records stages read and write: an API key (auth finds it, limits reads its limits) and a
+ledger row (billing makes it). The gateway's stores keep them; another app may keep its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal
+from fnmatch import fnmatchcase
+from typing import Literal, NamedTuple
+
+Outcome = Literal["complete", "client_closed"]
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    id: int
+    name: str
+    key_sha256: str  # the key itself is never stored
+    models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
+    spend_limit_usd: Decimal | None = None
+    rpm: int | None = None  # requests per minute
+    tpm: int | None = None  # tokens (input + output) per minute
+    expires_at: datetime | None = None
+    revoked: bool = False
+    spent_usd: Decimal = Decimal(0)  # as of when the record was read
+    from_config: bool = False  # declared in the config file, which alone may change it
+
+    def allows(self, model_id: str) -> bool:
+        return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at is not None and self.expires_at <= (now or datetime.now(timezone.utc))
+
+
+class LedgerRow(NamedTuple):
+    """One billed request, its fields in the ledger's column order (a tuple: what the stores
+    write as it is, and cheap to make on every request)."""
+
+    request_id: str
+    key_id: int
+    model: str  # what the client asked for
+    answered_model: str  # the model that answered (differs after a fallback)
+    deployment: str
+    input_tokens: int  # uncached input
+    cache_write_tokens: int
+    cache_read_tokens: int
+    output_tokens: int  # reasoning included
+    reasoning_tokens: int
+    cost_usd: Decimal
+    outcome: Outcome
+    started_at: datetime
+    finished_at: datetime

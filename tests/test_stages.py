@@ -1,0 +1,325 @@
+"""Stages that stand alone: each one mounted in a foreign aiohttp app, as another team would
+mount it, with its own handler; the chain's order checked before it serves; admission (the
+limits stage) before any image is downloaded; and the imports that keep stages apart."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from decimal import Decimal
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from aioresponses import aioresponses
+
+from gateway.app import chain
+from gateway.config import ImagesConfig, KeyConfig
+from gateway.proxy import proxy_handler
+from gateway.upstream import UpstreamClient
+from middlewares.auth import auth_middleware
+from middlewares.cache_breakpoints import cache_breakpoints_middleware
+from middlewares.core import API_KEY, BODY, ChainError, KeyRecord, checked
+from middlewares.images import images_middleware
+from middlewares.limits import limits_middleware
+from middlewares.refusals import refusals_middleware
+from middlewares.size_limit import size_limit_middleware
+from middlewares.translator import translator_middleware
+from tests.support import KEY, MODEL, Gateway, make_config
+from tests.test_images import PNG, FakedResponse, ImageServer
+
+ROOT = Path(__file__).resolve().parents[1]
+HELLO = {"model": "any", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+async def echo_body(request: web.Request) -> web.Response:
+    """A foreign app's handler: it answers with the body the stages parsed (and changed)."""
+    return web.json_response({"body": request[BODY]})
+
+
+async def serve(app: web.Application) -> Gateway:
+    return await Gateway(app).start()
+
+
+@pytest.fixture
+async def foreign():
+    """Starts foreign apps on loopback; each is cleaned up after the test."""
+    started: list[Gateway] = []
+
+    async def start(middlewares, handler=echo_body, *, on_app=None) -> Gateway:
+        app = web.Application(middlewares=checked(middlewares))
+        app.router.add_post("/chat", handler)
+        if on_app is not None:
+            on_app(app)
+        started.append(await serve(app))
+        return started[-1]
+
+    yield start
+    for app in started:
+        await app.runner.cleanup()
+
+
+async def post(app: Gateway, body: bytes | dict, headers: dict | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(app.url + "/chat", data=data, headers=headers) as response:
+            return response.status, await response.json()
+
+
+# --- size_limit and refusals in a foreign app ---------------------------------------------------
+
+
+async def test_size_limit_and_refusals_refuse_n_2_with_the_exact_400(foreign):
+    app = await foreign([size_limit_middleware(), refusals_middleware()])
+    status, answer = await post(app, {**HELLO, "n": 2})
+    assert status == 400
+    assert answer == {
+        "error": {
+            "message": "n: only 1 choice per request is supported",
+            "type": "invalid_request_error",
+            "param": "n",
+            "code": None,
+        }
+    }
+
+
+async def test_a_valid_body_reaches_the_foreign_handler_parsed(foreign):
+    app = await foreign([size_limit_middleware(), refusals_middleware()])
+    status, answer = await post(app, {**HELLO, "temperature": 0.5})
+    assert status == 200
+    assert answer == {"body": {**HELLO, "temperature": 0.5}}
+
+
+async def test_a_body_over_the_limit_gets_413_before_it_is_read(foreign):
+    app = await foreign([size_limit_middleware(max_bytes=1024), refusals_middleware()])
+    port = int(app.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        # Headers that announce 10 MB, then only a few bytes of it: the answer comes without
+        # the rest ever being sent.
+        writer.write(b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 10485760\r\n\r\n{\"model\":")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 413")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        error = json.loads(await reader.readexactly(length))["error"]
+    finally:
+        writer.close()
+    assert error["code"] == "request_too_large"
+    assert error["message"] == "The request body is over 1,024 bytes."
+
+
+async def test_size_limit_refuses_a_bad_setting_when_built():
+    with pytest.raises(ValueError, match="max_bytes"):
+        size_limit_middleware(max_bytes=0)
+
+
+# --- The image fetcher alone ---------------------------------------------------------------------
+
+
+async def test_the_image_fetcher_alone_puts_data_urls_in_place_of_image_urls(foreign):
+    images = images_middleware()
+    app = await foreign([size_limit_middleware(), images], on_app=lambda a: a.cleanup_ctx.append(images.cleanup_ctx))
+    url = "https://images.example/cat.png"  # an outside host, faked
+    body = {"model": "any", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}},
+    ]}]}
+    with aioresponses(passthrough=[app.url]) as mocked:
+        mocked.get(url, response_class=FakedResponse, body=PNG, content_type="text/plain")
+        status, answer = await post(app, body)
+    assert status == 200
+    part = answer["body"]["messages"][0]["content"][1]
+    assert part == {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}}
+
+
+async def test_the_image_fetcher_still_refuses_private_hosts_in_a_foreign_app(foreign):
+    server = await ImageServer().start()
+    try:
+        url = server.serve("/cat.png", PNG)
+        images = images_middleware()
+        app = await foreign([size_limit_middleware(), images], on_app=lambda a: a.cleanup_ctx.append(images.cleanup_ctx))
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
+        status, answer = await post(app, body)
+    finally:
+        await server.close()
+    assert status == 400
+    assert answer["error"]["message"] == "messages[0].content[0].image_url.url: the host is not a public address"
+    assert server.hits["/cat.png"] == 0
+
+
+async def test_the_image_fetcher_without_its_cleanup_ctx_says_so_and_leaks_nothing(foreign):
+    app = await foreign([size_limit_middleware(), images_middleware()])
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}]}
+    status, answer = await post(app, body)
+    assert status == 500
+    assert answer["error"]["message"] == "The image fetcher is not running."
+
+
+# --- auth with a key store of the foreign app's own ------------------------------------------------
+
+
+async def test_auth_with_a_dict_backed_lookup(foreign):
+    keys = {hashlib.sha256(b"sk-team").hexdigest(): KeyRecord(id=7, name="team", key_sha256="…")}
+
+    async def find_key(digest: str) -> KeyRecord | None:
+        return keys.get(digest)
+
+    async def whoami(request: web.Request) -> web.Response:
+        return web.json_response({"name": request[API_KEY].name})
+
+    app = await foreign([auth_middleware(find_key=find_key, cache_seconds=0)], whoami)
+    assert await post(app, b"{}", {"Authorization": "Bearer sk-team"}) == (200, {"name": "team"})
+    assert await post(app, b"{}", {"x-api-key": "sk-team"}) == (200, {"name": "team"})
+    status, answer = await post(app, b"{}", {"Authorization": "Bearer sk-other"})
+    assert (status, answer["error"]["code"], answer["error"]["message"]) == (401, "invalid_api_key", "Incorrect API key provided.")
+
+
+# --- The chain's order, checked when it is built -----------------------------------------------------
+
+
+def test_a_stage_before_its_prerequisite_is_an_error_naming_both():
+    with pytest.raises(ChainError) as error:
+        checked([refusals_middleware(), size_limit_middleware()])
+    assert str(error.value) == "refusals needs the request's body, which size_limit provides: put size_limit before refusals"
+
+
+def test_a_missing_prerequisite_is_an_error_naming_the_stage_and_the_key():
+    with pytest.raises(ChainError, match="^translator needs the request's model, which no stage before it provides$"):
+        checked([size_limit_middleware(), translator_middleware()])
+
+
+def test_the_gateways_routes_are_built_only_from_a_chain_in_order(upstream):
+    # gateway.app.chain builds each route; the proxy handler needs the model from limits.
+    with pytest.raises(ChainError, match="^proxy needs the request's model, which no stage before it provides$"):
+        chain([size_limit_middleware(), refusals_middleware()], proxy_handler(make_config(upstream.url), UpstreamClient()))
+    with pytest.raises(ChainError, match="^cache_breakpoints needs the request's body, which size_limit provides"):
+        chain([cache_breakpoints_middleware(), size_limit_middleware()], echo_body)
+
+
+def test_the_stages_are_new_style_middlewares():
+    stages = [
+        size_limit_middleware(), refusals_middleware(), limits_middleware(find_model=lambda name: None),
+        images_middleware(), cache_breakpoints_middleware(), translator_middleware(),
+        auth_middleware(find_key=lambda digest: None),
+    ]
+    assert all(getattr(stage, "__middleware_version__", None) == 1 for stage in stages)
+
+
+# --- Admission before work: the limits stage refuses before any image is downloaded -----------------
+
+
+@pytest.fixture
+async def image_server():
+    server = await ImageServer().start()
+    yield server
+    await server.close()
+
+
+async def limited_client(start_gateway, upstream, **key_fields) -> openai.AsyncOpenAI:
+    config = make_config(upstream.url)
+    config = replace(
+        config,
+        images=ImagesConfig(allow_private_hosts=True),  # the loopback image server may be reached
+        keys=(KeyConfig(name="test", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(), **key_fields),),
+    )
+    gateway = await start_gateway(config)
+    return gateway.client()
+
+
+def twenty_images(server: ImageServer) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": server.serve(f"/{i}.png", PNG)}} for i in range(20)]
+    return [{"role": "user", "content": [{"type": "text", "text": "Compare these."}, *parts]}]
+
+
+async def test_a_key_over_its_rpm_gets_429_and_no_image_is_downloaded(start_gateway, upstream, image_server):
+    async with await limited_client(start_gateway, upstream, rpm=1) as client:
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        for _ in range(4):
+            with pytest.raises(openai.RateLimitError):
+                await client.chat.completions.create(model=MODEL, messages=twenty_images(image_server))
+    assert sum(image_server.hits.values()) == 0
+    assert image_server.connections == 0
+
+
+async def test_a_key_over_its_spend_limit_gets_402_and_no_image_is_downloaded(start_gateway, upstream, image_server):
+    async with await limited_client(start_gateway, upstream, spend_limit_usd=Decimal(0)) as client:
+        with pytest.raises(openai.APIStatusError) as error:
+            await client.chat.completions.create(model=MODEL, messages=twenty_images(image_server))
+    assert error.value.status_code == 402
+    assert error.value.body["code"] == "insufficient_quota"
+    assert image_server.connections == 0
+
+
+async def test_a_key_barred_from_the_model_gets_403_and_no_image_is_downloaded(start_gateway, upstream, image_server):
+    async with await limited_client(start_gateway, upstream, models=("test/*",)) as client:
+        with pytest.raises(openai.PermissionDeniedError):
+            await client.chat.completions.create(model=MODEL, messages=twenty_images(image_server))
+        with pytest.raises(openai.PermissionDeniedError):  # a fallback it may not use
+            await client.chat.completions.create(
+                model="test/small", messages=twenty_images(image_server), extra_body={"models": [MODEL]}
+            )
+    assert image_server.connections == 0
+
+
+async def test_an_unknown_model_gets_404_and_no_image_is_downloaded(start_gateway, upstream, image_server):
+    async with await limited_client(start_gateway, upstream) as client:
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="nobody/none", messages=twenty_images(image_server))
+    assert image_server.connections == 0
+
+
+# --- Imports: stages stand alone ---------------------------------------------------------------------
+
+
+def test_importing_size_limit_and_refusals_loads_none_of_the_gateway():
+    code = (
+        "import sys, middlewares.size_limit, middlewares.refusals\n"
+        "print(sorted(m for m in sys.modules if m == 'gateway' or m.startswith(('gateway.', 'asyncpg', 'redis', 'sqlite3'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]"
+
+
+STAGES = ["auth", "size_limit", "refusals", "limits", "images", "cache_breakpoints", "translator", "billing"]
+# What a stage may import besides the core and its own package.
+ALLOWED_OUTSIDE = {"aiohttp", "orjson", "yarl"}
+
+
+def imports_of(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_a_stage_imports_only_the_core_its_own_package_and_the_chosen_libraries(name):
+    package = ROOT / "middlewares" / name
+    files = sorted(package.glob("*.py")) if package.is_dir() else [ROOT / "middlewares" / f"{name}.py"]
+    for path in files:
+        for module in imports_of(path):
+            top = module.split(".")[0]
+            if top == "middlewares":
+                assert module.startswith(("middlewares.core", f"middlewares.{name}")), f"{path.name} imports {module}"
+            else:
+                assert top in ALLOWED_OUTSIDE or top in sys.stdlib_module_names, f"{path.name} imports {module}"
+
+
+def test_the_core_imports_only_the_chosen_libraries():
+    for path in sorted((ROOT / "middlewares" / "core").glob("*.py")):
+        for module in imports_of(path):
+            top = module.split(".")[0]
+            assert top in ALLOWED_OUTSIDE | {"middlewares"} or top in sys.stdlib_module_names, f"{path.name}: {module}"
+            assert top != "middlewares" or module.startswith("middlewares.core"), f"{path.name}: {module}"
