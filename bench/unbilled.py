@@ -6,7 +6,7 @@ floor, the gateway, and the same gateway with `Ledger.record` made a no-op (this
 Prints each one's CPU per request and its ratio to the floor, with the rounds' range.
 
 It is the evidence behind issue 5's non-streaming target: at concurrency 1 every request
-commits its own ledger row before its reply ends (DESIGN.md, billing), and that commit alone is
+commits its own ledger row before its reply ends (docs/architecture.md, billing), and that commit alone is
 about as large as what the target allows the gateway over the floor; at concurrency 64 the
 rows share commits and the ledger costs little. Not a test of the gateway: never serve with
 `--serve`.

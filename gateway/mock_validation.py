@@ -1,7 +1,8 @@
 """What the mock upstream rejects, as Anthropic's Messages API does (400 invalid_request_error).
 
-These rules are the ones gateways get wrong (see ../shared/reference/translation-notes.md): a
-gateway test that passes against the mock has not sent anything the real API would refuse.
+These rules are the ones a translating gateway gets wrong (unknown fields, roles, empty text,
+tool ids and names, media types): a gateway test that passes against the mock has not sent
+anything the real API would refuse.
 """
 
 from __future__ import annotations
