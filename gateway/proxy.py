@@ -29,7 +29,7 @@ from middlewares.core.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_
 from middlewares.core.errors import GatewayError, retry_after
 from middlewares.core.reply import EventStreamReply, MessageReply
 
-# Spec, "Errors": a non-streaming request that takes longer than this ends with 504.
+# docs/api.md, "Errors": a non-streaming request that takes longer than this ends with 504.
 NON_STREAMING_DEADLINE = 590.0
 # Failures another deployment may not have (an upstream 401 is the gateway's credential: 500).
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
@@ -53,7 +53,7 @@ def proxy_handler(
                 events = UpstreamEvents(await upstream.post(deployment, body))
                 await events.first_output()
         except TimeoutError:
-            # A 500, not the spec's 504 `timeout`: that one tells a non-streaming request to stream.
+            # A 500, not the 504 `timeout`: that one tells a non-streaming request to stream.
             raise GatewayError(
                 500,
                 f"The upstream produced nothing within {deployment.first_token_timeout_seconds:g} seconds.",

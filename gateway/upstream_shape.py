@@ -1,6 +1,6 @@
 """What the gateway reads of the upstream's messages and stream events, checked once, where they
 arrive. Past this check, billing and the translator index them freely. A reply that fails it is
-the upstream's error, not the gateway's: it is never billed (spec, "Errors": failed requests
+the upstream's error, not the gateway's: it is never billed (docs/api.md, "Errors": failed requests
 aren't billed), and before the first token it moves on to the next deployment, as a 5xx does.
 
 Only what the gateway reads is checked; fields it does not know pass as they are.

@@ -1,4 +1,4 @@
-"""The cache_breakpoints stage (spec, "Prompt caching").
+"""The cache_breakpoints stage (docs/api.md, "Prompt caching").
 
 A request with no cache breakpoints of its own gets two 5-minute ones, unless it opts out with
 `x-ezat-cache: off` or is certainly too short to be cached: one after the stable prefix (the last system

@@ -102,7 +102,7 @@ async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except GatewayError as exc:
         if exc.status in (429, 503) and "retry-after" not in exc.headers:
-            # Spec, "Errors": both say to wait for retry-after seconds, so there always is one.
+            # docs/api.md, "Errors": both say to wait for retry-after seconds, so there always is one.
             # (Added here, not when the error is made: routing cools a deployment down for
             # what the upstream itself said.)
             exc.headers.update(retry_after(DEFAULT_RETRY_AFTER))

@@ -26,7 +26,7 @@ class Limits:
     total_bytes: int = MAX_BODY_BYTES
     timeout: float = 15.0
     redirects: int = 3
-    ports: tuple[int, ...] = ()  # the ports allowed; empty: any port (the spec sets no limit)
+    ports: tuple[int, ...] = ()  # the ports allowed; empty: any port (the API sets no limit)
     allow_private_hosts: bool = False
 
 

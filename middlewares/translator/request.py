@@ -9,7 +9,7 @@ from middlewares.core.protocols import ModelSpec
 from middlewares.core.reasoning import EFFORTS, UNKNOWN_EFFORT, known_effort
 from middlewares.translator.messages import cached, convert_messages, upstream_identifier
 
-# Spec, "Output length and format": with neither limit sent, 32,000 or the model's maximum.
+# docs/api.md, "Output length": with neither limit sent, 32,000 or the model's maximum.
 DEFAULT_MAX_TOKENS = 32_000
 
 
@@ -17,7 +17,7 @@ def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any]
     """The upstream request for `body`, and the tool names it renamed (upstream → client).
 
     Only fields that mean something upstream are copied, so nothing OpenAI-only (or ignored
-    by the spec) ever reaches it.
+    by the gateway) ever reaches it.
     """
     system, messages = convert_messages(body.get("messages"))
     request: dict[str, Any] = {
@@ -71,7 +71,7 @@ def _stop_sequences(stop: Any) -> list[str]:
 def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> dict[str, str]:
     tools = body.get("tools")
     if tools is None or tools == []:
-        return {}  # spec: without tools, tool_choice and parallel_tool_calls are ignored
+        return {}  # without tools, tool_choice and parallel_tool_calls are ignored
     if not isinstance(tools, list):
         raise invalid_request("tools: expected a list of tools", "tools")
     converted, renamed = [], {}
@@ -155,7 +155,7 @@ def _reasoning(
             "reasoning_effort",
         )
     request["output_config"] = {"effort": effort}
-    # Forced tool use excludes thinking (spec). So does continuing a tool call whose thinking
+    # Forced tool use excludes thinking (the upstream refuses both). So does continuing a tool call whose thinking
     # blocks the client could not send back: the upstream insists on them.
     if not think or forced_tool or _continues_tool_use(messages):
         return False
@@ -212,7 +212,7 @@ _SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 
 
 def _check_closed_objects(schema: Any, path: str) -> None:
-    """Every object in the schema must say `"additionalProperties": false` (spec)."""
+    """Every object in the schema must say `"additionalProperties": false` (docs/api.md, "Structured output")."""
     if not isinstance(schema, dict):
         return
     kind = schema.get("type")

@@ -8,7 +8,7 @@ import orjson
 
 from middlewares.core.usage import Usage
 
-# Spec, "Finish reasons". A context window filled by the output is a truncation too.
+# docs/api.md, "Finish reasons". A context window filled by the output is a truncation too.
 FINISH_REASONS = {
     "end_turn": "stop",
     "stop_sequence": "stop",
