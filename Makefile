@@ -12,8 +12,9 @@ $(READY): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,fast]'
 	touch $(READY)
 
+# `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).
 demo: $(READY)
-	$(BIN)/ezat-gateway serve
+	$(BIN)/ezat-gateway serve$(if $(PORT), --port $(PORT))
 
 test: $(READY)
 	$(BIN)/pytest -q -rs $(PYTEST_ARGS)

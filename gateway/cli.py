@@ -22,12 +22,16 @@ from gateway import admin
 from gateway.app import build_app
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
-    Config, ConfigError, Deployment, KeyConfig, Model, Pricing, load_config, storage_url_problem,
+    Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
+    load_storage_config, storage_url_problem,
 )
 
 log = logging.getLogger("ezat")
 
 LOCAL_KEY_FILE = "ezat-gateway.key"
+# Not the config's default (ezat-gateway.db): the config file is its keys' source of truth, so a
+# demo and a config sharing one database would each revoke the other's keys on starting.
+DEMO_STORAGE = StorageConfig(url="sqlite:///ezat-demo.db")
 DEFAULT_MODEL = Model(
     id="anthropic/claude-sonnet-5-5",
     upstream_model="claude-sonnet-5-5",
@@ -41,9 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ezat-gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     config_option = argparse.ArgumentParser(add_help=False)
-    config_option.add_argument("--config", default=os.environ.get("EZAT_CONFIG"), help="TOML config file")
+    config_option.add_argument(
+        "--config", default=os.environ.get("EZAT_CONFIG"), help="TOML config file (default: $EZAT_CONFIG)"
+    )
     storage_options = argparse.ArgumentParser(add_help=False, parents=[config_option])
-    storage_options.add_argument("--storage", help="storage URL (default: the config's, else the embedded SQLite file)")
+    storage_options.add_argument(
+        "--storage", help=f"storage URL (default: the config's [storage], else the demo's {DEMO_STORAGE.url})"
+    )
 
     serving = commands.add_parser("serve", parents=[config_option], help="run the gateway")
     serving.add_argument("--host", help="override [server] host")
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             run(args.host, args.port)
             return 0
         if args.command in ("keys", "usage"):
-            storage = args.storage or (load_config(args.config) if args.config else Config()).storage.url
+            # Only [storage]: listing keys must not need the upstream's secret in the environment.
+            storage = args.storage or (load_storage_config(args.config) if args.config else DEMO_STORAGE).url
             if problem := storage_url_problem(storage):
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
@@ -104,6 +113,8 @@ def check_config(path: str) -> int:
         f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
         f"{len(config.keys)} keys)"
     )
+    for warning in expired_keys(config):  # valid, so not a failure, but worth a look
+        print(warning)
     return 0
 
 
@@ -178,7 +189,7 @@ async def serve_forever(config_path: str | None, host: str | None, port: int | N
 
 async def embedded_config():
     """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
-    the built-in mock upstream otherwise, SQLite in the working directory, and a local key."""
+    the built-in mock upstream otherwise, its own SQLite file in the working directory, and a local key."""
     mock = None
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if api_key:
@@ -192,7 +203,8 @@ async def embedded_config():
         deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
     demo_key = os.environ.get("EZAT_API_KEY") or _local_key()
     key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
-    return Config(deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,)), demo_key, mock
+    config = Config(storage=DEMO_STORAGE, deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,))
+    return config, demo_key, mock
 
 
 def _local_key() -> str:

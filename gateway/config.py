@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 from urllib.parse import urlsplit
 
+from middlewares.core.sizes import MAX_BODY_BYTES, MiB
+
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
@@ -113,15 +115,15 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class ImagesConfig:
-    """The image fetcher; the defaults are the spec's limits."""
+    """The image fetcher; the defaults are the API's limits (docs/api.md, "Images and PDFs")."""
 
     allow_private_hosts: bool = False  # true only for tests and trusted networks
     max_image_mb: int = _field(10, check=_positive)
-    max_total_mb: int = _field(32, check=_positive)  # all downloads of one request
+    max_total_mb: int = _field(MAX_BODY_BYTES // MiB, check=_positive)  # all downloads of one request
     max_urls: int = _field(20, check=_positive)
     timeout_seconds: float = _field(15.0, check=_positive_number)
     max_redirects: int = _field(3, check=_non_negative)
-    ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the spec sets no limit)
+    ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the API sets no limit)
 
 
 @dataclass(frozen=True)
@@ -201,23 +203,42 @@ class Config:
 # --- Loading.
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise ConfigError([f"{path}: cannot read file: {reason}"]) from None
-    return _config_from_toml(text, os.environ, source=f"{path}: ")
+    return _config_from_toml(_read(path), os.environ, source=f"{path}: ")
 
 
 def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:
     return _config_from_toml(text, os.environ if env is None else env, source="")
 
 
-def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
+def load_storage_config(path: str | os.PathLike[str]) -> StorageConfig:
+    """Only the file's [storage] table, for `keys` and `usage`: the rest is neither interpolated
+    nor checked, so listing keys needs no upstream secret in the environment."""
+    data = _parse_toml(_read(path), source=f"{path}: ")
+    problems: list[str] = []
+    raw = _interpolate(data.get("storage", {}), "storage", os.environ, problems)
+    storage = _build(StorageConfig, raw, "storage", problems)
+    if problems:
+        raise ConfigError(problems)
+    return storage
+
+
+def _read(path: str | os.PathLike[str]) -> str:
     try:
-        data = tomllib.loads(text)
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError([f"{path}: cannot read file: {reason}"]) from None
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError([f"{source}invalid TOML: {error}"]) from None
+
+
+def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
+    data = _parse_toml(text, source)
     problems: list[str] = []  # "path: message" lines
     data = _interpolate(data, "", env, problems)
     config = _build(Config, data, "", problems)
@@ -227,6 +248,18 @@ def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def expired_keys(config: Config, now: datetime | None = None) -> list[str]:
+    """One line for each key, not revoked, whose expires_at has passed: a valid config, but likely
+    a mistake, since every request with it gets 401. Names the entry and its name, never the key."""
+    now = now or datetime.now(timezone.utc)
+    lines = []
+    for i, key in enumerate(config.keys):
+        if key.expires_at is not None and key.expires_at <= now and not key.revoked:
+            name = f" ({key.name})" if key.name else ""
+            lines.append(f"keys[{i}]{name}: expired at {key.expires_at.isoformat()}; requests with it get 401")
+    return lines
 
 
 def _join(path: str, key: str) -> str:

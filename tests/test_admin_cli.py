@@ -18,6 +18,7 @@ from decimal import Decimal
 import openai
 import pytest
 
+from gateway.admin import USAGE_COLUMNS
 from gateway.config import StorageConfig, load_config
 from gateway.mock_upstream import Scenario
 from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, read_store, run_command
@@ -245,6 +246,44 @@ async def test_keys_update_changes_expiry_and_models(backend, start_gateway, ups
     await ask(gateway, secret)
     key = (await stored_keys(backend[2]))["ci"]
     assert (key.models, key.tpm, key.expires_at, key.rpm) == (("test/*", "anthropic/*"), None, None, 10)
+
+
+async def test_keys_and_usage_read_only_the_storage_table(tmp_path, upstream):
+    """Managing keys needs the store, not the upstream's secret: only [storage] is interpolated
+    and checked, so a deployment's unset ${VAR} does not stop them."""
+    db = tmp_path / "ezat.db"
+    path = tmp_path / "gateway.toml"
+    path.write_text(CONFIG.format(db="${EZAT_TEST_DB}", upstream=upstream.url, upstream_key="${SOME_UNSET_VAR}",
+                                  model=MODEL, upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
+    status, output = await run_command("check-config", str(path), env={"EZAT_TEST_DB": str(db)})
+    assert (status, output) == (1, "deployments[0].api_key: environment variable SOME_UNSET_VAR is not set\n")
+
+    admin = lambda *args: run_command(*args, "--config", str(path), env={"EZAT_TEST_DB": str(db)}, cwd=tmp_path)
+    status, output = await admin("keys", "create", "--name", "ci")
+    assert status == 0, output
+    status, listed = await admin("keys", "list")
+    assert status == 0, listed
+    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["ci"]
+    assert list(await stored_keys(f"sqlite:///{db}")) == ["ci"]  # the file [storage] names, interpolated
+    status, output = await admin("usage")
+    assert (status, output.split()) == (0, ["day", *USAGE_COLUMNS])  # nothing spent yet
+
+
+@pytest.mark.parametrize(
+    "storage, problem",
+    [
+        ('url = "sqlite:///${EZAT_UNSET_DB}"', "storage.url: environment variable EZAT_UNSET_DB is not set"),
+        ('url = "mysql://admin:hunter2@db/x"', "storage.url: expected a sqlite:///, postgresql:// or postgres:// URL"),
+        ('uri = "sqlite:///ezat.db"', "storage.uri: unknown key"),
+    ],
+)
+async def test_a_bad_storage_table_is_reported_with_its_key_path(tmp_path, storage, problem):
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"[storage]\n{storage}\n")
+    for command in (("keys", "list"), ("usage",)):
+        status, output = await run_command(*command, "--config", str(path), cwd=tmp_path)
+        assert (status, output) == (1, f"{path}: invalid config\n  {problem}\n")
+    assert list(tmp_path.iterdir()) == [path]  # no database made anywhere
 
 
 # --- usage

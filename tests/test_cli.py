@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
+from pathlib import Path
 
 import openai
 import pytest
+from yarl import URL
 
-from tests.support import MODEL, ServeProcess, free_port, run_command, spawn
+from tests.support import MODEL, UPSTREAM_KEY, ServeProcess, free_port, run_command, spawn
+
+ROOT = Path(__file__).parent.parent
 
 
 async def stop(process: asyncio.subprocess.Process) -> str:
@@ -94,8 +101,9 @@ async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_pat
         await served.stop()
     assert served.process.returncode == 0
     assert "curl http://127.0.0.1" in served.log.read_text()
-    # the embedded SQLite file and the local key live in the working directory, the key across restarts
-    assert (tmp_path / "ezat-gateway.db").exists()
+    # the demo's own SQLite file and the local key live in the working directory, the key across restarts
+    assert (tmp_path / "ezat-demo.db").exists()
+    assert not (tmp_path / "ezat-gateway.db").exists()  # a config file's default: not the demo's
     assert (tmp_path / "ezat-gateway.key").read_text().strip() == key
     assert (tmp_path / "ezat-gateway.key").stat().st_mode & 0o077 == 0
 
@@ -131,6 +139,82 @@ async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):
         await gateway.stop()
         await stop(mock)
     assert gateway.process.returncode == 0
+
+
+async def test_the_demo_and_a_config_in_one_directory_keep_each_others_keys(tmp_path, upstream):
+    """Each start makes its store's keys match its config; sharing a database, the demo would
+    revoke the config file's keys and the other way round."""
+    config = dict(env={"UPSTREAM_SECRET": UPSTREAM_KEY}, upstream_port=URL(upstream.url).port)
+    gateway = ServeProcess(tmp_path, "gateway", GOOD_CONFIG, **config)  # no [storage]: the default file
+    demo = ServeProcess(tmp_path, "demo")
+    restarted = ServeProcess(tmp_path, "restarted", GOOD_CONFIG, **config)
+    question = [{"role": "user", "content": "still mine?"}]
+    try:
+        await gateway.start()
+        await demo.start("--port", str(demo.port))
+        demo_key = await printed_key(demo)
+        async with gateway.client(api_key="sk-from-config") as client:  # first asked after the demo started
+            await client.chat.completions.create(model=MODEL, messages=question)
+        await gateway.stop()
+        await restarted.start()
+        async with demo.client(api_key=demo_key) as client:  # first asked after the config's restart
+            await client.chat.completions.create(model=MODEL, messages=question)
+    finally:
+        for served in (gateway, demo, restarted):
+            await served.stop()
+
+    # `keys` without a config file manages the demo's keys; with one, its [storage]'s.
+    status, listed = await run_command("keys", "list", cwd=tmp_path)
+    assert status == 0, listed
+    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["local"]
+    status, listed = await run_command("keys", "list", "--config", str(gateway.config), cwd=tmp_path)
+    assert status == 0, listed
+    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["laptop"]
+    assert "True" not in listed.split()  # neither revoked
+    assert (tmp_path / "ezat-demo.db").exists() and (tmp_path / "ezat-gateway.db").exists()
+
+
+async def test_check_config_warns_of_a_key_that_has_expired(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(GOOD_CONFIG.format(port=8080, upstream_port=8081) + """
+[[keys]]
+key = "sk-alice-secret"
+name = "alice"
+expires_at = 2025-01-01T00:00:00Z
+
+[[keys]]
+key = "sk-nameless-secret"
+expires_at = 2025-06-30T12:00:00+02:00
+
+[[keys]]
+key = "sk-retired-secret"
+name = "retired"
+expires_at = 2025-01-01T00:00:00Z
+revoked = true                       # refused anyway: nothing to warn of
+
+[[keys]]
+key = "sk-future-secret"
+name = "future"
+expires_at = 2999-01-01T00:00:00Z
+""")
+    status, output = await run_command("check-config", str(path), env={"UPSTREAM_SECRET": "s"})
+    assert status == 0  # a warning: the file is valid
+    assert output.splitlines() == [
+        f"{path}: ok (1 deployments, 1 models, 5 keys)",
+        "keys[1] (alice): expired at 2025-01-01T00:00:00+00:00; requests with it get 401",
+        "keys[2]: expired at 2025-06-30T10:00:00+00:00; requests with it get 401",
+    ]
+    assert "secret" not in output
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("options, command", [((), "serve"), (("PORT=8090",), "serve --port 8090")])
+def test_make_demo_takes_a_port(options, command):
+    environment = {name: value for name, value in os.environ.items() if name != "PORT"}
+    # -n prints the commands without running them (nor the virtualenv's setup, if due).
+    made = subprocess.run(["make", "-n", "demo", *options], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, check=True)
+    assert made.stdout.splitlines()[-1] == f".venv/bin/ezat-gateway {command}"
 
 
 async def test_serve_refuses_a_bad_config(tmp_path):

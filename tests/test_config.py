@@ -15,7 +15,9 @@ from gateway.config import (
     Pricing,
     ServerConfig,
     StorageConfig,
+    expired_keys,
     load_config,
+    load_storage_config,
     parse_config,
 )
 
@@ -591,3 +593,69 @@ def test_problems_in_a_file_use_key_paths(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert caught.value.problems == ["server.port: expected an integer from 1 to 65535"]
+
+
+# --- Only [storage], for `keys` and `usage`
+
+
+def test_load_storage_config_reads_and_interpolates_only_the_storage_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("EZAT_TEST_DB_HOST", "db.internal")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    path = tmp_path / "gateway.toml"
+    # The rest would not load: ${ANTHROPIC_API_KEY} is unset and max_attempts is out of range.
+    text = EXAMPLE.replace("sqlite:///ezat-gateway.db", "postgresql://gw@${EZAT_TEST_DB_HOST}/gw")
+    path.write_text(text + "\n[routing]\nmax_attempts = 0\n", encoding="utf-8")
+    assert load_storage_config(path) == StorageConfig(url="postgresql://gw@db.internal/gw")
+    with pytest.raises(ConfigError):
+        load_config(path)
+
+
+def test_load_storage_config_without_a_storage_table_gives_the_default(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(DEPLOYMENT, encoding="utf-8")
+    assert load_storage_config(path) == StorageConfig(url="sqlite:///ezat-gateway.db")
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('storage = "sqlite:///x.db"', "storage: expected a table"),
+        ("[storage]\nurl = 5", "storage.url: expected a string"),
+    ],
+)
+def test_load_storage_config_problems_use_key_paths(tmp_path, text, problem):
+    path = tmp_path / "gateway.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_storage_config(path)
+    assert caught.value.problems == [problem]
+
+
+def test_load_storage_config_still_needs_the_whole_file_to_be_toml(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text('[storage]\nurl = "sqlite:///x.db"\n[server\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_storage_config(path)
+    [problem] = caught.value.problems
+    assert problem.startswith(f"{path}: invalid TOML: ")
+
+
+# --- Expired keys: valid, but worth a warning
+
+
+def test_expired_keys_names_the_entry_not_the_key():
+    config = parse_config("""
+[[keys]]
+key = "sk-open-ended"
+
+[[keys]]
+key = "sk-expires-now"
+name = "bob"
+expires_at = 2026-03-01T00:00:00Z
+
+[[keys]]
+key = "sk-not-yet"
+expires_at = 2026-03-01T00:00:01Z
+""")
+    now = datetime(2026, 3, 1, tzinfo=timezone.utc)  # the moment it expires, a key is refused
+    assert expired_keys(config, now) == ["keys[1] (bob): expired at 2026-03-01T00:00:00+00:00; requests with it get 401"]
