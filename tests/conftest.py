@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -89,3 +93,30 @@ async def redis_url():
     yield REDIS_URL
     await client.flushdb()
     await client.aclose()
+
+
+# --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py.
+
+# The version the tests (and the product page's examples) were last run with.
+NODE_SDK = "openai@7.59.0"
+
+
+@pytest.fixture(scope="session")
+def node_sdk() -> Path:
+    """A directory whose node_modules holds NODE_SDK, installed once into the virtualenv (make
+    clean removes it). Without Node.js or the npm registry these tests skip, except in CI
+    (EZAT_REQUIRE_SERVICES=1), where they fail."""
+    where = Path(sys.prefix) / "node-sdk"
+    if not (where / "node_modules" / "openai" / "package.json").exists():
+        try:
+            if shutil.which("node") is None or shutil.which("npm") is None:
+                raise FileNotFoundError("node and npm are not both installed")
+            subprocess.run(
+                ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", NODE_SDK],
+                check=True, capture_output=True, timeout=300,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+                pytest.fail(f"Node.js and {NODE_SDK} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
+            pytest.skip(f"Node.js with {NODE_SDK} is not available here ({exc!r}); CI runs these tests")
+    return where

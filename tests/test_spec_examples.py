@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,31 +34,6 @@ async def run(gateway, program: list[str]) -> str:
     output, errors = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, (output + errors).decode()
     return output.decode()
-
-
-# The official OpenAI SDK for Node.js, the version the examples were last run with.
-NODE_SDK = "openai@7.59.0"
-
-
-@pytest.fixture(scope="session")
-def node_sdk() -> Path:
-    """A directory whose node_modules holds NODE_SDK, installed once into the virtualenv (make
-    clean removes it). Without Node.js or the npm registry these tests skip, except in CI
-    (EZAT_REQUIRE_SERVICES=1), where they fail."""
-    where = Path(sys.prefix) / "node-sdk"
-    if not (where / "node_modules" / "openai" / "package.json").exists():
-        try:
-            if shutil.which("node") is None or shutil.which("npm") is None:
-                raise FileNotFoundError("node and npm are not both installed")
-            subprocess.run(
-                ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", NODE_SDK],
-                check=True, capture_output=True, timeout=300,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
-                pytest.fail(f"Node.js and {NODE_SDK} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
-            pytest.skip(f"Node.js with {NODE_SDK} is not available here ({exc!r}); CI runs these tests")
-    return where
 
 
 def node(gateway, sdk: Path, name: str, code: str) -> list[str]:
