@@ -210,9 +210,11 @@ expires_at = 2999-01-01T00:00:00Z
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.parametrize("options, command", [((), "serve"), (("PORT=8090",), "serve --port 8090")])
 def test_make_demo_takes_a_port(options, command):
-    environment = {name: value for name, value in os.environ.items() if name != "PORT"}
+    # Not make's own variables either: under `make test` they would make this a sub-make.
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("PORT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     # -n prints the commands without running them (nor the virtualenv's setup, if due).
-    made = subprocess.run(["make", "-n", "demo", *options], cwd=ROOT, env=environment,
+    made = subprocess.run(["make", "-n", "--no-print-directory", "demo", *options], cwd=ROOT, env=environment,
                           capture_output=True, text=True, check=True)
     assert made.stdout.splitlines()[-1] == f".venv/bin/ezat-gateway {command}"
 
