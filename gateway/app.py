@@ -46,7 +46,7 @@ def build_app(
     upstream = UpstreamClient()
     store = open_store(config.storage.url)
     ledger = Ledger(store)
-    limiter = rate_limiter(config.ratelimit.url)
+    limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
     auth = auth_middleware(find_key=store.find_key, cache_seconds=key_cache_seconds)
     settings = config.images
     images = images_middleware(

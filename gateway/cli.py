@@ -129,8 +129,14 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
         return
     if not config_path:
         raise SystemExit("--workers needs --config: workers share its storage (the embedded mode is one process)")
+    if not config.ratelimit.url and (limited := _rate_limited_keys(config)):
+        # (A key given limits through the CLI is refused by each worker, on its requests.)
+        raise SystemExit(
+            f"--workers {workers} needs [ratelimit] url (Redis) for keys with rpm or tpm ({', '.join(limited)}): "
+            "each worker's own buckets would let through N times their limits"
+        )
     spawn = multiprocessing.get_context("spawn")
-    processes = [spawn.Process(target=_worker, args=(config_path, host, port)) for _ in range(workers)]
+    processes = [spawn.Process(target=_worker, args=(config_path, host, port, workers)) for _ in range(workers)]
     for process in processes:
         process.start()
 
@@ -150,20 +156,28 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
         raise SystemExit(1)
 
 
-def _worker(config_path: str, host: str | None, port: int | None) -> None:
+def _rate_limited_keys(config: Config) -> list[str]:
+    """The names of the config's usable keys with rpm or tpm."""
+    return sorted({key.name or "(unnamed)" for key in config.keys if (key.rpm or key.tpm) and not key.revoked})
+
+
+def _worker(config_path: str, host: str | None, port: int | None, workers: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
     _configure_logging()  # a spawned process starts with none
-    run(serve_forever(config_path, host, port, reuse_port=True))
+    run(serve_forever(config_path, host, port, reuse_port=True, workers=workers))
 
 
-async def serve_forever(config_path: str | None, host: str | None, port: int | None, *, reuse_port: bool = False) -> None:
+async def serve_forever(
+    config_path: str | None, host: str | None, port: int | None, *, reuse_port: bool = False, workers: int = 1
+) -> None:
     mock = None
     if config_path:
         config = load_config(config_path)
         demo_key = None
     else:
         config, demo_key, mock = await embedded_config()
-    server = replace(config.server, host=host or config.server.host, port=port or config.server.port)
+    server = replace(config.server, host=host or config.server.host, port=port or config.server.port, workers=workers)
+    config = replace(config, server=server)
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
     # timeout), then close; the app's cleanup writes every ledger row still pending.

@@ -1,9 +1,15 @@
 """Per-key rate limits (requests and tokens per minute) as token buckets: in memory for one
 process, or in Redis so every replica draws on the same buckets.
 
-A request takes one request token and needs a positive token balance; the tokens it used are
-taken afterwards, when they are known (a large answer can leave the balance below zero, and
-the key waits until it refills).
+A request takes one request token and reserves its token estimate (its input, estimated, and
+its output limit), both checked and taken at once; afterwards the difference between what it
+used and what it reserved is charged or given back (`charge_tokens`), so concurrent requests
+cannot all pass on one balance. A request whose estimate exceeds the whole per-minute limit
+waits for a full bucket, and so can run once a minute at most.
+
+With several workers and no Redis, each worker's buckets would let through N times a key's
+limits: `serve` refuses to start with rate-limited keys in its config then, and each worker
+refuses any other key with limits (`MemoryRateLimiter(workers=N)`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import time
 from typing import Protocol
 
 from middlewares.core import protocols
+from middlewares.core.errors import GatewayError
 from middlewares.core.records import KeyRecord
 
 log = logging.getLogger("ezat.ratelimit")
@@ -22,13 +29,14 @@ class RateLimiter(protocols.RateLimiter, Protocol):
     async def close(self) -> None: ...
 
 
-def _buckets(key: KeyRecord) -> list[tuple[str, int, int]]:
-    """(bucket name, per-minute limit, tokens taken now) for each limit the key has."""
+def _buckets(key: KeyRecord, tokens: int) -> list[tuple[str, int, int, int]]:
+    """(bucket name, per-minute limit, tokens taken now, balance needed) for each limit the key
+    has. The balance needed is at most the limit, so a request larger than it can still run."""
     buckets = []
     if key.rpm:
-        buckets.append((_bucket(key, "rpm"), key.rpm, 1))
+        buckets.append((_bucket(key, "rpm"), key.rpm, 1, 1))
     if key.tpm:
-        buckets.append((_bucket(key, "tpm"), key.tpm, 0))
+        buckets.append((_bucket(key, "tpm"), key.tpm, tokens, min(max(tokens, 1), key.tpm)))
     return buckets
 
 
@@ -37,24 +45,30 @@ def _bucket(key: KeyRecord, limit: str) -> str:
 
 
 class MemoryRateLimiter:
-    def __init__(self) -> None:
+    """This process's buckets. `workers`: how many processes serve the port, each with buckets
+    of its own; past one, a rate-limited key is refused rather than given N times its limits."""
+
+    def __init__(self, *, workers: int = 1) -> None:
         self._buckets: dict[str, tuple[float, float]] = {}  # name → (balance, at)
+        self._workers = workers
 
     def _balance(self, name: str, per_minute: int, now: float) -> float:
         balance, at = self._buckets.get(name, (per_minute, now))
         return min(per_minute, balance + (now - at) * per_minute / 60)
 
-    async def admit(self, key: KeyRecord) -> float:
+    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+        buckets = _buckets(key, tokens)
+        if buckets and self._workers > 1:
+            raise unshared_limits()
         now = time.monotonic()
         wait = 0.0
-        buckets = _buckets(key)
-        balances = [self._balance(name, limit, now) for name, limit, _ in buckets]
-        for (name, limit, _), balance in zip(buckets, balances):
-            if balance < 1:
-                wait = max(wait, (1 - balance) * 60 / limit)
+        balances = [self._balance(name, limit, now) for name, limit, _, _ in buckets]
+        for (name, limit, _, need), balance in zip(buckets, balances):
+            if balance < need:
+                wait = max(wait, (need - balance) * 60 / limit)
         if wait:
             return wait
-        for (name, _, take), balance in zip(buckets, balances):
+        for (name, _, take, _), balance in zip(buckets, balances):
             self._buckets[name] = (balance - take, now)
         return 0.0
 
@@ -67,32 +81,32 @@ class MemoryRateLimiter:
         pass
 
 
-# KEYS: bucket names. ARGV: per bucket, its per-minute limit and the tokens to take.
-# Checks every bucket and takes from them only if all have at least one token, atomically.
+# KEYS: bucket names. ARGV: per bucket, its per-minute limit, the tokens to take and the balance
+# needed. Checks every bucket and takes from them only if all hold what is needed, atomically.
 # Returns the milliseconds to wait (0 when admitted). Redis's clock serves every replica.
 _ADMIT = """
 local now_s, now_us = unpack(redis.call('TIME'))
 local now = tonumber(now_s) + tonumber(now_us) / 1e6
 local balances, wait = {}, 0
 for i, name in ipairs(KEYS) do
-  local limit = tonumber(ARGV[2 * i - 1])
+  local limit, need = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i])
   local state = redis.call('HMGET', name, 'balance', 'at')
   local balance = tonumber(state[1]) or limit
   local at = tonumber(state[2]) or now
   balance = math.min(limit, balance + (now - at) * limit / 60)
   balances[i] = balance
-  if balance < 1 then wait = math.max(wait, (1 - balance) * 60 / limit) end
+  if balance < need then wait = math.max(wait, (need - balance) * 60 / limit) end
 end
 if wait > 0 then return math.ceil(wait * 1000) end
 for i, name in ipairs(KEYS) do
-  redis.call('HSET', name, 'balance', balances[i] - tonumber(ARGV[2 * i]), 'at', now)
+  redis.call('HSET', name, 'balance', balances[i] - tonumber(ARGV[3 * i - 1]), 'at', now)
   redis.call('EXPIRE', name, 120)  -- idle that long, a bucket is full again anyway
 end
 return 0
 """
 
 
-# Takes the tokens a request used from the key's token bucket.
+# Takes tokens from the key's token bucket (a negative count gives them back).
 _CHARGE = """
 local now_s, now_us = unpack(redis.call('TIME'))
 local now = tonumber(now_s) + tonumber(now_us) / 1e6
@@ -121,13 +135,13 @@ class RedisRateLimiter:
         self._charge = self._redis.register_script(_CHARGE)
         self._warned_at = -60.0
 
-    async def admit(self, key: KeyRecord) -> float:
-        buckets = _buckets(key)
+    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+        buckets = _buckets(key, tokens)
         if not buckets:
             return 0.0
-        args = [value for _, limit, take in buckets for value in (limit, take)]
+        args = [value for _, limit, take, need in buckets for value in (limit, take, need)]
         try:
-            return await self._admit(keys=[name for name, _, _ in buckets], args=args) / 1000
+            return await self._admit(keys=[name for name, _, _, _ in buckets], args=args) / 1000
         except Exception as exc:
             self._fail_open(exc)
             return 0.0
@@ -150,5 +164,13 @@ class RedisRateLimiter:
         await self._redis.aclose()
 
 
-def rate_limiter(url: str) -> RateLimiter:
-    return RedisRateLimiter(url) if url else MemoryRateLimiter()
+def rate_limiter(url: str, *, workers: int = 1) -> RateLimiter:
+    return RedisRateLimiter(url) if url else MemoryRateLimiter(workers=workers)
+
+
+def unshared_limits() -> GatewayError:
+    return GatewayError(
+        500,
+        "This key has rate limits, which several workers can only share through [ratelimit] url (Redis).",
+        type="server_error",
+    )

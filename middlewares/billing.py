@@ -25,7 +25,8 @@ def billing_middleware(*, record: RecordRow):
     """Records one `LedgerRow` for the key in `request[API_KEY]` with `record(row)`, which
     returns once the row is committed: priced at the model that answered
     (`request[ANSWERED_MODEL]`, else `request[MODEL]`). Then `request[SETTLE](usage)`, when a
-    stage before this one set it. A row that cannot be recorded fails the request."""
+    stage before this one set it, or `SETTLE(None)` for a request that is not billed (failed,
+    or its row could not be recorded, which fails the request)."""
     if not callable(record):
         raise TypeError("billing_middleware: record must be an async callable")
 
@@ -73,9 +74,18 @@ class Bill:
             started_at=self.started,
             finished_at=datetime.now(timezone.utc),
         )
-        await self._record(row)
+        try:
+            await self._record(row)
+        except BaseException:
+            await self.release()  # not recorded, so not billed
+            raise
         if self._settle is not None:
             await self._settle(usage)
+
+    async def release(self) -> None:
+        """The request is not billed: what admission reserved for it goes back (once)."""
+        if self._settle is not None:
+            await self._settle(None)
 
 
 class BilledEvents:
@@ -101,6 +111,7 @@ class BilledEvents:
             await self._bill.record(self._usage.total())
         elif ending == "error":
             self._settled = True  # failed requests are not billed
+            await self._bill.release()
         return batch
 
     async def aclose(self, failed: bool = False) -> None:
@@ -113,3 +124,5 @@ class BilledEvents:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
                 await self._bill.record(self._usage.so_far(), "client_closed")
+            else:
+                await self._bill.release()  # failed, or settled already (then a no-op)

@@ -11,11 +11,12 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import API_KEY, BODY, FALLBACK_MODELS, MODEL, SETTLE
+from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spent
 from middlewares.core.records import KeyRecord
-from middlewares.core.usage import Usage
+from middlewares.core.sizes import DEFAULT_MAX_TOKENS
+from middlewares.core.usage import Usage, estimate_tokens
 
 __all__ = ["limits_middleware"]
 
@@ -26,12 +27,17 @@ def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limi
     `request[FALLBACK_MODELS]`. Then, for the key in `request[API_KEY]`: its `models` must allow
     each (403 `permission_error`); `spent(key id)` must be below its `spend_limit_usd` (402
     `insufficient_quota`); `limiter.admit(key)` must let it through (429 `rate_limit_exceeded`
-    with `retry-after`). Without `spent` or `limiter`, those checks are not made.
-    `request[SETTLE](usage)` (billing calls it) charges the tokens a request used to its rate."""
+    with `retry-after`): the limiter takes one request and reserves the request's token estimate,
+    its input estimated from its size and its output limit. Without `spent` or `limiter`, those
+    checks are not made.
+
+    `request[SETTLE](usage)`, which billing calls once the row is recorded, settles the
+    reservation to the tokens used; `SETTLE(None)` gives it back, for a request that failed. A
+    request that fails before its reply leaves this stage is settled so here."""
     if not callable(find_model):
         raise TypeError("limits_middleware: find_model must be a callable")
 
-    @stage("limits", requires=(BODY, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
+    @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
     async def limits(request: web.Request, handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
         name = body.get("model")
@@ -51,8 +57,10 @@ def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limi
                 type="insufficient_quota",
                 code="insufficient_quota",
             )
+        reserved = 0
         if limiter is not None:
-            wait = await limiter.admit(key)
+            reserved = _token_estimate(body, request[BODY_BYTES], model) if key.tpm else 0
+            wait = await limiter.admit(key, reserved)
             if wait:
                 raise GatewayError(
                     429,
@@ -62,8 +70,12 @@ def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limi
                     headers=retry_after(wait),
                 )
         request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
-        request[SETTLE] = _settle(limiter, key)
-        return await handler(request)
+        settle = request[SETTLE] = Reservation(limiter, key, reserved).settle
+        try:
+            return await handler(request)
+        except BaseException:
+            await settle(None)
+            raise
 
     return limits
 
@@ -84,9 +96,29 @@ def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[Mo
     return tuple(resolved.values())
 
 
-def _settle(limiter: RateLimiter | None, key: KeyRecord):
-    async def settle(usage: Usage) -> None:
-        if limiter is not None:
-            await limiter.charge_tokens(key, usage.prompt_tokens + usage.output_tokens)
+def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec) -> int:
+    """The most tokens a request can take: its input, estimated from the body's size (JSON
+    syntax makes that an overestimate), and its output limit."""
+    for field in ("max_completion_tokens", "max_tokens"):
+        limit = body.get(field)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return estimate_tokens(body_bytes) + min(limit, model.max_output_tokens)
+    return estimate_tokens(body_bytes) + min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
 
-    return settle
+
+class Reservation:
+    """The tokens a request reserved, settled once: to what it used, or back, if it failed."""
+
+    __slots__ = ("_limiter", "_key", "_reserved", "_settled")
+
+    def __init__(self, limiter: RateLimiter | None, key: KeyRecord, reserved: int) -> None:
+        self._limiter, self._key, self._reserved = limiter, key, reserved
+        self._settled = False
+
+    async def settle(self, usage: Usage | None) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        used = 0 if usage is None else usage.prompt_tokens + usage.output_tokens
+        if self._limiter is not None and self._key.tpm and used != self._reserved:
+            await self._limiter.charge_tokens(self._key, used - self._reserved)

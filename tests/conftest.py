@@ -120,3 +120,9 @@ def node_sdk() -> Path:
                 pytest.fail(f"Node.js and {NODE_SDK} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
             pytest.skip(f"Node.js with {NODE_SDK} is not available here ({exc!r}); CI runs these tests")
     return where
+
+
+@pytest.fixture(params=["memory", "redis"])
+def ratelimit_url(request) -> str:
+    """The rate limiter's URL: in memory (empty), then Redis, which replicas share."""
+    return "" if request.param == "memory" else request.getfixturevalue("redis_url")

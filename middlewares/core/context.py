@@ -43,8 +43,9 @@ API_KEY = _key("api_key", KeyRecord)
 MODEL = _key("model", ModelSpec)
 # Models to try, in order, when the asked one cannot answer (the request's `models`), set by limits.
 FALLBACK_MODELS = _key("fallback_models", tuple[ModelSpec, ...])
-# Called by billing with the usage it recorded, set by limits: what settles the admission.
-SETTLE = _key("settle", Callable[[Usage], Awaitable[None]])
+# Settles what admission reserved, set by limits: billing calls it with the usage it recorded,
+# or with None for a request it does not bill. Only the first call counts.
+SETTLE = _key("settle", Callable[[Usage | None], Awaitable[None]])
 # The conversation the request belongs to (`x-ezat-session`, else `prompt_cache_key`), set by
 # cache_breakpoints; routing keeps a conversation on one deployment.
 SESSION = _key("session", str | None)

@@ -33,10 +33,13 @@ class ModelSpec(Protocol):
 
 
 class RateLimiter(Protocol):
-    async def admit(self, key: KeyRecord) -> float:
-        """0 to let the request through, else the seconds to wait."""
+    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+        """Take one request and `tokens` (the request's estimate) from the key's buckets, or
+        none: 0 to let the request through, else the seconds to wait."""
 
-    async def charge_tokens(self, key: KeyRecord, tokens: int) -> None: ...
+    async def charge_tokens(self, key: KeyRecord, tokens: int) -> None:
+        """Take `tokens` more (a negative count gives them back): what a request used beyond
+        what it reserved."""
 
 
 # Finds the key whose SHA-256 hex digest is given, or None.

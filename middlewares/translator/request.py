@@ -7,10 +7,9 @@ from typing import Any
 from middlewares.core.errors import invalid_request
 from middlewares.core.protocols import ModelSpec
 from middlewares.core.reasoning import EFFORTS, UNKNOWN_EFFORT, known_effort
+from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.translator.messages import cached, convert_messages, upstream_identifier
 
-# docs/api.md, "Output length": with neither limit sent, 32,000 or the model's maximum.
-DEFAULT_MAX_TOKENS = 32_000
 
 
 def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any], dict[str, str]]:

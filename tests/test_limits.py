@@ -1,0 +1,117 @@
+"""Limits that hold under concurrency: a request reserves its token estimate at admission, so
+concurrent requests cannot all pass on one balance; the reservation is settled to what the
+request used, or given back when it fails; and several workers never multiply a key's rate."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import replace
+
+import openai
+import pytest
+
+from gateway.config import KeyConfig, RateLimitConfig, ServerConfig
+from gateway.mock_upstream import Scenario
+from tests.support import KEY, MODEL, SERVE_CONFIG, make_config, run_command
+
+# About 5,000 tokens of text (4 characters a token, the gateway's estimate), and a small output
+# limit: a request's reservation is its body's size over four, plus 100.
+LONG = [{"role": "user", "content": "Read this. " * 1_800}]
+# A short answer of few tokens (the mock's default echoes the long question back).
+SMALL = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tokens": 20, "output_tokens": 10,
+                                                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+
+
+def limited_config(upstream, **key_fields):
+    config = make_config(upstream.url)
+    key = KeyConfig(name="test", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(), **key_fields)
+    return replace(config, keys=(key,))
+
+
+async def ask(client, *, stream: bool = False) -> str:
+    """A request's outcome, read to its end: "ok", the status it was refused with, or "failed"
+    for a stream that failed after it began."""
+    try:
+        reply = await client.chat.completions.create(model=MODEL, max_tokens=100, messages=LONG, stream=stream)
+        if stream:
+            async for _ in reply:
+                pass
+    except openai.APIStatusError as error:
+        return str(error.status_code)
+    except openai.APIError:
+        return "failed"
+    return "ok"
+
+
+async def test_concurrent_requests_admitted_only_as_far_as_their_estimates_fit_the_tpm(start_gateway, upstream, ratelimit_url):
+    config = replace(limited_config(upstream, tpm=20_000), ratelimit=RateLimitConfig(url=ratelimit_url))
+    gateway = await start_gateway(config)
+    # Each answer takes a while, so all 30 are in flight together; each is ~5,100 tokens.
+    upstream.enqueue(*[Scenario(delay=0.5) for _ in range(30)])
+    async with gateway.client() as client:
+        outcomes = await asyncio.gather(*(ask(client) for _ in range(30)))
+    # 20,000 tokens a minute hold three reservations of 5,100 to 5,300 tokens, not four.
+    assert outcomes.count("ok") == 3
+    assert outcomes.count("429") == 27
+    assert len(upstream.requests) == 3
+
+
+async def test_a_reservation_is_settled_to_what_the_request_used(start_gateway, upstream):
+    gateway = await start_gateway(limited_config(upstream, tpm=10_000))
+    # Each request reserves ~5,100 tokens and uses 30: what it did not use goes back at once, so
+    # requests one after another keep passing, though two reservations would not fit together.
+    upstream.enqueue(*[Scenario(**SMALL) for _ in range(6)])
+    async with gateway.client() as client:
+        assert [await ask(client) for _ in range(3)] == ["ok"] * 3
+        assert [await ask(client, stream=True) for _ in range(3)] == ["ok"] * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failed_request_gives_its_reservation_back(start_gateway, upstream, stream):
+    gateway = await start_gateway(limited_config(upstream, tpm=10_000))
+    # Refused by the upstream before any output, then overloaded (or, streamed, failed after
+    # it began): none of them billed, and none keeps its ~5,100 tokens.
+    failures = {"400": Scenario(status=400, error_message="prompt is too long")}
+    failures.update({"failed": Scenario(error_after=6)} if stream else {"503": Scenario(status=529)})
+    upstream.enqueue(*failures.values(), Scenario(**SMALL), Scenario(**SMALL))
+    async with gateway.client() as client:
+        assert [await ask(client, stream=stream) for _ in failures] == list(failures)
+        # Two more fit, one after the other, as if the failures had never been.
+        assert [await ask(client, stream=stream), await ask(client, stream=stream)] == ["ok", "ok"]
+
+
+async def test_a_request_larger_than_the_tpm_still_runs_on_a_full_bucket(start_gateway, upstream):
+    gateway = await start_gateway(limited_config(upstream, tpm=1_000))
+    async with gateway.client() as client:
+        assert await ask(client) == "ok"  # ~5,100 tokens: more than a minute's worth
+        assert await ask(client) == "429"  # and the key waits for its debt
+
+
+# --- Workers without Redis
+
+
+async def test_serve_with_workers_refuses_rate_limited_keys_without_redis(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(SERVE_CONFIG.format(
+        port=8080, storage_url=f"sqlite:///{tmp_path / 'gw.db'}", ratelimit_url="", upstream_url="http://127.0.0.1:9",
+        upstream_key="k", model=MODEL, upstream_model="m", key=KEY, key_fields="rpm = 10",
+    ))
+    status, output = await run_command("serve", "--config", str(path), "--workers", "2", cwd=tmp_path)
+    assert status == 1
+    assert "--workers 2 needs [ratelimit] url (Redis) for keys with rpm or tpm (test)" in output
+    assert "Traceback" not in output
+
+
+async def test_a_worker_refuses_a_key_that_gained_rate_limits_since_the_start(start_gateway, upstream):
+    # One of two workers without Redis: a key with limits that `serve` did not see at its start
+    # (one made or changed with the CLI) is refused, never let through at twice its rate.
+    config = limited_config(upstream, rpm=10)
+    gateway = await start_gateway(replace(config, server=ServerConfig(workers=2)))
+    async with gateway.client() as client:
+        with pytest.raises(openai.InternalServerError) as error:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    assert error.value.body["message"] == (
+        "This key has rate limits, which several workers can only share through [ratelimit] url (Redis)."
+    )
+    assert upstream.requests == []
