@@ -63,7 +63,7 @@ def build_app(
         auth,
         size_limit_middleware(),
         refusals_middleware(),
-        limits_middleware(find_model=config.model, spent=store.spent, limiter=limiter),
+        limits_middleware(find_model=config.model, spending=store, limiter=limiter),
         images,
         cache_breakpoints_middleware(),
         translator_middleware(),

@@ -6,14 +6,15 @@ its rate (429). A refused request costs the gateway nothing more."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE
+from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE, request_id
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
-from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spent
+from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending
 from middlewares.core.records import KeyRecord
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.core.usage import Usage, estimate_tokens
@@ -21,19 +22,31 @@ from middlewares.core.usage import Usage, estimate_tokens
 __all__ = ["limits_middleware"]
 
 
-def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limiter: RateLimiter | None = None):
+# Seconds a reservation outlives a request that never settles it (its process died): the most a
+# request of the gateway's can take, non-streaming (590 s) or streamed, with room to spare.
+RESERVATION_TTL = 3600.0
+_PER_MILLION = Decimal(1_000_000)
+
+
+def limits_middleware(
+    *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None
+):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
-    `request[FALLBACK_MODELS]`. Then, for the key in `request[API_KEY]`: its `models` must allow
-    each (403 `permission_error`); `spent(key id)` must be below its `spend_limit_usd` (402
-    `insufficient_quota`); `limiter.admit(key)` must let it through (429 `rate_limit_exceeded`
-    with `retry-after`): the limiter takes one request and reserves the request's token estimate,
-    its input estimated from its size and its output limit. Without `spent` or `limiter`, those
-    checks are not made.
+    `request[FALLBACK_MODELS]`. Then, for the key in `request[API_KEY]`:
+    - its `models` must allow each model (403 `permission_error`);
+    - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
+      `retry-after`): it takes one request and reserves the request's token estimate, its input
+      estimated from its size plus its output limit;
+    - `spending.reserve(...)` must hold the request's worst-case cost within the key's
+      `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
+      at the dearest prices of every model that may answer.
+    Without `spending` or `limiter`, those checks are not made.
 
-    `request[SETTLE](usage)`, which billing calls once the row is recorded, settles the
-    reservation to the tokens used; `SETTLE(None)` gives it back, for a request that failed. A
-    request that fails before its reply leaves this stage is settled so here."""
+    `request[SETTLE](usage)`, which billing calls once the row is recorded (the row's commit ends
+    the spend reservation), settles the tokens to those used; `SETTLE(None)` gives back both, for
+    a request that is not billed. A request that fails before its reply leaves this stage is
+    settled so here."""
     if not callable(find_model):
         raise TypeError("limits_middleware: find_model must be a callable")
 
@@ -47,20 +60,18 @@ def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limi
         if model is None:
             raise model_not_found(name)
         fallbacks = _fallbacks(body.get("models"), model, find_model)
-        for allowed in (model, *fallbacks):
+        models = (model, *fallbacks)
+        for allowed in models:
             if not key.allows(allowed.id):
                 raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error")
-        if spent is not None and key.spend_limit_usd is not None and await spent(key.id) >= key.spend_limit_usd:
-            raise GatewayError(
-                402,
-                f"This key has reached its spend limit of ${key.spend_limit_usd}.",
-                type="insufficient_quota",
-                code="insufficient_quota",
-            )
-        reserved = 0
+        limit = key.spend_limit_usd if spending is not None else None
+        tokens = limiter is not None and bool(key.tpm)
+        input_tokens = output_tokens = 0
+        if tokens or limit is not None:  # estimated only where a limit needs it
+            input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model)
+        reservation = Reservation(limiter, key, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
-            reserved = _token_estimate(body, request[BODY_BYTES], model) if key.tpm else 0
-            wait = await limiter.admit(key, reserved)
+            wait = await limiter.admit(key, reservation.tokens)
             if wait:
                 raise GatewayError(
                     429,
@@ -69,8 +80,16 @@ def limits_middleware(*, find_model: FindModel, spent: Spent | None = None, limi
                     code="rate_limit_exceeded",
                     headers=retry_after(wait),
                 )
+        if limit is not None:
+            cost = _worst_cost(models, input_tokens, output_tokens)
+            rid = request_id(request)
+            left = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL)
+            if left is not None:
+                await reservation.settle(None)
+                raise _over_spend_limit(limit, left, cost, _worst_cost(models, input_tokens, 0))
+            reservation.spend(spending, rid)
         request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
-        settle = request[SETTLE] = Reservation(limiter, key, reserved).settle
+        settle = request[SETTLE] = reservation.settle
         try:
             return await handler(request)
         except BaseException:
@@ -96,29 +115,67 @@ def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[Mo
     return tuple(resolved.values())
 
 
-def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec) -> int:
+def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec) -> tuple[int, int]:
     """The most tokens a request can take: its input, estimated from the body's size (JSON
     syntax makes that an overestimate), and its output limit."""
+    output = min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
     for field in ("max_completion_tokens", "max_tokens"):
         limit = body.get(field)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            return estimate_tokens(body_bytes) + min(limit, model.max_output_tokens)
-    return estimate_tokens(body_bytes) + min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
+            output = min(limit, model.max_output_tokens)
+            break
+    return estimate_tokens(body_bytes), output
+
+
+def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens: int) -> Decimal:
+    """USD at the dearest of any model that may answer: each input token at its dearest kind
+    (a cache write costs more than plain input)."""
+    return max(
+        input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_read)
+        + min(output_tokens, m.max_output_tokens) * m.pricing.output
+        for m in models
+    ) / _PER_MILLION
+
+
+def _over_spend_limit(limit: Decimal, left: Decimal, cost: Decimal, input_cost: Decimal) -> GatewayError:
+    if left <= 0:
+        message = f"This key has reached its spend limit of ${limit}."
+    else:
+        message = (
+            f"This key has ${_usd(left)} left of its spend limit of ${limit}, less than this request "
+            f"may cost (${_usd(cost)})"
+            + ("; a lower max_tokens would fit." if input_cost < left else ".")
+        )
+    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")
+
+
+def _usd(amount: Decimal) -> str:
+    """Dollars to the millionth, no further: what a message needs."""
+    return f"{amount.quantize(Decimal('0.000001')).normalize():f}"
 
 
 class Reservation:
-    """The tokens a request reserved, settled once: to what it used, or back, if it failed."""
+    """What a request holds from admission until it is settled, once: the tokens it reserved
+    (settled to what it used, or given back if it failed) and, with a spend limit, its spend
+    reservation (ended by its ledger row, or released if it is not billed)."""
 
-    __slots__ = ("_limiter", "_key", "_reserved", "_settled")
+    __slots__ = ("_limiter", "_key", "tokens", "_spending", "_request_id", "_settled")
 
-    def __init__(self, limiter: RateLimiter | None, key: KeyRecord, reserved: int) -> None:
-        self._limiter, self._key, self._reserved = limiter, key, reserved
+    def __init__(self, limiter: RateLimiter | None, key: KeyRecord, tokens: int) -> None:
+        self._limiter, self._key, self.tokens = limiter, key, tokens
+        self._spending: Spending | None = None
+        self._request_id = ""
         self._settled = False
+
+    def spend(self, spending: Spending, request_id: str) -> None:
+        self._spending, self._request_id = spending, request_id
 
     async def settle(self, usage: Usage | None) -> None:
         if self._settled:
             return
         self._settled = True
         used = 0 if usage is None else usage.prompt_tokens + usage.output_tokens
-        if self._limiter is not None and self._key.tpm and used != self._reserved:
-            await self._limiter.charge_tokens(self._key, used - self._reserved)
+        if self._limiter is not None and self._key.tpm and used != self.tokens:
+            await self._limiter.charge_tokens(self._key, used - self.tokens)
+        if usage is None and self._spending is not None:
+            await self._spending.release(self._request_id)

@@ -95,7 +95,8 @@ async def stored_keys(url: str) -> dict:
 
 async def ask(gateway, secret: str, model: str = MODEL):
     async with gateway.client(api_key=secret) as client:
-        return await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+        # A small output limit: each request reserves its estimate of the key's 1,000 tpm.
+        return await client.chat.completions.create(model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
 
 
 LIMITS = ("--models", "anthropic/*", "--spend-limit", "5", "--rpm", "10", "--tpm", "1000", "--expires", "2030-01-01")

@@ -1,6 +1,8 @@
-"""Limits that hold under concurrency: a request reserves its token estimate at admission, so
-concurrent requests cannot all pass on one balance; the reservation is settled to what the
-request used, or given back when it fails; and several workers never multiply a key's rate."""
+"""Limits that hold under concurrency: a request reserves its worst-case cost and its token
+estimate at admission, so concurrent requests cannot all pass on one balance; the reservation
+is settled to what the request used, or given back when it fails; it holds across workers on
+one SQLite file and across replicas on one PostgreSQL database; and several workers never
+multiply a key's rate."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from dataclasses import replace
 import openai
 import pytest
 
-from gateway.config import KeyConfig, RateLimitConfig, ServerConfig
+from decimal import Decimal
+
+from gateway.config import KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, SERVE_CONFIG, make_config, run_command
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, read_store, run_command
 
 # About 5,000 tokens of text (4 characters a token, the gateway's estimate), and a small output
 # limit: a request's reservation is its body's size over four, plus 100.
@@ -115,3 +119,94 @@ async def test_a_worker_refuses_a_key_that_gained_rate_limits_since_the_start(st
         "This key has rate limits, which several workers can only share through [ratelimit] url (Redis)."
     )
     assert upstream.requests == []
+
+
+# --- Spend limits that concurrency cannot overshoot
+
+# A request of 1,000 output tokens at most, answered with all of them: it may cost, and costs,
+# about $0.015 (1,000 tokens at $15 a million, its ~60 input tokens at most $3.75 a million).
+SPEND_LIMIT = Decimal("0.05")  # room for three such requests, not four
+COSTLY = dict(blocks=[{"type": "text", "text": "Done."}], usage={"output_tokens": 1000}, delay=0.5)
+HI = [{"role": "user", "content": "Tell me about Oslo."}]
+
+
+async def spend(url: str, count: int) -> list[str]:
+    """`count` requests at once to the gateway at `url`: each one's outcome ("ok" or a status)."""
+    async with openai.AsyncOpenAI(base_url=url + "/openai/v1", api_key=KEY, max_retries=0) as client:
+        async def one() -> str:
+            try:
+                await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
+            except openai.APIStatusError as error:
+                assert error.status_code == 402, error
+                assert error.body["code"] == "insufficient_quota"
+                message = error.body["message"]
+                assert message.startswith("This key has $") and "left of its spend limit of $0.05, less than" in message
+                assert message.endswith("; a lower max_tokens would fit.")
+                return "402"
+            return "ok"
+
+        return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def assert_within_the_limit(outcomes: list[str], rows) -> None:
+    assert outcomes.count("ok") == 3 and outcomes.count("402") == len(outcomes) - 3
+    assert len(rows) == 3
+    assert sum(row.cost_usd for row in rows) <= SPEND_LIMIT
+
+
+async def test_40_parallel_requests_never_spend_past_the_limit(start_gateway, upstream, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'spend.db'}"
+    config = replace(limited_config(upstream, spend_limit_usd=SPEND_LIMIT), storage=StorageConfig(url=storage))
+    gateway = await start_gateway(config)
+    upstream.enqueue(*[Scenario(**COSTLY) for _ in range(40)])
+    outcomes = await spend(gateway.url, 40)
+    await gateway.runner.cleanup()  # every row written
+    rows, _ = await read_store(storage)
+    assert_within_the_limit(outcomes, rows)
+
+
+async def test_a_refused_or_failed_request_leaves_no_reservation(start_gateway, upstream):
+    gateway = await start_gateway(limited_config(upstream, spend_limit_usd=SPEND_LIMIT))
+    # Three that fail hold nothing afterwards: three that succeed still fit, one at a time.
+    upstream.enqueue(*[Scenario(status=400) for _ in range(3)], *[Scenario(**{**COSTLY, "delay": 0}) for _ in range(3)])
+    async with gateway.client() as client:
+        for _ in range(3):
+            with pytest.raises(openai.BadRequestError):
+                await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
+        for _ in range(3):
+            await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
+        with pytest.raises(openai.APIStatusError) as error:  # now the spend itself is near the limit
+            await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
+    assert error.value.status_code == 402
+
+
+async def test_two_workers_on_one_sqlite_file_hold_one_spend_limit(tmp_path, upstream):
+    storage = f"sqlite:///{tmp_path / 'spend.db'}"
+    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage, upstream_url=upstream.url,
+                          key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+    upstream.enqueue(*[Scenario(**COSTLY) for _ in range(40)])
+    try:
+        await served.start("--workers", "2")
+        outcomes = await spend(served.url, 40)
+    finally:
+        await served.stop()
+    rows, _ = await read_store(storage)
+    assert_within_the_limit(outcomes, rows)
+
+
+async def test_two_gateways_on_one_postgresql_database_hold_one_spend_limit(tmp_path, upstream, postgres_url):
+    gateways = [
+        ServeProcess(tmp_path, name, SERVE_CONFIG, storage_url=postgres_url, upstream_url=upstream.url,
+                     key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+        for name in ("one", "two")
+    ]
+    upstream.enqueue(*[Scenario(**COSTLY) for _ in range(40)])
+    try:
+        for gateway in gateways:
+            await gateway.start()
+        halves = await asyncio.gather(spend(gateways[0].url, 20), spend(gateways[1].url, 20))
+    finally:
+        for gateway in gateways:
+            await gateway.stop()
+    rows, _ = await read_store(postgres_url)
+    assert_within_the_limit([*halves[0], *halves[1]], rows)

@@ -135,13 +135,14 @@ async def stop_replicas(replicas: list[ServeProcess]) -> None:
 
 
 async def ask(replica: ServeProcess, *, stream: bool = False) -> str:
+    # At most 200 output tokens: a request's worst case ($0.003 and its input) fits a spend limit
+    # until the key has spent it.
+    request = dict(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "Hi"}])
     async with replica.client() as client:
         if stream:
-            chunks = await client.chat.completions.create(
-                model=MODEL, stream=True, messages=[{"role": "user", "content": "Hi"}]
-            )
+            chunks = await client.chat.completions.create(stream=True, **request)
             return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
-        completion = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        completion = await client.chat.completions.create(**request)
         return completion.choices[0].message.content
 
 

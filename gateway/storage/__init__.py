@@ -34,6 +34,15 @@ class Store(Protocol):
     async def spent(self, key_id: int) -> Decimal:
         """What the key has spent so far, across every process sharing the store."""
 
+    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+        """Hold `amount` for the request if the key's spend and what its admitted requests still
+        hold leave that much of `limit`, atomically across every process sharing the store: None
+        when held, else what is left. A reservation ends when the request's ledger row is
+        written, when it is released, or after `ttl` seconds (a process that died holds none)."""
+
+    async def release(self, request_id: str) -> None:
+        """End a reservation without spend: its request was not billed."""
+
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         """Record rows and add their cost to their keys' spend, in one durable transaction. A
         row already written (its request id) is skipped, its cost not added again: the ledger

@@ -120,10 +120,35 @@ class PostgresStore:
         value = await self._pool.fetchval("SELECT spent_usd FROM keys WHERE id = $1", key_id)
         return Decimal(0) if value is None else value
 
+    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+        async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
+            # The key's row lock serialises its reservations and its ledger writes across
+            # replicas; the statements after it see what committed before it was granted.
+            spent = await db.fetchval("SELECT spent_usd FROM keys WHERE id = $1 FOR UPDATE", key_id)
+            held = await db.fetchval(
+                "WITH gone AS (DELETE FROM reservations WHERE key_id = $1 AND expires_at <= now()) "
+                "SELECT coalesce(sum(amount_usd), 0) FROM reservations WHERE key_id = $1 AND expires_at > now()",
+                key_id,
+            )
+            left = limit - (spent or Decimal(0)) - held
+            if amount > left:
+                return left
+            await db.execute(
+                "INSERT INTO reservations VALUES ($1, $2, $3, now() + make_interval(secs => $4)) "
+                "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at",
+                request_id, key_id, amount, ttl,
+            )
+            return None
+
+    async def release(self, request_id: str) -> None:
+        await self._pool.execute("DELETE FROM reservations WHERE request_id = $1", request_id)
+
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         if not rows:
             return
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
+            # A row's request gives up its reservation as its cost becomes spend, in one commit.
+            await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
             inserted = await db.fetch(_INSERT_LEDGER, *(list(column) for column in zip(*rows)))
             spend: dict[int, Decimal] = {}
             for key_id, cost in inserted:

@@ -41,6 +41,16 @@ SQLITE = [
     CREATE INDEX ledger_by_time ON ledger (finished_at);
     CREATE INDEX ledger_by_key ON ledger (key_id, finished_at);
     """,
+    # What admitted requests may still cost: a key's spend and reservations stay within its limit.
+    """
+    CREATE TABLE reservations (
+        request_id TEXT PRIMARY KEY,
+        key_id     INTEGER NOT NULL,
+        amount_usd TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    CREATE INDEX reservations_by_key ON reservations (key_id, expires_at);
+    """,
 ]
 
 POSTGRES = [
@@ -82,6 +92,16 @@ POSTGRES = [
     # Limits as large as SQLite's INTEGER holds (rpm, tpm: up to config.MAX_PER_MINUTE).
     """
     ALTER TABLE keys ALTER COLUMN rpm TYPE BIGINT, ALTER COLUMN tpm TYPE BIGINT;
+    """,
+    # What admitted requests may still cost: a key's spend and reservations stay within its limit.
+    """
+    CREATE TABLE reservations (
+        request_id TEXT PRIMARY KEY,
+        key_id     BIGINT NOT NULL,
+        amount_usd NUMERIC NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX reservations_by_key ON reservations (key_id, expires_at);
     """,
 ]
 

@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -31,9 +31,6 @@ from gateway.config import KeyConfig
 from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, SQLITE
 
-# How long a key's spend read from the file is trusted. Writes of this process update it at
-# once; this bounds how late another process's writes to the same file are seen.
-SPEND_TTL = 1.0
 log = logging.getLogger("ezat.storage")
 # Ledger batches written on the event loop between two checkpoints of the WAL into the file:
 # about 5 pages each (more for batches of many rows), so the WAL stays near 20 MB. Writes wait
@@ -100,7 +97,6 @@ class SQLiteStore:
         self._writer = Connection(path)
         # ":memory:" is one database per connection: there, reads share the writer's.
         self._reader = self._writer if path == ":memory:" else Connection(path)
-        self._spent: dict[int, tuple[Decimal, float]] = {}
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._since_checkpoint = 0
 
@@ -152,17 +148,29 @@ class SQLiteStore:
     # --- spend and ledger
 
     async def spent(self, key_id: int) -> Decimal:
-        cached = self._spent.get(key_id)
-        if cached is not None and time.monotonic() - cached[1] < SPEND_TTL:
-            return cached[0]
-        spent = await self._reader.call(_select_spent, key_id)
-        noted = self._spent.get(key_id)
-        if noted is not cached and noted is not None:
-            # A write of ours noted this key's spend while the read ran: the later of the two
-            # is the larger, since spend only grows.
-            spent = max(spent, noted[0])
-        self._spent[key_id] = (spent, time.monotonic())
-        return spent
+        return await self._reader.call(_select_spent, key_id)
+
+    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+        now = datetime.now(timezone.utc)
+        args = (request_id, key_id, amount, limit, _text(now), _text(now + timedelta(seconds=ttl)))
+        return await self._write_now_or_wait(_reserve, *args)
+
+    async def release(self, request_id: str) -> None:
+        await self._write_now_or_wait(_release, request_id)
+
+    async def _write_now_or_wait(self, work: Callable[..., T], *args: Any) -> T:
+        """`work` in a write transaction: on the event loop when the file is free (a small
+        write costs less than the hop to a thread), else on the writer thread, which waits."""
+        if self._inline is not None and self._since_checkpoint < CHECKPOINT_EVERY:
+            try:
+                result = _transaction(self._inline, work, *args, wait=False)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    raise
+            else:
+                self._since_checkpoint += 1  # it grew the WAL as a ledger batch does
+                return result
+        return await self._writer.call(_transaction, work, *args)
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return self._write_inline(_ledger_values(rows), cost_by_key(rows))
@@ -177,10 +185,9 @@ class SQLiteStore:
             # that stays off the event loop too. Meanwhile the ledger's rows gather for the
             # next batch.
             self._since_checkpoint = 0
-            spent = await self._writer.call(_checkpoint_then_insert, values, totals)
+            await self._writer.call(_checkpoint_then_insert, values, totals)
         else:  # another writer has the file (or, in ":memory:", there is no inline connection)
-            spent = await self._writer.call(_transaction, _insert_ledger, values, totals)
-        self._note_spent(spent)
+            await self._writer.call(_transaction, _insert_ledger, values, totals)
 
     def _write_inline(self, values: list[tuple], totals: dict[int, Decimal]) -> bool:
         """The rows committed on the event loop, unless a checkpoint is due or the file is taken.
@@ -188,18 +195,13 @@ class SQLiteStore:
         if self._inline is None or self._since_checkpoint >= CHECKPOINT_EVERY:
             return False
         try:
-            spent = _transaction(self._inline, _insert_ledger, values, totals, wait=False)
+            _transaction(self._inline, _insert_ledger, values, totals, wait=False)
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc):
                 raise
             return False  # another writer has the file
         self._since_checkpoint += 1
-        self._note_spent(spent)
         return True
-
-    def _note_spent(self, spent: dict[int, Decimal]) -> None:
-        now = time.monotonic()
-        self._spent.update((key_id, (value, now)) for key_id, value in spent.items())
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger"
@@ -296,14 +298,31 @@ def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any])
     return _select_key(db, "id = ?", found.id)
 
 
-def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
+def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> None:
     """RESTART waits until no other connection reads the WAL, so the write after it starts the
     WAL again from its beginning. A passive checkpoint that writes keep overtaking never lets
     it: under steady load the WAL then grows without bound."""
     busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
     if busy:
         log.warning("WAL checkpoint could not finish: another connection kept reading")
-    return _transaction(db, _insert_ledger, values, totals)
+    _transaction(db, _insert_ledger, values, totals)
+
+
+def _reserve(db: sqlite3.Connection, request_id: str, key_id: int, amount: Decimal, limit: Decimal,
+             now: str, expires: str) -> Decimal | None:
+    """Inside one write transaction, which serialises every process's reservations."""
+    db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (key_id, now))
+    held = sum((Decimal(a) for (a,) in db.execute("SELECT amount_usd FROM reservations WHERE key_id = ?", (key_id,))),
+               Decimal(0))
+    left = limit - _select_spent(db, key_id) - held
+    if amount > left:
+        return left
+    db.execute("INSERT OR REPLACE INTO reservations VALUES (?, ?, ?, ?)", (request_id, key_id, str(amount), expires))
+    return None
+
+
+def _release(db: sqlite3.Connection, request_id: str) -> None:
+    db.execute("DELETE FROM reservations WHERE request_id = ?", (request_id,))
 
 
 _INSERT_LEDGER = (
@@ -312,12 +331,14 @@ _INSERT_LEDGER = (
 )
 
 
-def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> dict[int, Decimal]:
-    """The rows, and each key's spend raised by their cost; the keys' new spend. A row already
-    written (the same request id) is skipped, and its cost not added again."""
+def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> None:
+    """The rows, and each key's spend raised by their cost. A row already
+    written (the same request id) is skipped, and its cost not added again. A row's request
+    gives up its reservation in the same transaction: its cost now counts as spend instead."""
+    db.executemany("DELETE FROM reservations WHERE request_id = ?", [(row[0],) for row in values])
     inserted = db.executemany(_INSERT_LEDGER, values).rowcount
     if inserted == 0:
-        return {}
+        return
     if inserted != len(values):
         # Only the rows inserted count. The one writer, this transaction gave them the rowids up
         # to the last one it inserted, one after another.
@@ -330,7 +351,6 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
     rows = db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
     spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in rows}
     db.executemany("UPDATE keys SET spent_usd = ? WHERE id = ?", [(str(v), k) for k, v in spent.items()])
-    return spent
 
 
 # --- Values as the file keeps them.

@@ -42,11 +42,20 @@ class RateLimiter(Protocol):
         what it reserved."""
 
 
+class Spending(Protocol):
+    """Spend reservations, held atomically by whatever keeps the keys' spend (the gateway's store)."""
+
+    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+        """Hold `amount` for the request if the key's spend and reservations leave that much of
+        `limit`: None when held, else what is left. Recording the request's ledger row ends it."""
+
+    async def release(self, request_id: str) -> None:
+        """End the request's reservation: it was not billed."""
+
+
 # Finds the key whose SHA-256 hex digest is given, or None.
 FindKey = Callable[[str], Awaitable["KeyRecord | None"]]
 # The model a client's model id names, or None.
 FindModel = Callable[[str], "ModelSpec | None"]
-# What a key (by id) has spent so far, in USD.
-Spent = Callable[[int], Awaitable[Decimal]]
 # Records a ledger row durably; returns once it is committed.
 RecordRow = Callable[["LedgerRow"], Awaitable[None]]
