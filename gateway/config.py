@@ -142,6 +142,8 @@ class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}
 
 @dataclass(frozen=True)
 class Pricing:  # USD per million tokens
+    # The defaults are for configs built in code: a file must give each price it uses
+    # (_pricing_problems), so that no price is 0 by omission.
     input: Decimal = _field(Decimal(0), check=_non_negative)
     output: Decimal = _field(Decimal(0), check=_non_negative)
     cache_write: Decimal = _field(Decimal(0), check=_non_negative)
@@ -158,7 +160,8 @@ class Model:
     efforts: tuple[str, ...] = _field(EFFORTS, check_each=_effort)
     forced_tool_choice: bool = True
     min_cache_tokens: int = _field(1024, check=_zero_or_more)  # 0: the model has no prompt cache
-    pricing: Pricing = Pricing()
+    pricing: Pricing = Pricing()  # a file must give it, unless `free`
+    free: bool = False  # the model costs nothing: it needs no pricing (and may have none)
 
 
 @dataclass(frozen=True)
@@ -363,6 +366,8 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
             clean = f.metadata.get("clean")
             value = _INVALID if found else clean(value) if clean else value
         values[f.name] = value
+    if cls is Model and not _pricing_problems(raw, path, problems):
+        return _INVALID
     if unknown or any(value is _INVALID for value in values.values()):
         return _INVALID
     return cls(**values)
@@ -376,6 +381,31 @@ def _field_problems(f: dataclasses.Field, value: Any) -> list[tuple[str, str]]:
     if check_each := f.metadata.get("check_each"):
         found += [(f"[{i}]", problem) for i, item in enumerate(value) if (problem := check_each(item))]
     return found
+
+
+def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bool:
+    """A [[models]] entry is priced, or says it is free: no model costs nothing by omission.
+    Its pricing gives input and output, and the cache prices too while the model caches. Found
+    in the raw table; a value already reported as bad (`free`, `pricing`, `min_cache_tokens`)
+    adds nothing here. False when there is a problem."""
+    free = raw.get("free", False)
+    pricing = raw.get("pricing")
+    if not isinstance(free, bool) or (pricing is not None and not isinstance(pricing, dict)):
+        return True  # reported already
+    found = []
+    if free:
+        if pricing is not None:
+            found.append(("pricing", "not with free = true (a free model costs nothing)"))
+    elif pricing is None:
+        found.append(("pricing", "required (or free = true for a model that costs nothing)"))
+    else:
+        found += [(f"pricing.{name}", "required") for name in ("input", "output") if name not in pricing]
+        caches = raw.get("min_cache_tokens", 1024)
+        if type(caches) is int and caches > 0:
+            found += [(f"pricing.{name}", "required while the model caches (min_cache_tokens > 0)")
+                      for name in ("cache_write", "cache_read") if name not in pricing]
+    problems.extend(f"{_join(path, key)}: {problem}" for key, problem in found)
+    return not found
 
 
 def _key_as_digest(raw: dict[str, Any], path: str, problems: list[str]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ pricing = {{ input = 3, output = 15, cache_write = 3.75, cache_read = 0.30 }}
 id = "test/small"
 upstream_model = "small-1"
 deployments = ["primary"]
+free = true
 
 [[keys]]
 key = "{config_key}"
@@ -297,7 +298,7 @@ CI_USAGE = [  # (model, usage the upstream reports, exact cost at 3/15/3.75/0.30
 ]
 CFG_USAGE = [
     (MODEL, {"input_tokens": 7, "output_tokens": 3}, Decimal("0.000066")),
-    (SMALL, {"input_tokens": 40, "output_tokens": 9}, Decimal(0)),  # no pricing: free, still counted
+    (SMALL, {"input_tokens": 40, "output_tokens": 9}, Decimal(0)),  # free = true: still counted
 ]
 
 

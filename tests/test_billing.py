@@ -26,11 +26,11 @@ from yarl import URL
 
 from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
-from gateway.mock_upstream import Scenario
+from gateway.mock_upstream import MockUpstream, Scenario
 from middlewares.core.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
 from tests.requests_util import WEATHER_TOOLS as TOOLS
-from tests.support import KEY, MODEL, Gateway, Link, make_config, read_store
+from tests.support import KEY, MODEL, UPSTREAM_KEY, Gateway, Link, make_config, read_store
 from tests.conftest import POSTGRES_URL
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -493,6 +493,102 @@ async def test_early_close_bills_the_reasoning_and_tool_arguments_produced(start
     assert row.cost_usd == price(100, 0, 0, row.output_tokens)
 
 
+# --- output billed at least as the text the answer carried
+
+
+class UncountedUpstream(MockUpstream):
+    """The mock, its answers giving no output count: a message without `usage` at all, a stream
+    whose message_delta has none (message_start's `output_tokens`, 1, is all it says)."""
+
+    def _message(self, body, sc):
+        message = super()._message(body, sc)
+        if not body.get("stream"):
+            del message["usage"]
+        return message
+
+    @staticmethod
+    def _events(message, sc):
+        events = MockUpstream._events(message, sc)
+        for event in events:
+            if event["type"] == "message_delta":
+                del event["usage"]
+        return events
+
+
+@pytest.fixture
+async def uncounted():
+    mock = UncountedUpstream(api_key=UPSTREAM_KEY)
+    await mock.start()
+    yield mock
+    await mock.close()
+
+
+THINKING = "Where is Oslo, and what is its weather now? " * 5  # 220 characters
+ANSWER = [  # thinking, text and a tool call: all of it output
+    {"type": "thinking", "thinking": THINKING, "signature": "sig"},
+    {"type": "text", "text": LONG_TEXT[:1001]},
+    {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo", "notes": "n" * 100}},
+]
+# What it carried, about 4 characters a token, rounded up: its text and its arguments' JSON
+# (1001 + 126 characters), its thinking (220).
+ARGUMENTS = json.dumps(ANSWER[2]["input"], separators=(",", ":"))
+THOUGHT = (len(THINKING) + 3) // 4
+CARRIED = (len(ANSWER[1]["text"]) + len(ARGUMENTS) + 3) // 4 + THOUGHT
+
+
+def test_the_answers_estimate_is_worked_out_right():
+    assert (len(ARGUMENTS), THOUGHT, CARRIED) == (126, 55, 337)
+
+
+async def send_the_answer(gateway, stream: bool) -> Sent:
+    async with gateway.client() as client:
+        return await send(client, stream=stream, max_tokens=4096, tools=TOOLS, reasoning_effort="medium")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_an_answer_without_an_output_count_is_billed_its_text(start_gateway, uncounted, storage_url, stream):
+    """A stream whose message_delta has no usage is not billed message_start's 1 output token,
+    nor a message without usage 0: both are billed what their text could be, and told so."""
+    gateway = await start_gateway(make_config(uncounted.url, storage_url))
+    store = gateway.app[STORE]
+    uncounted.enqueue(Scenario(blocks=ANSWER, usage={"input_tokens": 100}))
+    sent = await send_the_answer(gateway, stream)
+
+    (row,) = await store.ledger()
+    # The input is as reported: message_start's in a stream; a message without usage says none.
+    input_tokens = 100 if stream else 0
+    assert (row.input_tokens, row.output_tokens, row.reasoning_tokens) == (input_tokens, CARRIED, THOUGHT)
+    assert (row.outcome, row.cost_usd) == ("complete", price(input_tokens, output=CARRIED))
+    # What the client is told is what it is billed for.
+    assert (sent.usage.prompt_tokens, sent.usage.completion_tokens) == (input_tokens, CARRIED)
+    assert sent.usage.completion_tokens_details.reasoning_tokens == THOUGHT
+    assert sent.finish_reason == "tool_calls"
+
+
+COUNTS = {  # the upstream's usage → the output and reasoning billed
+    "output-too-low": ({"output_tokens": 5}, CARRIED, THOUGHT),
+    "reasoning-above-output": ({"output_tokens": 5, "thinking_tokens": 400}, CARRIED, CARRIED),
+    "higher-than-the-text": ({"output_tokens": 2000, "thinking_tokens": 5000}, 2000, 2000),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("count", list(COUNTS))
+async def test_output_is_billed_as_the_larger_of_the_count_and_the_text(start_gateway, upstream, storage_url, count, stream):
+    """An output count below what the text could be is raised to it; a higher one stands. The
+    reasoning is never more than the output."""
+    usage, output, reasoning = COUNTS[count]
+    gateway = await start_gateway(make_config(upstream.url, storage_url))
+    store = gateway.app[STORE]
+    upstream.enqueue(Scenario(blocks=ANSWER, usage={"input_tokens": 100, **usage}))
+    sent = await send_the_answer(gateway, stream)
+
+    (row,) = await store.ledger()
+    assert (row.input_tokens, row.output_tokens, row.reasoning_tokens) == (100, output, reasoning)
+    assert row.cost_usd == price(100, output=output)
+    assert (sent.usage.completion_tokens, sent.usage.completion_tokens_details.reasoning_tokens) == (output, reasoning)
+
+
 # --- failed requests are not billed
 
 
@@ -670,7 +766,8 @@ async def test_200_concurrent_requests_give_200_rows_and_the_exact_total(start_g
     gateway = await start_gateway(make_config(upstream.url, storage_url))
     store = gateway.app[STORE]
     count = 200
-    usages = [{"input_tokens": 100 + i, "output_tokens": 1 + i % 37} for i in range(count)]
+    # Each output at least what its text could be ("answer 199": 3 tokens), so billed as reported.
+    usages = [{"input_tokens": 100 + i, "output_tokens": 3 + i % 37} for i in range(count)]
     upstream.enqueue(*(Scenario(blocks=[{"type": "text", "text": f"answer {i}"}], usage=u) for i, u in enumerate(usages)))
 
     async with gateway.client() as client:

@@ -20,6 +20,7 @@ from gateway.config import (
     load_storage_config,
     parse_config,
 )
+from tests.support import run_command
 
 EXAMPLE = """
 [server]
@@ -66,8 +67,12 @@ name = "a"
 base_url = "https://a.example"
 """
 
-# ...and a valid model using it, to append one more field to.
-MODEL = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\n'
+# ...and a model using it, to append one more field to: UNPRICED to give it a pricing, MODEL
+# (free, so valid as it is) for anything else.
+UNPRICED = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a"]\n'
+MODEL = UNPRICED + "free = true\n"
+# The prices besides input, for a pricing table whose input is the point.
+OTHER_PRICES = "output = 15, cache_write = 3.75, cache_read = 0.30"
 
 DIGEST = "ab" * 32
 
@@ -147,6 +152,7 @@ def test_model_and_key_defaults_applied():
 [[models]]
 id = "claude-x"
 deployments = ["a"]
+free = true
 
 [[keys]]
 key_sha256 = "{DIGEST.upper()}"
@@ -162,6 +168,7 @@ key_sha256 = "{DIGEST.upper()}"
         forced_tool_choice=True,
         min_cache_tokens=1024,
         pricing=Pricing(Decimal(0), Decimal(0), Decimal(0), Decimal(0)),
+        free=True,
     )
     assert config.keys[0] == KeyConfig(
         name="", key_sha256=DIGEST, models=("*",), spend_limit_usd=None, expires_at=None, revoked=False
@@ -173,13 +180,13 @@ def test_integers_accepted_for_number_fields():
 [[models]]
 id = "m"
 deployments = ["a"]
-pricing = { input = 3, output = 15 }
+pricing = { input = 3, output = 15, cache_write = 4, cache_read = 0 }
 
 [[keys]]
 key = "k"
 spend_limit_usd = 20
 """)
-    assert config.models[0].pricing == Pricing(Decimal(3), Decimal(15), Decimal(0), Decimal(0))
+    assert config.models[0].pricing == Pricing(Decimal(3), Decimal(15), Decimal(4), Decimal(0))
     assert config.keys[0].spend_limit_usd == Decimal(20)
 
 
@@ -273,6 +280,7 @@ base_url = "https://${HOST}"
 [[models]]
 id = "m"
 deployments = ["${DEPLOYMENT}"]
+free = true
 """,
         env={"DB_USER": "gw", "DB_PASSWORD": "pw", "DEPLOYMENT": "d", "HOST": "h.example"},
     )
@@ -305,7 +313,7 @@ def test_missing_env_var_reported_once_per_variable():
 
 
 def test_missing_env_var_inside_list_and_inline_table():
-    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", "${D}"]\npricing = { input = "${P}" }\n'
+    text = UNPRICED.replace('["a"]', '["a", "${D}"]') + f'pricing = {{ input = "${{P}}", {OTHER_PRICES} }}\n'
     assert problems_of(text) == [
         "models[0].deployments[1]: environment variable D is not set",
         "models[0].pricing.input: environment variable P is not set",
@@ -328,7 +336,7 @@ def test_malformed_env_reference(host):
         ("bogus = 1", "bogus: unknown key"),
         ("[server]\nprot = 8080", "server.prot: unknown key"),
         (DEPLOYMENT + 'region = "eu"', "deployments[0].region: unknown key"),
-        (MODEL + "pricing = { input = 1, inptu = 2 }", "models[0].pricing.inptu: unknown key"),
+        (UNPRICED + f"pricing = {{ input = 1, {OTHER_PRICES}, inptu = 2 }}", "models[0].pricing.inptu: unknown key"),
         ('[[keys]]\nkey = "k"\nrevoke = true', "keys[0].revoke: unknown key"),
     ],
 )
@@ -347,17 +355,19 @@ def test_unknown_keys_rejected(text, problem):
         ('server = "x"', "server: expected a table"),
         ("[deployments]\nname = 'a'", "deployments: expected an array of tables"),
         ("deployments = [1]", "deployments[0]: expected a table"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = "a"',
-         "models[0].deployments: expected a list of strings"),
-        (DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["a", 2]',
-         "models[0].deployments[1]: expected a string"),
+        (MODEL.replace('["a"]', '"a"'), "models[0].deployments: expected a list of strings"),
+        (MODEL.replace('["a"]', '["a", 2]'), "models[0].deployments[1]: expected a string"),
         (MODEL + "sampling = 0", "models[0].sampling: expected true or false"),
         (MODEL + "max_output_tokens = 1.5", "models[0].max_output_tokens: expected an integer"),
         (MODEL + "efforts = 'high'", "models[0].efforts: expected a list of strings"),
-        (MODEL + "pricing = 3", "models[0].pricing: expected a table"),
-        (MODEL + 'pricing = { input = "3" }', "models[0].pricing.input: expected a number"),
-        (MODEL + "pricing = { input = true }", "models[0].pricing.input: expected a number"),
-        (MODEL + "pricing = { input = nan }", "models[0].pricing.input: expected a number"),
+        (UNPRICED + "pricing = 3", "models[0].pricing: expected a table"),
+        (UNPRICED + f'pricing = {{ input = "3", {OTHER_PRICES} }}', "models[0].pricing.input: expected a number"),
+        (UNPRICED + f"pricing = {{ input = true, {OTHER_PRICES} }}", "models[0].pricing.input: expected a number"),
+        (UNPRICED + f"pricing = {{ input = nan, {OTHER_PRICES} }}", "models[0].pricing.input: expected a number"),
+        # A bad free or min_cache_tokens is reported once, not also as a pricing missing.
+        (UNPRICED + 'free = "yes"', "models[0].free: expected true or false"),
+        (UNPRICED + 'min_cache_tokens = "1024"\npricing = { input = 3, output = 15 }',
+         "models[0].min_cache_tokens: expected an integer"),
         ('[[keys]]\nkey = "k"\nspend_limit_usd = "50"', "keys[0].spend_limit_usd: expected a number"),
         ('[[keys]]\nkey = "k"\nexpires_at = "2027-01-01T00:00:00Z"',
          "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
@@ -380,6 +390,7 @@ def test_required_fields():
         "deployments[0].base_url: required",
         "models[0].id: required",
         "models[0].deployments: required",
+        "models[0].pricing: required (or free = true for a model that costs nothing)",
     ]
 
 
@@ -407,7 +418,7 @@ def test_storage_url_scheme(url):
 
 def test_empty_names_rejected():
     text = '[server]\nhost = ""\n[[deployments]]\nname = ""\nbase_url = "https://a"\n'
-    text += '[[models]]\nid = ""\nupstream_model = ""\ndeployments = [""]\n'
+    text += '[[models]]\nid = ""\nupstream_model = ""\ndeployments = [""]\nfree = true\n'
     assert problems_of(text) == [
         "server.host: expected a non-empty string",
         "deployments[0].name: expected a non-empty string",
@@ -441,10 +452,12 @@ def test_model_deployment_references():
 [[models]]
 id = "m1"
 deployments = ["a", "x"]
+free = true
 
 [[models]]
 id = "m2"
 deployments = []
+free = true
 """
     assert problems_of(text) == [
         "models[1].deployments: expected at least one deployment name",
@@ -453,7 +466,7 @@ deployments = []
 
 
 def test_references_checked_even_when_the_model_has_other_problems():
-    text = DEPLOYMENT + '[[models]]\nid = "m"\ndeployments = ["nope"]\nmax_output_tokens = 0'
+    text = MODEL.replace('["a"]', '["nope"]') + "max_output_tokens = 0"
     assert problems_of(text) == [
         "models[0].max_output_tokens: expected a positive integer",
         'models[0].deployments[0]: no deployment named "nope"',
@@ -462,7 +475,7 @@ def test_references_checked_even_when_the_model_has_other_problems():
 
 def test_references_not_checked_against_a_deployment_whose_name_is_bad():
     # The reference may well be to that deployment, so only its name is reported.
-    text = '[[deployments]]\nbase_url = "https://a"\n[[models]]\nid = "m"\ndeployments = ["a"]\n'
+    text = '[[deployments]]\nbase_url = "https://a"\n[[models]]\nid = "m"\ndeployments = ["a"]\nfree = true\n'
     assert problems_of(text) == ["deployments[0].name: required"]
 
 
@@ -471,10 +484,12 @@ def test_duplicate_deployment_names_and_model_ids():
 [[models]]
 id = "m"
 deployments = ["a"]
+free = true
 
 [[models]]
 id = "m"
 deployments = ["a"]
+free = true
 """
     assert problems_of(text) == [
         'deployments[1].name: duplicate deployment name "a"',
@@ -535,6 +550,9 @@ spend_limit_usd = -1
         "deployments[0].base_url: expected an http(s) URL with a host",
         "models[0].max_output_tokens: expected a positive integer",
         "models[0].pricing.output: expected a non-negative number",
+        "models[0].pricing.input: required",
+        "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+        "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
         "keys[0].key_sha256: expected 64 hex characters",
         "keys[0].spend_limit_usd: expected a non-negative number",
         'models[0].deployments[1]: no deployment named "b"',
@@ -546,11 +564,86 @@ spend_limit_usd = -1
 def test_a_bad_value_is_reported_once():
     # A missing id is one problem, not also one for the upstream_model derived from it,
     # and a missing env var is not also reported as a bad URL.
-    text = '[[deployments]]\nname = "a"\nbase_url = "${URL}"\n[[models]]\ndeployments = ["a"]\n'
+    text = '[[deployments]]\nname = "a"\nbase_url = "${URL}"\n[[models]]\ndeployments = ["a"]\nfree = true\n'
     assert problems_of(text) == [
         "deployments[0].base_url: environment variable URL is not set",
         "models[0].id: required",
     ]
+
+
+# --- Pricing: no model costs nothing by omission
+
+
+PRICED = UNPRICED + "pricing = { input = 3, output = 15, cache_write = 3.75, cache_read = 0.30 }\n"
+
+
+@pytest.mark.parametrize(
+    "model, problems",
+    [
+        (UNPRICED, ["models[0].pricing: required (or free = true for a model that costs nothing)"]),
+        (UNPRICED + "free = false", ["models[0].pricing: required (or free = true for a model that costs nothing)"]),
+        (UNPRICED + "pricing = {}", [
+            "models[0].pricing.input: required",
+            "models[0].pricing.output: required",
+            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+        ]),
+        (UNPRICED + "pricing = { input = 3, output = 15, cache_write = 3.75 }", [
+            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+        ]),
+        (UNPRICED + "min_cache_tokens = 2048\npricing = { input = 3, output = 15 }", [
+            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+        ]),
+        (UNPRICED + "min_cache_tokens = 0\npricing = { output = 15 }", ["models[0].pricing.input: required"]),
+        (UNPRICED + "[models.pricing]\ninput = 3\ncache_read = 0.3\n", [
+            "models[0].pricing.output: required",
+            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+        ]),
+        (PRICED + "free = true", ["models[0].pricing: not with free = true (a free model costs nothing)"]),
+    ],
+)
+def test_a_model_needs_its_prices_or_says_it_is_free(model, problems):
+    assert problems_of(model) == problems
+
+
+def test_each_model_is_checked_with_its_own_path():
+    text = PRICED + '[[models]]\nid = "n"\ndeployments = ["a"]\n'
+    assert problems_of(text) == ["models[1].pricing: required (or free = true for a model that costs nothing)"]
+
+
+def test_a_free_model_costs_nothing():
+    (model,) = parse_config(MODEL).models
+    assert model.free is True
+    assert model.pricing == Pricing(Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+
+
+def test_prices_written_as_0_are_accepted():
+    (model,) = parse_config(UNPRICED + "pricing = { input = 0, output = 0, cache_write = 0, cache_read = 0 }").models
+    assert model.free is False
+    assert model.pricing == Pricing(Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+
+
+def test_a_model_without_a_prompt_cache_needs_no_cache_prices():
+    (model,) = parse_config(UNPRICED + "min_cache_tokens = 0\npricing = { input = 1, output = 5 }").models
+    assert model.pricing == Pricing(Decimal(1), Decimal(5), Decimal(0), Decimal(0))
+
+
+def test_a_priced_model_in_a_pricing_table():
+    (model,) = parse_config(UNPRICED + "[models.pricing]\ninput = 3\noutput = 15\ncache_write = 3.75\ncache_read = 0.3\n").models
+    assert model.pricing == Pricing(Decimal(3), Decimal(15), Decimal("3.75"), Decimal("0.3"))
+
+
+async def test_check_config_refuses_an_unpriced_model(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(UNPRICED + "pricing = { input = 3, output = 15 }\n", encoding="utf-8")
+    status, output = await run_command("check-config", str(path), cwd=tmp_path)
+    assert (status, output.splitlines()) == (1, [
+        "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+        "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+    ])
+    with pytest.raises(ConfigError):
+        load_config(path)
 
 
 # --- Reading files

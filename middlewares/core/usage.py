@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import orjson
+
 from middlewares.core.protocols import Pricing
 
 _PER_MILLION = Decimal(1_000_000)
@@ -25,27 +27,42 @@ class Usage:
     reasoning_tokens: int = 0
 
     @classmethod
-    def from_anthropic(cls, usage: dict[str, Any], thinking_chars: int = 0) -> Usage:
-        """Anthropic's usage; reasoning is its `thinking_tokens`, else estimated from the
-        thinking text seen (never more than the output)."""
-        output = usage.get("output_tokens") or 0
+    def from_anthropic(cls, usage: dict[str, Any], thinking_chars: int = 0, output_chars: int = 0) -> Usage:
+        """Anthropic's usage, for an answer that carried `output_chars` characters of text and
+        tool input and `thinking_chars` of thinking. The output billed is the larger of the
+        upstream's count and the estimate from those characters: an answer is never billed
+        less than the text it carried (a count missing, or lower than the text could be).
+        Reasoning is Anthropic's `thinking_tokens`, else estimated from the thinking text; never
+        more than the output."""
+        estimate = estimate_tokens(output_chars) + estimate_tokens(thinking_chars)
+        output = max(usage.get("output_tokens") or 0, estimate)
         reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
         if reasoning is None:
-            reasoning = min(estimate_tokens(thinking_chars), output)
+            reasoning = estimate_tokens(thinking_chars)
         return cls(
             input_tokens=usage.get("input_tokens") or 0,
             cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
             cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
             output_tokens=output,
-            reasoning_tokens=reasoning,
+            reasoning_tokens=min(reasoning, output),
         )
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Usage:
-        """A whole (non-streamed) message's usage; its thinking text backs the reasoning estimate."""
-        content = message.get("content") or ()
-        thinking_chars = sum(len(block.get("thinking", "")) for block in content if isinstance(block, dict))
-        return cls.from_anthropic(message.get("usage") or {}, thinking_chars)
+        """A whole (non-streamed) message's usage; the text, thinking and tool input it carried
+        back the estimates, as a stream's deltas do (a tool's input counts as its JSON)."""
+        thinking_chars = output_chars = 0
+        for block in message.get("content") or ():
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                output_chars += _length(block.get("text"))
+            elif kind == "thinking":
+                thinking_chars += _length(block.get("thinking"))
+            elif kind in _TOOL_CALLS:
+                output_chars += len(orjson.dumps(block.get("input") or {}))
+        return cls.from_anthropic(message.get("usage") or {}, thinking_chars, output_chars)
 
     @property
     def prompt_tokens(self) -> int:
@@ -66,7 +83,8 @@ class StreamUsage:
     """A stream's usage, metered once as its events are read, for every stage that needs it
     (billing, the translator), as `MessageReply.usage` is for a whole message: Anthropic's
     numbers (message_start's, then each message_delta's) and the text seen, which backs the
-    estimates (reasoning from the thinking text; the output of a stream cut short)."""
+    estimates (reasoning from the thinking text; the output, never billed below the text and
+    tool arguments seen, whether the stream ends or is cut short)."""
 
     def __init__(self) -> None:
         self.numbers: dict[str, Any] = {}
@@ -85,18 +103,31 @@ class StreamUsage:
                     self.output_chars += len(delta.get("partial_json", ""))
                 elif dtype == "thinking_delta":
                     self.thinking_chars += len(delta.get("thinking", ""))
+            elif kind == "content_block_start":  # a block may start with some text (sent on too)
+                block = event.get("content_block") or {}
+                if block.get("type") == "text":
+                    self.output_chars += _length(block.get("text"))
+                elif block.get("type") == "thinking":
+                    self.thinking_chars += _length(block.get("thinking"))
             elif kind == "message_start":
                 self.numbers.update((event.get("message") or {}).get("usage") or {})
             elif kind == "message_delta":
                 self.numbers.update(event.get("usage") or {})
 
     def total(self) -> Usage:
-        """The usage of a stream that ended: the upstream's numbers."""
-        return Usage.from_anthropic(self.numbers, self.thinking_chars)
+        """The usage of a stream that ended: the upstream's numbers, its output never below the
+        estimate from the text seen (its count may be missing or too low)."""
+        return Usage.from_anthropic(self.numbers, self.thinking_chars, self.output_chars)
 
     def so_far(self) -> Usage:
-        """The usage of a stream cut short: the output estimated from the text seen, when the
-        upstream's own count (it sends one at the end) is lower or missing."""
-        seen = estimate_tokens(self.output_chars) + estimate_tokens(self.thinking_chars)
-        output = max(self.numbers.get("output_tokens") or 0, seen)
-        return Usage.from_anthropic({**self.numbers, "output_tokens": output}, self.thinking_chars)
+        """The usage of a stream cut short: the same rule, which matters most here, since the
+        upstream sends its output count only at the end."""
+        return self.total()
+
+
+# The blocks whose `input` is what the model wrote (a stream's input_json_delta, whole).
+_TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+
+
+def _length(text: Any) -> int:
+    return len(text) if isinstance(text, str) else 0
