@@ -49,6 +49,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     add("--spend-limit", type=_limit, metavar="USD", help='"none" removes the limit')
     add("--rpm", type=_count, help="requests per minute (0: no limit)")
     add("--tpm", type=_count, help="tokens per minute (0: no limit)")
+    add("--max-concurrent", type=_count, metavar="N", help="requests running at once (0: no limit)")
     add("--expires", type=_moment, metavar="DATETIME", help='ISO datetime (UTC), or "never"')
 
 
@@ -116,7 +117,8 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
             print(usage_report(rows, names, by=args.by, format=args.format), end="")
             return 0
         if args.action == "list":
-            print(_table(KEY_COLUMNS, [_key_row(key) for key in await store.list_keys()]), end="")
+            reserved = await store.reserved()
+            print(_table(KEY_COLUMNS, [_key_row(key, reserved) for key in await store.list_keys()]), end="")
             return 0
         fields = _changes(args)
         if args.action == "create":
@@ -137,7 +139,7 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
         if key is None:
             print(f"no single key named or numbered {args.key!r}")
             return 1
-        print(_table(KEY_COLUMNS, [_key_row(key)]), end="")
+        print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
         return 0
     finally:
         await store.close()
@@ -145,7 +147,7 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
 
 # command-line option → key field
 _KEY_OPTIONS = {"name": "name", "models": "models", "spend_limit": "spend_limit_usd", "rpm": "rpm", "tpm": "tpm",
-                "expires": "expires_at"}
+                "max_concurrent": "max_concurrent", "expires": "expires_at"}
 
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -156,11 +158,13 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     return changes
 
 
-KEY_COLUMNS = ["id", "name", "models", "spent_usd", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked"]
+KEY_COLUMNS = ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd", "rpm", "tpm", "max_concurrent",
+               "expires_at", "revoked"]
 
 
-def _key_row(key: KeyRecord) -> list[Any]:
-    return [key.id, key.name, ",".join(key.models), key.spent_usd, key.spend_limit_usd, key.rpm, key.tpm,
+def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
+    return [key.id, key.name, ",".join(key.models), key.spent_usd, reserved.get(key.id, Decimal(0)),
+            key.spend_limit_usd, key.rpm, key.tpm, key.max_concurrent,
             key.expires_at.isoformat() if key.expires_at else None, key.revoked]
 
 

@@ -12,6 +12,7 @@ from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.ratelimit import rate_limiter
 from gateway.storage import Store, open_store
+from gateway.spending import SpendReservations
 from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
@@ -46,6 +47,7 @@ def build_app(
     upstream = UpstreamClient()
     store = open_store(config.storage.url)
     ledger = Ledger(store)
+    spending = SpendReservations(store)
     limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
     auth = auth_middleware(find_key=store.find_key, cache_seconds=key_cache_seconds)
     settings = config.images
@@ -57,13 +59,15 @@ def build_app(
         max_redirects=settings.max_redirects,
         ports=settings.ports,
         allow_private_hosts=settings.allow_private_hosts,
+        downloads_per_key=settings.downloads_per_key,
+        connections_per_host=settings.connections_per_host,
     )
 
     openai_chain = [
         auth,
         size_limit_middleware(),
         refusals_middleware(),
-        limits_middleware(find_model=config.model, spending=store, limiter=limiter),
+        limits_middleware(find_model=config.model, spending=spending, limiter=limiter),
         images,
         cache_breakpoints_middleware(),
         translator_middleware(),
@@ -79,6 +83,7 @@ def build_app(
         await store.sync_config_keys(config.keys)
         yield
         await ledger.close()  # every recorded row is written before the store goes
+        await spending.close()
         await limiter.close()
         await store.close()
 

@@ -132,7 +132,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     if not config.ratelimit.url and (limited := _rate_limited_keys(config)):
         # (A key given limits through the CLI is refused by each worker, on its requests.)
         raise SystemExit(
-            f"--workers {workers} needs [ratelimit] url (Redis) for keys with rpm or tpm ({', '.join(limited)}): "
+            f"--workers {workers} needs [ratelimit] url (Redis) for keys with rpm, tpm or max_concurrent ({', '.join(limited)}): "
             "each worker's own buckets would let through N times their limits"
         )
     spawn = multiprocessing.get_context("spawn")
@@ -158,7 +158,8 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
 def _rate_limited_keys(config: Config) -> list[str]:
     """The names of the config's usable keys with rpm or tpm."""
-    return sorted({key.name or "(unnamed)" for key in config.keys if (key.rpm or key.tpm) and not key.revoked})
+    return sorted({key.name or "(unnamed)" for key in config.keys
+                   if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked})
 
 
 def _worker(config_path: str, host: str | None, port: int | None, workers: int) -> None:

@@ -124,6 +124,8 @@ class ImagesConfig:
     timeout_seconds: float = _field(15.0, check=_positive_number)
     max_redirects: int = _field(3, check=_non_negative)
     ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the API sets no limit)
+    downloads_per_key: int = _field(16, check=_positive)  # at once, over all of a key's requests
+    connections_per_host: int = _field(32, check=_positive)  # the pool's, to any one host
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ class KeyConfig:
     spend_limit_usd: Decimal | None = _field(None, check=_non_negative)
     rpm: int | None = _field(None, check=_per_minute)  # requests per minute
     tpm: int | None = _field(None, check=_per_minute)  # tokens per minute
+    max_concurrent: int | None = _field(None, check=_positive)  # requests running at once
     expires_at: datetime | None = None  # always timezone-aware (UTC)
     revoked: bool = False
 

@@ -1,5 +1,5 @@
-"""Per-key rate limits (requests and tokens per minute) as token buckets: in memory for one
-process, or in Redis so every replica draws on the same buckets.
+"""Per-key rate limits (requests and tokens per minute) as token buckets, and the requests a key
+may run at once: in memory for one process, or in Redis so every replica draws on the same.
 
 A request takes one request token and reserves its token estimate (its input, estimated, and
 its output limit), both checked and taken at once; afterwards the difference between what it
@@ -23,6 +23,10 @@ from middlewares.core.errors import GatewayError
 from middlewares.core.records import KeyRecord
 
 log = logging.getLogger("ezat.ratelimit")
+# The wait a key at its most requests at once is told: the time a short request takes.
+CONCURRENCY_RETRY = 1.0
+# Seconds a running request's place outlives a process that died holding it.
+RUNNING_TTL = 3600
 
 
 class RateLimiter(protocols.RateLimiter, Protocol):
@@ -50,6 +54,7 @@ class MemoryRateLimiter:
 
     def __init__(self, *, workers: int = 1) -> None:
         self._buckets: dict[str, tuple[float, float]] = {}  # name → (balance, at)
+        self._running: dict[int, set[str]] = {}  # key id → the request ids it runs
         self._workers = workers
 
     def _balance(self, name: str, per_minute: int, now: float) -> float:
@@ -58,7 +63,7 @@ class MemoryRateLimiter:
 
     async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
         buckets = _buckets(key, tokens)
-        if buckets and self._workers > 1:
+        if self._workers > 1 and (buckets or key.max_concurrent):
             raise unshared_limits()
         now = time.monotonic()
         wait = 0.0
@@ -76,6 +81,20 @@ class MemoryRateLimiter:
         if key.tpm:
             name, now = _bucket(key, "tpm"), time.monotonic()
             self._buckets[name] = (self._balance(name, key.tpm, now) - tokens, now)
+
+    async def enter(self, key: KeyRecord, request_id: str) -> float:
+        running = self._running.setdefault(key.id, set())
+        if len(running) >= key.max_concurrent:
+            return CONCURRENCY_RETRY
+        running.add(request_id)
+        return 0.0
+
+    async def leave(self, key: KeyRecord, request_id: str) -> None:
+        running = self._running.get(key.id)
+        if running is not None:
+            running.discard(request_id)
+            if not running:
+                del self._running[key.id]
 
     async def close(self) -> None:
         pass
@@ -123,6 +142,19 @@ return 0
 """
 
 
+# KEYS: the key's set of running requests. ARGV: the most at once, the request id, and how long
+# a request's place is kept if its process dies without leaving. Returns 1 when it entered.
+_ENTER = """
+local now_s, now_us = unpack(redis.call('TIME'))
+local now = tonumber(now_s) + tonumber(now_us) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])))
+return 1
+"""
+
+
 class RedisRateLimiter:
     """Buckets shared through Redis. If Redis is unreachable, requests go through (fail open)
     and the failure is logged, at most every 30 s: a rate limit must not take the gateway down."""
@@ -133,6 +165,7 @@ class RedisRateLimiter:
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         self._admit = self._redis.register_script(_ADMIT)
         self._charge = self._redis.register_script(_CHARGE)
+        self._enter = self._redis.register_script(_ENTER)
         self._warned_at = -60.0
 
     async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
@@ -151,6 +184,20 @@ class RedisRateLimiter:
             return
         try:
             await self._charge(keys=[_bucket(key, "tpm")], args=[key.tpm, tokens])
+        except Exception as exc:
+            self._fail_open(exc)
+
+    async def enter(self, key: KeyRecord, request_id: str) -> float:
+        try:
+            entered = await self._enter(keys=[_bucket(key, "running")], args=[key.max_concurrent, request_id, RUNNING_TTL])
+        except Exception as exc:
+            self._fail_open(exc)
+            return 0.0
+        return 0.0 if entered else CONCURRENCY_RETRY
+
+    async def leave(self, key: KeyRecord, request_id: str) -> None:
+        try:
+            await self._redis.zrem(_bucket(key, "running"), request_id)
         except Exception as exc:
             self._fail_open(exc)
 

@@ -38,6 +38,8 @@ def limits_middleware(
     - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
       `retry-after`): it takes one request and reserves the request's token estimate, its input
       estimated from its size plus its output limit;
+    - with `max_concurrent`, `limiter.enter(key, request id)` must find it running fewer (429
+      `rate_limit_exceeded`); it leaves when the request is settled;
     - `spending.reserve(...)` must hold the request's worst-case cost within the key's
       `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
       at the dearest prices of every model that may answer.
@@ -80,9 +82,22 @@ def limits_middleware(
                     code="rate_limit_exceeded",
                     headers=retry_after(wait),
                 )
+        rid = request_id(request)
+        if limiter is not None and key.max_concurrent:
+            wait = await limiter.enter(key, rid)
+            if wait:
+                await reservation.settle(None)
+                raise GatewayError(
+                    429,
+                    f"This key already runs {key.max_concurrent} requests, the most it may at once; "
+                    "wait for one to finish.",
+                    type="rate_limit_error",
+                    code="rate_limit_exceeded",
+                    headers=retry_after(wait),
+                )
+            reservation.running(rid)
         if limit is not None:
             cost = _worst_cost(models, input_tokens, output_tokens)
-            rid = request_id(request)
             left = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL)
             if left is not None:
                 await reservation.settle(None)
@@ -156,16 +171,21 @@ def _usd(amount: Decimal) -> str:
 
 class Reservation:
     """What a request holds from admission until it is settled, once: the tokens it reserved
-    (settled to what it used, or given back if it failed) and, with a spend limit, its spend
-    reservation (ended by its ledger row, or released if it is not billed)."""
+    (settled to what it used, or given back if it failed), its place among the key's running
+    requests, and, with a spend limit, its spend reservation (ended by its ledger row, or
+    released if it is not billed)."""
 
-    __slots__ = ("_limiter", "_key", "tokens", "_spending", "_request_id", "_settled")
+    __slots__ = ("_limiter", "_key", "tokens", "_running", "_spending", "_request_id", "_settled")
 
     def __init__(self, limiter: RateLimiter | None, key: KeyRecord, tokens: int) -> None:
         self._limiter, self._key, self.tokens = limiter, key, tokens
+        self._running = False
         self._spending: Spending | None = None
         self._request_id = ""
         self._settled = False
+
+    def running(self, request_id: str) -> None:
+        self._running, self._request_id = True, request_id
 
     def spend(self, spending: Spending, request_id: str) -> None:
         self._spending, self._request_id = spending, request_id
@@ -177,5 +197,7 @@ class Reservation:
         used = 0 if usage is None else usage.prompt_tokens + usage.output_tokens
         if self._limiter is not None and self._key.tpm and used != self.tokens:
             await self._limiter.charge_tokens(self._key, used - self.tokens)
+        if self._running:
+            await self._limiter.leave(self._key, self._request_id)
         if usage is None and self._spending is not None:
             await self._spending.release(self._request_id)

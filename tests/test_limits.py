@@ -15,9 +15,10 @@ import pytest
 
 from decimal import Decimal
 
-from gateway.config import KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
+from gateway.config import ImagesConfig, KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
 from gateway.mock_upstream import Scenario
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, read_store, run_command
+from tests.test_images import PNG, ImageServer
 
 # About 5,000 tokens of text (4 characters a token, the gateway's estimate), and a small output
 # limit: a request's reservation is its body's size over four, plus 100.
@@ -103,7 +104,7 @@ async def test_serve_with_workers_refuses_rate_limited_keys_without_redis(tmp_pa
     ))
     status, output = await run_command("serve", "--config", str(path), "--workers", "2", cwd=tmp_path)
     assert status == 1
-    assert "--workers 2 needs [ratelimit] url (Redis) for keys with rpm or tpm (test)" in output
+    assert "--workers 2 needs [ratelimit] url (Redis) for keys with rpm, tpm or max_concurrent (test)" in output
     assert "Traceback" not in output
 
 
@@ -210,3 +211,93 @@ async def test_two_gateways_on_one_postgresql_database_hold_one_spend_limit(tmp_
             await gateway.stop()
     rows, _ = await read_store(postgres_url)
     assert_within_the_limit([*halves[0], *halves[1]], rows)
+
+
+# --- Requests at once
+
+
+async def test_max_concurrent_refuses_the_third_stream_and_the_first_two_finish(start_gateway, upstream, ratelimit_url):
+    config = replace(limited_config(upstream, max_concurrent=2), ratelimit=RateLimitConfig(url=ratelimit_url))
+    gateway = await start_gateway(config)
+    # Two slow streams, then a quick answer for the request that comes after they end.
+    upstream.enqueue(Scenario(event_delay=0.05), Scenario(event_delay=0.05), Scenario())
+    async with gateway.client() as client:
+        async def stream() -> str:
+            chunks = await client.chat.completions.create(model=MODEL, stream=True, messages=HI)
+            return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+        first, second = asyncio.create_task(stream()), asyncio.create_task(stream())
+        while len(upstream.requests) < 2:  # both have begun
+            await asyncio.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model=MODEL, messages=HI)
+        assert refused.value.body["message"] == (
+            "This key already runs 2 requests, the most it may at once; wait for one to finish."
+        )
+        assert refused.value.response.headers["retry-after"] == "1"
+        assert await first == await second == "Hello from the mock upstream. You said: Tell me about Oslo."
+        # Both done: their places are free again.
+        await client.chat.completions.create(model=MODEL, messages=HI)
+    assert len(upstream.requests) == 3
+
+
+# --- One key's image URLs cannot take every download
+
+
+async def test_one_keys_downloads_cannot_starve_another_keys(start_gateway, upstream):
+    server = await ImageServer().start()
+    try:
+        slow = [server.serve(f"/slow/{i}.png", PNG, delay=1.0) for i in range(60)]
+        quick = server.serve("/quick.png", PNG)
+        keys = tuple(KeyConfig(name=name, key_sha256=hashlib.sha256(name.encode()).hexdigest()) for name in ("sk-a", "sk-b"))
+        config = replace(make_config(upstream.url), keys=keys, images=ImagesConfig(allow_private_hosts=True))
+        gateway = await start_gateway(config)
+
+        def look(urls):
+            return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}} for url in urls]}]
+
+        async with gateway.client(api_key="sk-a") as a, gateway.client(api_key="sk-b") as b:
+            flood = [asyncio.create_task(a.chat.completions.create(model=MODEL, messages=look(slow[i:i + 20])))
+                     for i in (0, 20, 40)]
+            while server.in_flight < 16:  # key a's downloads are under way...
+                await asyncio.sleep(0.01)
+            started = asyncio.get_running_loop().time()
+            await b.chat.completions.create(model=MODEL, messages=look([quick]))  # ...and b's goes past them
+            waited = asyncio.get_running_loop().time() - started
+            await asyncio.gather(*flood)
+    finally:
+        await server.close()
+    assert waited < 0.9  # not behind a second-long download of key a's
+    assert server.max_in_flight <= 16 + 1  # key a's 16 at once, and b's one
+
+
+# --- What the operator sees
+
+
+async def test_keys_list_shows_each_keys_spend_reservations_and_limits(tmp_path, upstream):
+    storage = f"sqlite:///{tmp_path / 'gw.db'}"
+    made = ["keys", "create", "--storage", storage, "--name", "batch", "--spend-limit", "2", "--max-concurrent", "3"]
+    assert (await run_command(*made, cwd=tmp_path))[0] == 0
+    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage, upstream_url=upstream.url,
+                          key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+    upstream.enqueue(Scenario(**{**COSTLY, "delay": 3.0}))
+    try:
+        await served.start()
+        answer = asyncio.create_task(spend(served.url, 1))
+        while not upstream.requests:  # admitted, and so holding its worst case
+            await asyncio.sleep(0.02)
+        status, listed = await run_command("keys", "list", "--storage", storage, cwd=tmp_path)
+        assert status == 0, listed
+        await answer
+    finally:
+        await served.stop()
+    header, *lines = listed.splitlines()
+    names = header.split()
+    starts = [header.index(name) for name in names]  # the table's columns, blank where a value is none
+    rows = {}
+    for line in lines:
+        cells = [line[start:end].strip() for start, end in zip(starts, [*starts[1:], None])]
+        rows[cells[1]] = dict(zip(names, cells))
+    assert names[:6] == ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd"]
+    assert (rows["batch"]["spend_limit_usd"], rows["batch"]["max_concurrent"], rows["batch"]["reserved_usd"]) == ("2", "3", "0")
+    assert Decimal("0.015") < Decimal(rows["test"]["reserved_usd"]) < Decimal("0.016")  # its request's worst case

@@ -8,9 +8,9 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from gateway.config import KeyConfig
-from middlewares.core.records import KeyRecord, LedgerRow
+from gateway.storage.records import Hold, KeyRecord, LedgerRow
 
-__all__ = ["KeyRecord", "LedgerRow", "Store", "open_store"]
+__all__ = ["Hold", "KeyRecord", "LedgerRow", "Store", "open_store"]
 
 
 class Store(Protocol):
@@ -34,14 +34,15 @@ class Store(Protocol):
     async def spent(self, key_id: int) -> Decimal:
         """What the key has spent so far, across every process sharing the store."""
 
-    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
-        """Hold `amount` for the request if the key's spend and what its admitted requests still
-        hold leave that much of `limit`, atomically across every process sharing the store: None
-        when held, else what is left. A reservation ends when the request's ledger row is
-        written, when it is released, or after `ttl` seconds (a process that died holds none)."""
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
+        """In one transaction, atomic across every process sharing the store: end the
+        reservations of `releases` (requests not billed), then take each hold in turn if its
+        key's spend and what its admitted requests still hold leave `amount` of its limit. Per
+        hold, None when held, else what was left. A reservation also ends when its request's
+        ledger row is written, or after its `ttl` (a process that died holds none)."""
 
-    async def release(self, request_id: str) -> None:
-        """End a reservation without spend: its request was not billed."""
+    async def reserved(self) -> dict[int, Decimal]:
+        """What each key's admitted requests hold now, by key id (keys holding nothing left out)."""
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         """Record rows and add their cost to their keys' spend, in one durable transaction. A

@@ -12,7 +12,7 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig
-from middlewares.core.records import KeyRecord, LedgerRow
+from gateway.storage.records import Hold, KeyRecord, LedgerRow
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
 
 _MAX_ID = 2**63 - 1  # BIGSERIAL's largest
@@ -75,20 +75,20 @@ class PostgresStore:
             )
             await db.executemany(
                 """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                                     from_config)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, TRUE)
+                                     max_concurrent, from_config)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, TRUE)
                    ON CONFLICT (key_sha256) DO UPDATE SET
                      name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
                      rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
-                     revoked = excluded.revoked, from_config = TRUE""",
-                [(k.key_sha256, *_key_values(k.name, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked)) for k in keys],
+                     revoked = excluded.revoked, max_concurrent = excluded.max_concurrent, from_config = TRUE""",
+                [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS))) for k in keys],
             )
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
         row = await self._pool.fetchrow(
-            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked)"
-            f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {KEY_COLUMNS}",
+            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent)"
+            f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {KEY_COLUMNS}",
             key_sha256,
             *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
         )
@@ -120,28 +120,47 @@ class PostgresStore:
         value = await self._pool.fetchval("SELECT spent_usd FROM keys WHERE id = $1", key_id)
         return Decimal(0) if value is None else value
 
-    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
-            # The key's row lock serialises its reservations and its ledger writes across
-            # replicas; the statements after it see what committed before it was granted.
-            spent = await db.fetchval("SELECT spent_usd FROM keys WHERE id = $1 FOR UPDATE", key_id)
-            held = await db.fetchval(
-                "WITH gone AS (DELETE FROM reservations WHERE key_id = $1 AND expires_at <= now()) "
-                "SELECT coalesce(sum(amount_usd), 0) FROM reservations WHERE key_id = $1 AND expires_at > now()",
-                key_id,
-            )
-            left = limit - (spent or Decimal(0)) - held
-            if amount > left:
-                return left
-            await db.execute(
-                "INSERT INTO reservations VALUES ($1, $2, $3, now() + make_interval(secs => $4)) "
-                "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at",
-                request_id, key_id, amount, ttl,
-            )
-            return None
+            if releases:
+                await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
+            if not holds:
+                return []
+            keys = sorted({hold.key_id for hold in holds})
+            # The keys' row locks (in key order: no two replicas wait on each other in a cycle)
+            # serialise their reservations and ledger writes across replicas; the statements
+            # after them see what committed before they were granted.
+            spent = dict(await db.fetch("SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR UPDATE", keys))
+            await db.execute("DELETE FROM reservations WHERE key_id = ANY($1) AND expires_at <= now()", keys)
+            held = dict(await db.fetch(
+                "SELECT key_id, sum(amount_usd) FROM reservations WHERE key_id = ANY($1) GROUP BY key_id", keys
+            ))
+            left: dict[int, Decimal] = {}
+            results: list[Decimal | None] = []
+            taken: list[Hold] = []
+            for hold in holds:
+                if hold.key_id not in left:
+                    left[hold.key_id] = hold.limit - spent.get(hold.key_id, Decimal(0)) - held.get(hold.key_id, Decimal(0))
+                if hold.amount > left[hold.key_id]:
+                    results.append(left[hold.key_id])
+                    continue
+                left[hold.key_id] -= hold.amount
+                taken.append(hold)
+                results.append(None)
+            if taken:
+                await db.execute(
+                    "INSERT INTO reservations SELECT r, k, a, now() + make_interval(secs => t) "
+                    "FROM unnest($1::text[], $2::bigint[], $3::numeric[], $4::float8[]) AS h(r, k, a, t) "
+                    "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at",
+                    *(list(column) for column in zip(*((h.request_id, h.key_id, h.amount, h.ttl) for h in taken))),
+                )
+            return results
 
-    async def release(self, request_id: str) -> None:
-        await self._pool.execute("DELETE FROM reservations WHERE request_id = $1", request_id)
+    async def reserved(self) -> dict[int, Decimal]:
+        rows = await self._pool.fetch(
+            "SELECT key_id, sum(amount_usd) FROM reservations WHERE expires_at > now() GROUP BY key_id"
+        )
+        return {key_id: amount for key_id, amount in rows}
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         if not rows:
@@ -172,8 +191,8 @@ class PostgresStore:
         return [LedgerRow(*row) for row in rows]
 
 
-def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked) -> tuple:
-    return (name, orjson.dumps(list(models)).decode(), spend_limit_usd, rpm, tpm, expires_at, revoked)
+def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:
+    return (name, orjson.dumps(list(models)).decode(), spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent)
 
 
 def _key(row) -> KeyRecord:
@@ -185,6 +204,7 @@ def _key(row) -> KeyRecord:
         spend_limit_usd=row["spend_limit_usd"],
         rpm=row["rpm"],
         tpm=row["tpm"],
+        max_concurrent=row["max_concurrent"],
         expires_at=row["expires_at"].astimezone(timezone.utc) if row["expires_at"] else None,
         revoked=row["revoked"],
         spent_usd=row["spent_usd"],

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from decimal import Decimal
+from typing import NamedTuple
 
 from middlewares.core.records import KeyRecord, LedgerRow
 
-__all__ = ["KeyRecord", "LedgerRow", "cost_by_key"]
+__all__ = ["Hold", "KeyRecord", "LedgerRow", "cost_by_key"]
+
+
+class Hold(NamedTuple):
+    """A request's spend reservation: `amount` held for it, if the key's spend and holds leave
+    that much of `limit`, for `ttl` seconds at most (its ledger row or its release ends it)."""
+
+    request_id: str
+    key_id: int
+    amount: Decimal
+    limit: Decimal
+    ttl: float
 
 
 def cost_by_key(rows: Iterable[LedgerRow]) -> dict[int, Decimal]:

@@ -51,6 +51,7 @@ SQLITE = [
     );
     CREATE INDEX reservations_by_key ON reservations (key_id, expires_at);
     """,
+    "ALTER TABLE keys ADD COLUMN max_concurrent INTEGER",
 ]
 
 POSTGRES = [
@@ -103,11 +104,13 @@ POSTGRES = [
     );
     CREATE INDEX reservations_by_key ON reservations (key_id, expires_at);
     """,
+    "ALTER TABLE keys ADD COLUMN max_concurrent INTEGER",
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
-KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked")
-KEY_COLUMNS = "id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd, from_config"
+KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked", "max_concurrent")
+KEY_COLUMNS = ("id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd, from_config,"
+               " max_concurrent")
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)  # beside a join with keys

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.config import KeyConfig
-from gateway.storage.records import KeyRecord, LedgerRow, cost_by_key
+from gateway.storage.records import Hold, KeyRecord, LedgerRow, cost_by_key
 from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, SQLITE
 
 log = logging.getLogger("ezat.storage")
@@ -128,7 +128,7 @@ class SQLiteStore:
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         now = _text(datetime.now(timezone.utc))
         values = [
-            (k.key_sha256, *_key_values(k.name, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked), now)
+            (k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), now)
             for k in keys
         ]
         await self._writer.call(_transaction, _upsert_config_keys, values)
@@ -150,13 +150,16 @@ class SQLiteStore:
     async def spent(self, key_id: int) -> Decimal:
         return await self._reader.call(_select_spent, key_id)
 
-    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
-        now = datetime.now(timezone.utc)
-        args = (request_id, key_id, amount, limit, _text(now), _text(now + timedelta(seconds=ttl)))
-        return await self._write_now_or_wait(_reserve, *args)
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
+        return await self._write_now_or_wait(_hold, holds, releases, datetime.now(timezone.utc))
 
-    async def release(self, request_id: str) -> None:
-        await self._write_now_or_wait(_release, request_id)
+    async def reserved(self) -> dict[int, Decimal]:
+        rows = await self._reader.call(_fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?",
+                                       (_text(datetime.now(timezone.utc)),))
+        held: dict[int, Decimal] = {}
+        for key_id, amount in rows:
+            held[key_id] = held.get(key_id, Decimal(0)) + Decimal(amount)
+        return held
 
     async def _write_now_or_wait(self, work: Callable[..., T], *args: Any) -> T:
         """`work` in a write transaction: on the event loop when the file is free (a small
@@ -269,20 +272,20 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     )
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                             from_config, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
+                             max_concurrent, from_config, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
            ON CONFLICT (key_sha256) DO UPDATE SET
              name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
              rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
-             revoked = excluded.revoked, from_config = 1""",
+             revoked = excluded.revoked, max_concurrent = excluded.max_concurrent, from_config = 1""",
         values,
     )
 
 
 def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
     db.execute(
-        "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
 
@@ -308,21 +311,26 @@ def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals:
     _transaction(db, _insert_ledger, values, totals)
 
 
-def _reserve(db: sqlite3.Connection, request_id: str, key_id: int, amount: Decimal, limit: Decimal,
-             now: str, expires: str) -> Decimal | None:
+def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], now: datetime) -> list[Decimal | None]:
     """Inside one write transaction, which serialises every process's reservations."""
-    db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (key_id, now))
-    held = sum((Decimal(a) for (a,) in db.execute("SELECT amount_usd FROM reservations WHERE key_id = ?", (key_id,))),
-               Decimal(0))
-    left = limit - _select_spent(db, key_id) - held
-    if amount > left:
-        return left
-    db.execute("INSERT OR REPLACE INTO reservations VALUES (?, ?, ?, ?)", (request_id, key_id, str(amount), expires))
-    return None
-
-
-def _release(db: sqlite3.Connection, request_id: str) -> None:
-    db.execute("DELETE FROM reservations WHERE request_id = ?", (request_id,))
+    db.executemany("DELETE FROM reservations WHERE request_id = ?", [(rid,) for rid in releases])
+    now_text = _text(now)
+    left: dict[int, Decimal] = {}  # per key: its limit's part not spent nor held, as holds are taken
+    results: list[Decimal | None] = []
+    for hold in holds:
+        if hold.key_id not in left:
+            db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (hold.key_id, now_text))
+            held = db.execute("SELECT amount_usd FROM reservations WHERE key_id = ?", (hold.key_id,))
+            left[hold.key_id] = hold.limit - _select_spent(db, hold.key_id) - sum((Decimal(a) for (a,) in held), Decimal(0))
+        if hold.amount > left[hold.key_id]:
+            results.append(left[hold.key_id])
+            continue
+        left[hold.key_id] -= hold.amount
+        expires = _text(now + timedelta(seconds=hold.ttl))
+        db.execute("INSERT OR REPLACE INTO reservations VALUES (?, ?, ?, ?)",
+                   (hold.request_id, hold.key_id, str(hold.amount), expires))
+        results.append(None)
+    return results
 
 
 _INSERT_LEDGER = (
@@ -368,13 +376,13 @@ def _time(text: str | None) -> datetime | None:
     return None if text is None else datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
 
 
-def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked) -> tuple:
+def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:
     limit = None if spend_limit_usd is None else str(spend_limit_usd)
-    return (name, orjson.dumps(list(models)).decode(), limit, rpm, tpm, _text(expires_at), int(revoked))
+    return (name, orjson.dumps(list(models)).decode(), limit, rpm, tpm, _text(expires_at), int(revoked), max_concurrent)
 
 
 def _key(row: tuple) -> KeyRecord:
-    key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config = row
+    key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config, max_concurrent = row
     return KeyRecord(
         id=key_id,
         name=name,
@@ -383,6 +391,7 @@ def _key(row: tuple) -> KeyRecord:
         spend_limit_usd=None if limit is None else Decimal(limit),
         rpm=rpm,
         tpm=tpm,
+        max_concurrent=max_concurrent,
         expires_at=_time(expires_at),
         revoked=bool(revoked),
         spent_usd=Decimal(spent),

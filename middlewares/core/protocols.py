@@ -41,6 +41,12 @@ class RateLimiter(Protocol):
         """Take `tokens` more (a negative count gives them back): what a request used beyond
         what it reserved."""
 
+    async def enter(self, key: KeyRecord, request_id: str) -> float:
+        """Count the request among the key's running ones, if fewer than its `max_concurrent`
+        run: 0 when it entered, else the seconds to wait."""
+
+    async def leave(self, key: KeyRecord, request_id: str) -> None: ...
+
 
 class Spending(Protocol):
     """Spend reservations, held atomically by whatever keeps the keys' spend (the gateway's store)."""

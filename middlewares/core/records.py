@@ -21,6 +21,7 @@ class KeyRecord:
     spend_limit_usd: Decimal | None = None
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens (input + output) per minute
+    max_concurrent: int | None = None  # requests running at once
     expires_at: datetime | None = None
     revoked: bool = False
     spent_usd: Decimal = Decimal(0)  # as of when the record was read

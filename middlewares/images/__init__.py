@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import BODY
+from middlewares.core.context import API_KEY, BODY
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, split_data_url
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
@@ -41,6 +42,8 @@ def images_middleware(
     ports: Sequence[int] = (),
     allow_private_hosts: bool = False,
     concurrent_downloads: int = 8,
+    downloads_per_key: int = 16,
+    connections_per_host: int = 32,
     resolver=None,
 ):
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
@@ -48,10 +51,14 @@ def images_middleware(
 
     Defaults are the API's limits: 10 MB an image, 20 distinct URLs and 32 MB a request, 15 s
     and 3 redirects a download, any port, public addresses only (`allow_private_hosts` lifts
-    that, for trusted networks and tests). `concurrent_downloads` of one request run at once.
+    that, for trusted networks and tests). `concurrent_downloads` of one request run at once,
+    `downloads_per_key` of all the requests of one key (`request[API_KEY]`, when a stage before
+    sets it), and the pool opens `connections_per_host` to one host: one key's flood of image
+    URLs cannot take every download, nor one slow host every connection.
     `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests."""
     for name, value in (("max_image_bytes", max_image_bytes), ("max_urls", max_urls),
-                        ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads)):
+                        ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads),
+                        ("downloads_per_key", downloads_per_key), ("connections_per_host", connections_per_host)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"images_middleware: {name} must be a positive integer")
     if not timeout > 0:
@@ -69,7 +76,8 @@ def images_middleware(
         ports=tuple(ports),
         allow_private_hosts=allow_private_hosts,
     )
-    fetcher = ImageFetcher(limits, resolver=resolver)
+    fetcher = ImageFetcher(limits, resolver=resolver, connections_per_host=connections_per_host)
+    keys = KeyGates(downloads_per_key)
 
     @stage("images", requires=(BODY,))
     async def images(request: web.Request, handler) -> web.StreamResponse:
@@ -78,11 +86,34 @@ def images_middleware(
             if not fetcher.open:
                 log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
                 raise GatewayError(500, "The image fetcher is not running.", type="server_error")
-            await _inline(parts, fetcher, concurrent_downloads)
+            key = request.get(API_KEY)
+            async with keys.gate(key.id if key is not None else None) as key_gate:
+                await _inline(parts, fetcher, concurrent_downloads, key_gate)
         return await handler(request)
 
     images.cleanup_ctx = fetcher.lifespan
     return images
+
+
+class KeyGates:
+    """One semaphore per key with downloads under way, shared by its requests; gone with them."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._gates: dict[object, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def gate(self, key: object):
+        semaphore, users = self._gates.get(key) or (asyncio.Semaphore(self._size), 0)
+        self._gates[key] = semaphore, users + 1
+        try:
+            yield semaphore
+        finally:
+            semaphore, users = self._gates[key]
+            if users == 1:
+                del self._gates[key]
+            else:
+                self._gates[key] = semaphore, users - 1
 
 
 def _image_parts(body: dict[str, Any]):
@@ -96,14 +127,15 @@ def _image_parts(body: dict[str, Any]):
                     yield f"messages[{i}].content[{j}].image_url.url", part["image_url"]
 
 
-async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher, concurrent: int) -> None:
+async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher, concurrent: int,
+                  key_gate: asyncio.Semaphore) -> None:
     limits = fetcher.limits
     downloads: dict[str, asyncio.Task] = {}  # url → its one download, shared by repeats
     waiting: list[tuple[str, dict[str, Any], asyncio.Task]] = []
     budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(concurrent)
 
     async def download(url: str) -> tuple[str, bytes]:
-        async with gate:
+        async with gate, key_gate:
             return await fetcher.fetch(url, budget)
 
     try:

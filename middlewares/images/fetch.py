@@ -47,8 +47,9 @@ class Budget:
 
 
 class ImageFetcher:
-    def __init__(self, limits: Limits = Limits(), *, resolver=None) -> None:
+    def __init__(self, limits: Limits = Limits(), *, resolver=None, connections_per_host: int = 32) -> None:
         self.limits = limits
+        self._per_host = connections_per_host
         self._resolver = resolver  # tests may give a resolver of their own (a fake DNS)
         self._session: aiohttp.ClientSession | None = None
 
@@ -62,7 +63,9 @@ class ImageFetcher:
         if not self.limits.allow_private_hosts:
             resolver = PublicOnlyResolver(resolver)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(resolver=resolver, limit=100, ttl_dns_cache=None, use_dns_cache=False),
+            connector=aiohttp.TCPConnector(
+                resolver=resolver, limit=100, limit_per_host=self._per_host, ttl_dns_cache=None, use_dns_cache=False
+            ),
             timeout=aiohttp.ClientTimeout(total=self.limits.timeout),
             auto_decompress=True,
             headers={"Accept": "image/*"},

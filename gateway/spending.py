@@ -1,0 +1,74 @@
+"""Spend reservations in groups: what requests ask to hold while one group is being written go
+together in the next, so many concurrent admissions cost one transaction, as the ledger's
+rows do (a transaction on the SQLite file costs a few hundred µs; 64 at once, one). A request
+alone is written at once. Releases wait for the next group: a reservation released a little
+late only holds back, for a moment, what the key may spend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from decimal import Decimal
+
+from gateway.storage import Hold, Store
+from middlewares.core.errors import GatewayError
+
+log = logging.getLogger("ezat.spending")
+
+
+class SpendReservations:
+    """The limits stage's `Spending`, over the store."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._holds: list[tuple[Hold, asyncio.Future[Decimal | None]]] = []
+        self._releases: list[str] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+        done = asyncio.get_running_loop().create_future()
+        self._holds.append((Hold(request_id, key_id, amount, limit, ttl), done))
+        self._write_soon()
+        try:
+            return await done
+        except asyncio.CancelledError:
+            self._releases.append(request_id)  # written or not, it holds nothing for a request gone
+            self._write_soon()
+            raise
+
+    async def release(self, request_id: str) -> None:
+        self._releases.append(request_id)
+        self._write_soon()
+
+    async def close(self) -> None:
+        """Wait for what is pending to be written."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    def _write_soon(self) -> None:
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_groups())
+
+    async def _write_groups(self) -> None:
+        try:
+            while self._holds or self._releases:
+                group, self._holds = self._holds, []
+                releases, self._releases = self._releases, []
+                try:
+                    results = await self._store.hold([hold for hold, _ in group], releases)
+                except Exception as exc:
+                    log.error("spend reservations of %d requests could not be written: %r", len(group), exc)
+                    for _, done in group:
+                        if not done.done():
+                            done.set_exception(_unreserved())
+                    continue
+                for (_, done), left in zip(group, results):
+                    if not done.done():
+                        done.set_result(left)
+        finally:
+            self._writer = None
+
+
+def _unreserved() -> GatewayError:
+    # Its own error each: a request's error becomes its response, which no other may share.
+    return GatewayError(500, "The gateway could not check this key's spend limit; try again.", type="server_error")
