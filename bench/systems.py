@@ -211,15 +211,16 @@ def floor_system(upstream_url: str) -> System:
 
 
 def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
-                   name: str | None = None) -> System:
+                   name: str | None = None, limits: bool = True) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
-    each gateway started in one work directory starts afresh."""
+    each gateway started in one work directory starts afresh. `limits=False`: the key has no
+    spend limit, rpm or tpm (bench/limits.py)."""
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
-    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models))
+    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits))
     return System(
         name,
         port,
@@ -232,7 +233,7 @@ def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers:
     )
 
 
-def gateway_config(port: int, upstream_url: str, db: Path, models: list[str]) -> str:
+def gateway_config(port: int, upstream_url: str, db: Path, models: list[str], limits: bool = True) -> str:
     lines = [
         "[server]", 'host = "127.0.0.1"', f"port = {port}", "",
         "[storage]", f'url = "sqlite:///{db}"', "",
@@ -245,6 +246,8 @@ def gateway_config(port: int, upstream_url: str, db: Path, models: list[str]) ->
         ]
     # Limits far too high to bite, so that billing's spend check and the rate limiter do their
     # work on every request, as for a production key that has them.
-    lines += ["[[keys]]", f'key = "{GATEWAY_KEY}"', 'name = "bench"', "spend_limit_usd = 1000000000",
-              "rpm = 1000000000", "tpm = 1000000000000", ""]
+    lines += ["[[keys]]", f'key = "{GATEWAY_KEY}"', 'name = "bench"']
+    if limits:
+        lines += ["spend_limit_usd = 1000000000", "rpm = 1000000000", "tpm = 1000000000000"]
+    lines.append("")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from decimal import Decimal
 
+from gateway.ledger import LINGER_TURNS
 from gateway.storage import Hold, Store
 from middlewares.core.errors import GatewayError
 
@@ -24,6 +25,7 @@ class SpendReservations:
         self._holds: list[tuple[Hold, asyncio.Future[Decimal | None]]] = []
         self._releases: list[str] = []
         self._writer: asyncio.Task[None] | None = None
+        self._last_shared = False  # the group written last held more than one request
 
     async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
         done = asyncio.get_running_loop().create_future()
@@ -52,7 +54,13 @@ class SpendReservations:
     async def _write_groups(self) -> None:
         try:
             while self._holds or self._releases:
+                if self._last_shared:
+                    # Admissions are arriving together: a few more turns of the event loop let
+                    # more of them share this transaction. A lone request is written at once.
+                    for _ in range(LINGER_TURNS):
+                        await asyncio.sleep(0)
                 group, self._holds = self._holds, []
+                self._last_shared = len(group) > 1
                 releases, self._releases = self._releases, []
                 try:
                     results = await self._store.hold([hold for hold, _ in group], releases)

@@ -319,9 +319,16 @@ def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str]
     results: list[Decimal | None] = []
     for hold in holds:
         if hold.key_id not in left:
-            db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (hold.key_id, now_text))
-            held = db.execute("SELECT amount_usd FROM reservations WHERE key_id = ?", (hold.key_id,))
-            left[hold.key_id] = hold.limit - _select_spent(db, hold.key_id) - sum((Decimal(a) for (a,) in held), Decimal(0))
+            held, expired = Decimal(0), False
+            for amount, expires_at in db.execute("SELECT amount_usd, expires_at FROM reservations WHERE key_id = ?",
+                                                 (hold.key_id,)):
+                if expires_at > now_text:
+                    held += Decimal(amount)
+                else:
+                    expired = True
+            if expired:  # a process that died held these
+                db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (hold.key_id, now_text))
+            left[hold.key_id] = hold.limit - _select_spent(db, hold.key_id) - held
         if hold.amount > left[hold.key_id]:
             results.append(left[hold.key_id])
             continue
@@ -343,7 +350,8 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
     """The rows, and each key's spend raised by their cost. A row already
     written (the same request id) is skipped, and its cost not added again. A row's request
     gives up its reservation in the same transaction: its cost now counts as spend instead."""
-    db.executemany("DELETE FROM reservations WHERE request_id = ?", [(row[0],) for row in values])
+    db.execute(f"DELETE FROM reservations WHERE request_id IN ({', '.join('?' * len(values))})",
+               [row[0] for row in values])
     inserted = db.executemany(_INSERT_LEDGER, values).rowcount
     if inserted == 0:
         return
