@@ -1,4 +1,5 @@
-"""`ezat-gateway keys …` and `ezat-gateway usage`: managing keys and reading the ledger."""
+"""`ezat-gateway keys …`, `ezat-gateway orgs …` and `ezat-gateway usage`: managing keys and
+organizations, and reading the ledger."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.config import MAX_PER_MINUTE
-from gateway.storage import KeyRecord, LedgerRow, open_store
+from gateway.storage import KeyRecord, LedgerRow, OrganizationRecord, open_store
 
 
 def add_commands(commands: argparse._SubParsersAction, storage_options: argparse.ArgumentParser) -> None:
@@ -34,10 +35,30 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     update.add_argument("--unrevoke", action="store_true", help="make a revoked key usable again")
     _key_options(update)
 
+    orgs = commands.add_parser("orgs", help="create, list, suspend and update organizations")
+    actions = orgs.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", parents=[storage_options], help="make a new organization")
+    create.add_argument("name")
+    create.add_argument("--balance", type=_limit, default=None, metavar="USD",
+                        help='what all its keys may spend together ("none", the default: no limit)')
+    create.add_argument("--suspended", action="store_true", help="its keys' requests are refused (403)")
+    actions.add_parser("list", parents=[storage_options], help="every organization, its balance and spend")
+    suspend = actions.add_parser("suspend", parents=[storage_options], help="refuse its keys' requests (403)")
+    suspend.add_argument("name")
+    update = actions.add_parser("update", parents=[storage_options], help="change an organization's settings")
+    update.add_argument("name")
+    update.add_argument("--balance", type=_limit, default=argparse.SUPPRESS, metavar="USD",
+                        help='"none" removes the limit')
+    suspension = update.add_mutually_exclusive_group()
+    suspension.add_argument("--suspend", dest="suspended", action="store_const", const=True, default=argparse.SUPPRESS)
+    suspension.add_argument("--unsuspend", dest="suspended", action="store_const", const=False,
+                            default=argparse.SUPPRESS)
+
     usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
     usage.add_argument("--key", help="only this key (name or id)")
     usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
-    usage.add_argument("--by", choices=("day", "model", "key"), default="day")
+    usage.add_argument("--by", choices=("day", "model", "key", "org"), default="day",
+                       help="org: by each key's organization (as it is now)")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 
@@ -51,6 +72,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     add("--tpm", type=_count, help="tokens per minute (0: no limit)")
     add("--max-concurrent", type=_count, metavar="N", help="requests running at once (0: no limit)")
     add("--expires", type=_moment, metavar="DATETIME", help='ISO datetime (UTC), or "never"')
+    add("--org", metavar="NAME", help='the organization it belongs to (default: "default")')
 
 
 # Each raises ArgumentTypeError with what it expected, which argparse prints after the option's
@@ -113,14 +135,25 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
                 print(f"no key named or numbered {args.key!r}")
                 return 1
             rows = await store.ledger(key=args.key, since=args.since)
-            names = {key.id: key.name or str(key.id) for key in keys}
+            if args.by == "org":
+                names = {key.id: key.organization for key in keys}
+            else:
+                names = {key.id: key.name or str(key.id) for key in keys}
             print(usage_report(rows, names, by=args.by, format=args.format), end="")
             return 0
+        if args.command == "orgs":
+            return await _orgs(store, args)
         if args.action == "list":
             reserved = await store.reserved()
             print(_table(KEY_COLUMNS, [_key_row(key, reserved) for key in await store.list_keys()]), end="")
             return 0
         fields = _changes(args)
+        if "org" in fields:
+            organization = await store.find_organization(fields.pop("org"))
+            if organization is None:
+                print(f"no organization named {args.org!r}")
+                return 1
+            fields["organization_id"] = organization.id
         if args.action == "create":
             secret = "sk-ezat-" + secrets.token_urlsafe(32)
             key = await store.create_key(hashlib.sha256(secret.encode()).hexdigest(), **fields)
@@ -145,9 +178,45 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
         await store.close()
 
 
+async def _orgs(store, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        reserved = await store.organizations_reserved()
+        print(_table(ORG_COLUMNS, [_org_row(o, reserved) for o in await store.list_organizations()]), end="")
+        return 0
+    if args.action == "create":
+        made = await store.create_organization(args.name, balance_usd=args.balance, suspended=args.suspended)
+        if made is None:
+            print(f"an organization named {args.name!r} exists already")
+            return 1
+        print(_table(ORG_COLUMNS, [_org_row(made, {})]), end="")
+        return 0
+    fields = {"suspended": True} if args.action == "suspend" else {
+        field: getattr(args, option) for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
+        if hasattr(args, option)
+    }
+    found = await store.find_organization(args.name)
+    if found is None:
+        print(f"no organization named {args.name!r}")
+        return 1
+    if found.from_config:
+        # The next start would undo the change: the file is this organization's source of truth.
+        print(f"organization {args.name!r} is declared in the config file: change it there")
+        return 1
+    changed = await store.update_organization(args.name, **fields)
+    print(_table(ORG_COLUMNS, [_org_row(changed, await store.organizations_reserved())]), end="")
+    return 0
+
+
+ORG_COLUMNS = ["id", "name", "balance_usd", "spent_usd", "reserved_usd", "suspended", "keys"]
+
+
+def _org_row(org: OrganizationRecord, reserved: dict[int, Decimal]) -> list[Any]:
+    return [org.id, org.name, org.balance_usd, org.spent_usd, reserved.get(org.id, Decimal(0)), org.suspended, org.keys]
+
+
 # command-line option → key field
 _KEY_OPTIONS = {"name": "name", "models": "models", "spend_limit": "spend_limit_usd", "rpm": "rpm", "tpm": "tpm",
-                "max_concurrent": "max_concurrent", "expires": "expires_at"}
+                "max_concurrent": "max_concurrent", "expires": "expires_at", "org": "org"}
 
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,13 +228,13 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 KEY_COLUMNS = ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd", "rpm", "tpm", "max_concurrent",
-               "expires_at", "revoked"]
+               "expires_at", "revoked", "organization"]
 
 
 def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
     return [key.id, key.name, ",".join(key.models), key.spent_usd, reserved.get(key.id, Decimal(0)),
             key.spend_limit_usd, key.rpm, key.tpm, key.max_concurrent,
-            key.expires_at.isoformat() if key.expires_at else None, key.revoked]
+            key.expires_at.isoformat() if key.expires_at else None, key.revoked, key.organization]
 
 
 USAGE_COLUMNS = ["requests", "input_tokens", "cache_write_tokens", "cache_read_tokens", "output_tokens",
@@ -176,7 +245,8 @@ def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, f
     groups: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0, Decimal(0)])
     for row in rows:
         group = {"day": row.finished_at.date().isoformat(), "model": row.answered_model,
-                 "key": key_names.get(row.key_id, str(row.key_id))}[by]
+                 "key": key_names.get(row.key_id, str(row.key_id)),
+                 "org": key_names.get(row.key_id, "default")}[by]
         totals = groups[group]
         for i, value in enumerate((1, row.input_tokens, row.cache_write_tokens, row.cache_read_tokens,
                                    row.output_tokens, row.reasoning_tokens, row.cost_usd)):

@@ -80,6 +80,7 @@ def build_app(
 
     async def storage(app: web.Application):
         await store.open()
+        await store.sync_config_organizations(config.organizations)
         await store.sync_config_keys(config.keys)
         yield
         await ledger.close()  # every recorded row is written before the store goes

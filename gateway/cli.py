@@ -1,4 +1,4 @@
-"""`ezat-gateway`: serve, check-config, keys, usage, mock-upstream."""
+"""`ezat-gateway`: serve, check-config, keys, orgs, usage, mock-upstream."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run(args.host, args.port)
             return 0
-        if args.command in ("keys", "usage"):
+        if args.command in ("keys", "orgs", "usage"):
             # Only [storage]: listing keys must not need the upstream's secret in the environment.
             storage = args.storage or (load_storage_config(args.config) if args.config else DEMO_STORAGE).url
             if problem := storage_url_problem(storage):

@@ -166,6 +166,17 @@ class Model:
     free: bool = False  # the model costs nothing: it needs no pricing (and may have none)
 
 
+# The organization every key belongs to unless it names another; it always exists.
+DEFAULT_ORGANIZATION = "default"
+
+
+@dataclass(frozen=True)
+class OrganizationConfig:
+    name: str = _field(check=_non_empty)
+    balance_usd: Decimal | None = _field(None, check=_non_negative)  # shared by its keys; None: no balance limit
+    suspended: bool = False  # its keys' requests get 403
+
+
 @dataclass(frozen=True)
 class KeyConfig:
     name: str = _field(fallback=lambda values: "")
@@ -177,6 +188,7 @@ class KeyConfig:
     max_concurrent: int | None = _field(None, check=_positive)  # requests running at once
     expires_at: datetime | None = None  # always timezone-aware (UTC)
     revoked: bool = False
+    organization: str = _field(DEFAULT_ORGANIZATION, check=_non_empty)  # a declared [[organizations]] name
 
 
 @dataclass(frozen=True)
@@ -188,6 +200,7 @@ class Config:
     routing: RoutingConfig = RoutingConfig()
     deployments: tuple[Deployment, ...] = ()
     models: tuple[Model, ...] = ()
+    organizations: tuple[OrganizationConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
 
     def model(self, model_id: str) -> Model | None:
@@ -433,6 +446,7 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
     checked even when it has an unrelated problem."""
     deployment_names = _report_duplicates(data, "deployments", "name", "deployment name", problems)
     _report_duplicates(data, "models", "id", "model id", problems)
+    _report_dangling_organizations(data, problems)
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
     if deployment_names is None:
         return
@@ -442,6 +456,20 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
         for j, name in enumerate(references if isinstance(references, list) else []):
             if isinstance(name, str) and name not in deployment_names:
                 problems.append(f'models[{i}].deployments[{j}]: no deployment named "{name}"')
+
+
+def _report_dangling_organizations(data: dict[str, Any], problems: list[str]) -> None:
+    """Organization names repeated, and keys naming an organization the file does not declare
+    (other than the default one). With a name missing or bad (already reported), a dangling
+    reference would be noise."""
+    names = _report_duplicates(data, "organizations", "name", "organization name", problems)
+    if names is None:
+        return
+    keys = data.get("keys")
+    for i, key in enumerate(keys if isinstance(keys, list) else []):
+        name = key.get("organization") if isinstance(key, dict) else None
+        if isinstance(name, str) and name and name != DEFAULT_ORGANIZATION and name not in names:
+            problems.append(f'keys[{i}].organization: no organization named "{name}"')
 
 
 def _report_same_keys(keys: Sequence[KeyConfig], problems: list[str]) -> None:

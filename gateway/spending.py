@@ -11,7 +11,7 @@ import logging
 from decimal import Decimal
 
 from gateway.ledger import LINGER_TURNS
-from gateway.storage import Hold, Store
+from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.spending")
@@ -22,14 +22,17 @@ class SpendReservations:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._holds: list[tuple[Hold, asyncio.Future[Decimal | None]]] = []
+        self._holds: list[tuple[Hold, asyncio.Future[Shortfall | None]]] = []
         self._releases: list[str] = []
         self._writer: asyncio.Task[None] | None = None
         self._last_shared = False  # the group written last held more than one request
 
-    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
+    async def reserve(
+        self, request_id: str, key_id: int, amount: Decimal, limit: Decimal | None, ttl: float, *,
+        organization_id: int = DEFAULT_ORGANIZATION_ID, balance: Decimal | None = None,
+    ) -> Shortfall | None:
         done = asyncio.get_running_loop().create_future()
-        self._holds.append((Hold(request_id, key_id, amount, limit, ttl), done))
+        self._holds.append((Hold(request_id, key_id, amount, limit, ttl, organization_id, balance), done))
         self._write_soon()
         try:
             return await done

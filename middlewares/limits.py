@@ -2,7 +2,8 @@
 calling the upstream). It resolves the model once, for every later stage, and decides whether
 the caller's key may run this request at all: the model must exist (404), the key may use it
 and every fallback model the request names (403), has not spent its limit (402) and is within
-its rate (429). A refused request costs the gateway nothing more."""
+its rate (429), and its organization is not suspended (403) and has balance left (402). A
+refused request costs the gateway nothing more."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def limits_middleware(
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
     `request[FALLBACK_MODELS]`. Then, for the key in `request[API_KEY]`:
+    - its organization must not be suspended (403 `permission_error`), before any other check;
     - its `models` must allow each model (403 `permission_error`);
     - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
       `retry-after`): it takes one request and reserves the request's token estimate, its input
@@ -42,7 +44,9 @@ def limits_middleware(
       `rate_limit_exceeded`); it leaves when the request is settled;
     - `spending.reserve(...)` must hold the request's worst-case cost within the key's
       `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
-      at the dearest prices of every model that may answer.
+      at the dearest prices of every model that may answer; and, in the same step, within its
+      organization's `organization_balance_usd`, which all the organization's keys share (402
+      naming the organization).
     Without `spending` or `limiter`, those checks are not made.
 
     `request[SETTLE](usage)`, which billing calls once the row is recorded (the row's commit ends
@@ -55,6 +59,8 @@ def limits_middleware(
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
     async def limits(request: web.Request, handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
+        if key.organization_suspended:
+            raise GatewayError(403, f"This key's organization `{key.organization}` is suspended.", type="permission_error")
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise invalid_request("model: required", "model")
@@ -67,9 +73,10 @@ def limits_middleware(
             if not key.allows(allowed.id):
                 raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error")
         limit = key.spend_limit_usd if spending is not None else None
+        balance = key.organization_balance_usd if spending is not None else None
         tokens = limiter is not None and bool(key.tpm)
         input_tokens = output_tokens = 0
-        if tokens or limit is not None:  # estimated only where a limit needs it
+        if tokens or limit is not None or balance is not None:  # estimated only where a limit needs it
             input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model)
         reservation = Reservation(limiter, key, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
@@ -96,12 +103,16 @@ def limits_middleware(
                     headers=retry_after(wait),
                 )
             reservation.running(rid)
-        if limit is not None:
+        if limit is not None or balance is not None:
             cost = _worst_cost(models, input_tokens, output_tokens)
-            left = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL)
-            if left is not None:
+            short = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL,
+                                           organization_id=key.organization_id, balance=balance)
+            if short is not None:  # nothing was held: only the tokens and the running place go back
                 await reservation.settle(None)
-                raise _over_spend_limit(limit, left, cost, _worst_cost(models, input_tokens, 0))
+                input_cost = _worst_cost(models, input_tokens, 0)
+                if short.of == "organization":
+                    raise _over_balance(key.organization, balance, short.left, cost, input_cost)
+                raise _over_spend_limit(limit, short.left, cost, input_cost)
             reservation.spend(spending, rid)
         request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
         settle = request[SETTLE] = reservation.settle
@@ -159,6 +170,19 @@ def _over_spend_limit(limit: Decimal, left: Decimal, cost: Decimal, input_cost: 
         message = (
             f"This key has ${_usd(left)} left of its spend limit of ${limit}, less than this request "
             f"may cost (${_usd(cost)})"
+            + ("; a lower max_tokens would fit." if input_cost < left else ".")
+        )
+    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")
+
+
+def _over_balance(organization: str, balance: Decimal, left: Decimal, cost: Decimal,
+                  input_cost: Decimal) -> GatewayError:
+    if left <= 0:
+        message = f"This key's organization `{organization}` has used up its balance of ${balance}."
+    else:
+        message = (
+            f"This key's organization `{organization}` has ${_usd(left)} left of its balance of ${balance}, less than "
+            f"this request may cost (${_usd(cost)})"
             + ("; a lower max_tokens would fit." if input_cost < left else ".")
         )
     return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")

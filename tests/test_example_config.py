@@ -67,7 +67,8 @@ def test_the_reference_describes_every_config_key():
 
 
 COMMANDS = [["serve"], ["check-config"], ["mock-upstream"], ["keys", "create"], ["keys", "list"],
-            ["keys", "revoke"], ["keys", "update"], ["usage"]]
+            ["keys", "revoke"], ["keys", "update"], ["orgs", "create"], ["orgs", "list"], ["orgs", "suspend"],
+            ["orgs", "update"], ["usage"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

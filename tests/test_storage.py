@@ -559,3 +559,27 @@ async def test_sqlite_wal_stays_bounded_under_steady_ledger_writes(tmp_path, ope
     # a batch writes about 5 pages; without restarts the WAL would hold all of them
     assert wal < 2 * CHECKPOINT_EVERY * 6 * (page + 24), (wal, batches)
     assert len(await store.ledger()) == batches
+
+
+async def test_a_hold_takes_from_its_key_and_its_organization_or_from_neither(store_url, opened):
+    from gateway.storage import Hold, Shortfall
+
+    store = await opened(store_url)
+    acme = await store.create_organization("acme", balance_usd=Decimal("1"))
+    limited = await store.create_key(digest("sk-limited"), name="limited", spend_limit_usd=Decimal("0.5"),
+                                     organization_id=acme.id)
+    free = await store.create_key(digest("sk-free"), name="free", organization_id=acme.id)
+    assert (limited.organization, limited.organization_balance_usd, free.organization_id) == ("acme", Decimal("1"), acme.id)
+
+    def hold(rid: str, key, amount: str) -> Hold:
+        return Hold(rid, key.id, Decimal(amount), key.spend_limit_usd, 60.0, acme.id, acme.balance_usd)
+
+    results = await store.hold([hold("a", limited, "0.4"), hold("b", limited, "0.2"), hold("c", free, "0.5"),
+                                hold("d", free, "0.2"), hold("e", free, "0.1")], [])
+    # b: its key's limit has 0.1 left; d: the organization's balance has 0.1 left (b took none of it).
+    assert results == [None, Shortfall("key", Decimal("0.1")), None, Shortfall("organization", Decimal("0.1")), None]
+    assert (await store.reserved())[limited.id] == Decimal("0.4")
+    assert (await store.organizations_reserved())[acme.id] == Decimal("1.0")
+    await store.hold([], ["a"])  # released: the organization's part comes back with the key's
+    assert (await store.organizations_reserved())[acme.id] == Decimal("0.6")
+    assert await store.hold([hold("f", free, "0.4")], []) == [None]

@@ -7,10 +7,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-from gateway.config import KeyConfig
-from gateway.storage.records import Hold, KeyRecord, LedgerRow
+from gateway.config import KeyConfig, OrganizationConfig
+from gateway.storage.records import DEFAULT_ORGANIZATION_ID, Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall
 
-__all__ = ["Hold", "KeyRecord", "LedgerRow", "Store", "open_store"]
+__all__ = ["DEFAULT_ORGANIZATION_ID", "Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "Store",
+           "open_store"]
 
 
 class Store(Protocol):
@@ -25,27 +26,50 @@ class Store(Protocol):
         """Create or update the keys the config file declares, and revoke those it declared
         before and no longer does: the file is their source of truth."""
 
-    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord: ...
+    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
+        """`fields` are KeyRecord's; `organization_id` places it (default: the default organization)."""
 
     async def list_keys(self) -> list[KeyRecord]: ...
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None: ...
 
+    async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
+        """Create or update the organizations the config file declares (before its keys, which
+        name them). One it declared before and no longer does stays, its keys and settings as
+        they were, but is no longer from the file: the CLI may change it from then on."""
+
+    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
+                                  suspended: bool = False) -> OrganizationRecord | None:
+        """None when an organization has that name already."""
+
+    async def find_organization(self, name: str) -> OrganizationRecord | None: ...
+
+    async def list_organizations(self) -> list[OrganizationRecord]: ...
+
+    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
+        """`balance_usd` and `suspended`; None when no organization has that name."""
+
+    async def organizations_reserved(self) -> dict[int, Decimal]:
+        """What each organization's admitted requests hold now, by organization id."""
+
     async def spent(self, key_id: int) -> Decimal:
         """What the key has spent so far, across every process sharing the store."""
 
-    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         """In one transaction, atomic across every process sharing the store: end the
         reservations of `releases` (requests not billed), then take each hold in turn if its
-        key's spend and what its admitted requests still hold leave `amount` of its limit. Per
-        hold, None when held, else what was left. A reservation also ends when its request's
+        key's spend and what its admitted requests still hold leave `amount` of its limit, and
+        its organization's spend and holds leave `amount` of its balance (either None: not
+        checked). Per hold, None when held, else what ran out first (the key's limit is checked
+        first) and what was left of it; a refused hold takes nothing. A reservation also ends when its request's
         ledger row is written, or after its `ttl` (a process that died holds none)."""
 
     async def reserved(self) -> dict[int, Decimal]:
         """What each key's admitted requests hold now, by key id (keys holding nothing left out)."""
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        """Record rows and add their cost to their keys' spend, in one durable transaction. A
+        """Record rows and add their cost to their keys' spend and their keys' organizations'
+        spend, in one durable transaction. A
         row already written (its request id) is skipped, its cost not added again: the ledger
         writes a failed batch again, and a server's commit can succeed with its answer lost."""
 

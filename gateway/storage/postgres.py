@@ -11,9 +11,11 @@ from typing import Any
 import asyncpg
 import orjson
 
-from gateway.config import KeyConfig
-from gateway.storage.records import Hold, KeyRecord, LedgerRow
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_FIELDS, LEDGER_SELECT, POSTGRES
+from gateway.config import KeyConfig, OrganizationConfig
+from gateway.storage.records import Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, take
+from gateway.storage.schema import (
+    KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, POSTGRES,
+)
 
 _MAX_ID = 2**63 - 1  # BIGSERIAL's largest
 # Any constant works: it only has to be the same for every replica migrating at once.
@@ -63,8 +65,11 @@ class PostgresStore:
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:
-        row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM keys WHERE key_sha256 = $1", key_sha256)
+        row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.key_sha256 = $1", key_sha256)
         return _key(row) if row else None
+
+    async def _key_by_id(self, key_id: int) -> KeyRecord:
+        return _key(await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = $1", key_id))
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         """The file's keys as it declares them; a key it no longer declares is revoked."""
@@ -75,44 +80,97 @@ class PostgresStore:
             )
             await db.executemany(
                 """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                                     max_concurrent, from_config)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, TRUE)
+                                     max_concurrent, organization_id, from_config)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, (SELECT id FROM organizations WHERE name = $10), TRUE)
                    ON CONFLICT (key_sha256) DO UPDATE SET
                      name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
                      rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
-                     revoked = excluded.revoked, max_concurrent = excluded.max_concurrent, from_config = TRUE""",
-                [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS))) for k in keys],
+                     revoked = excluded.revoked, max_concurrent = excluded.max_concurrent,
+                     organization_id = excluded.organization_id, from_config = TRUE""",
+                [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization) for k in keys],
             )
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
-        row = await self._pool.fetchrow(
-            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent)"
-            f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {KEY_COLUMNS}",
+        key_id = await self._pool.fetchval(
+            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
+            " organization_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
             key_sha256,
             *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
+            record.organization_id,
         )
-        return _key(row)
+        return await self._key_by_id(key_id)
 
     async def list_keys(self) -> list[KeyRecord]:
-        return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
+        return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
 
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
         # ASCII digits ("²".isdigit() too) that fit an id; else a name.
         by_id = name_or_id.isascii() and name_or_id.isdigit() and int(name_or_id) <= _MAX_ID
         column, value = ("id", int(name_or_id)) if by_id else ("name", name_or_id)
-        rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM keys WHERE {column} = $1", value)
+        rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.{column} = $1", value)
         if len(rows) != 1:
             return None
         found = _key(rows[0])
         merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
         assignments = ", ".join(f"{f} = ${i}" for i, f in enumerate(KEY_FIELDS, start=2))
-        row = await self._pool.fetchrow(
-            f"UPDATE keys SET {assignments} WHERE id = $1 RETURNING {KEY_COLUMNS}",
+        await self._pool.execute(
+            f"UPDATE keys SET {assignments}, organization_id = ${len(KEY_FIELDS) + 2} WHERE id = $1",
             found.id,
             *_key_values(*(merged[f] for f in KEY_FIELDS)),
+            fields.get("organization_id", found.organization_id),
         )
-        return _key(row)
+        return await self._key_by_id(found.id)
+
+    # --- organizations
+
+    async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
+        """The file's organizations as it declares them; one it no longer declares stays, with its
+        keys and settings, but is no longer from the file (the CLI may change it)."""
+        async with self._pool.acquire() as db, db.transaction():
+            await db.execute(
+                "UPDATE organizations SET from_config = FALSE WHERE from_config AND NOT (name = ANY($1::text[]))",
+                [o.name for o in organizations],
+            )
+            await db.executemany(
+                """INSERT INTO organizations (name, balance_usd, suspended, from_config) VALUES ($1, $2, $3, TRUE)
+                   ON CONFLICT (name) DO UPDATE SET
+                     balance_usd = excluded.balance_usd, suspended = excluded.suspended, from_config = TRUE""",
+                [(o.name, o.balance_usd, o.suspended) for o in organizations],
+            )
+
+    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
+                                  suspended: bool = False) -> OrganizationRecord | None:
+        inserted = await self._pool.fetchval(
+            "INSERT INTO organizations (name, balance_usd, suspended) VALUES ($1, $2, $3)"
+            " ON CONFLICT (name) DO NOTHING RETURNING id",
+            name, balance_usd, suspended,
+        )
+        return None if inserted is None else await self.find_organization(name)
+
+    async def find_organization(self, name: str) -> OrganizationRecord | None:
+        row = await self._pool.fetchrow(f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o WHERE o.name = $1", name)
+        return None if row is None else OrganizationRecord(*row)
+
+    async def list_organizations(self) -> list[OrganizationRecord]:
+        rows = await self._pool.fetch(f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o ORDER BY o.id")
+        return [OrganizationRecord(*row) for row in rows]
+
+    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
+        found = await self.find_organization(name)
+        if found is None or not fields:
+            return found
+        await self._pool.execute(
+            "UPDATE organizations SET balance_usd = $2, suspended = $3 WHERE id = $1", found.id,
+            fields.get("balance_usd", found.balance_usd), fields.get("suspended", found.suspended),
+        )
+        return await self.find_organization(name)
+
+    async def organizations_reserved(self) -> dict[int, Decimal]:
+        rows = await self._pool.fetch(
+            "SELECT organization_id, sum(amount_usd) FROM reservations WHERE expires_at > now() GROUP BY organization_id"
+        )
+        return {organization_id: amount for organization_id, amount in rows}
 
     # --- spend and ledger
 
@@ -120,39 +178,49 @@ class PostgresStore:
         value = await self._pool.fetchval("SELECT spent_usd FROM keys WHERE id = $1", key_id)
         return Decimal(0) if value is None else value
 
-    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
             if releases:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
             if not holds:
                 return []
-            keys = sorted({hold.key_id for hold in holds})
-            # The keys' row locks (in key order: no two replicas wait on each other in a cycle)
-            # serialise their reservations and ledger writes across replicas; the statements
-            # after them see what committed before they were granted.
+            keys = sorted({hold.key_id for hold in holds if hold.limit is not None})
+            organizations = sorted({hold.organization_id for hold in holds if hold.balance is not None})
+            # The row locks of the keys with limits, then of the organizations with balances (each
+            # in id order, as the ledger's writes take them: no two replicas wait on each other in
+            # a cycle), serialise their reservations and ledger writes across replicas; the
+            # statements after them see what committed before they were granted.
             spent = dict(await db.fetch("SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR UPDATE", keys))
-            await db.execute("DELETE FROM reservations WHERE key_id = ANY($1) AND expires_at <= now()", keys)
+            org_spent = dict(await db.fetch(
+                "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR UPDATE", organizations
+            ))
+            await db.execute(
+                "DELETE FROM reservations WHERE (key_id = ANY($1) OR organization_id = ANY($2)) AND expires_at <= now()",
+                keys, organizations,
+            )
             held = dict(await db.fetch(
                 "SELECT key_id, sum(amount_usd) FROM reservations WHERE key_id = ANY($1) GROUP BY key_id", keys
             ))
-            left: dict[int, Decimal] = {}
-            results: list[Decimal | None] = []
-            taken: list[Hold] = []
-            for hold in holds:
-                if hold.key_id not in left:
-                    left[hold.key_id] = hold.limit - spent.get(hold.key_id, Decimal(0)) - held.get(hold.key_id, Decimal(0))
-                if hold.amount > left[hold.key_id]:
-                    results.append(left[hold.key_id])
-                    continue
-                left[hold.key_id] -= hold.amount
-                taken.append(hold)
-                results.append(None)
+            org_held = dict(await db.fetch(
+                "SELECT organization_id, sum(amount_usd) FROM reservations WHERE organization_id = ANY($1)"
+                " GROUP BY organization_id", organizations
+            ))
+            zero = Decimal(0)
+            results = take(
+                holds,
+                lambda h: h.limit - spent.get(h.key_id, zero) - held.get(h.key_id, zero),
+                lambda h: h.balance - org_spent.get(h.organization_id, zero) - org_held.get(h.organization_id, zero),
+            )
+            taken = [hold for hold, refused in zip(holds, results) if refused is None]
             if taken:
                 await db.execute(
-                    "INSERT INTO reservations SELECT r, k, a, now() + make_interval(secs => t) "
-                    "FROM unnest($1::text[], $2::bigint[], $3::numeric[], $4::float8[]) AS h(r, k, a, t) "
-                    "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at",
-                    *(list(column) for column in zip(*((h.request_id, h.key_id, h.amount, h.ttl) for h in taken))),
+                    "INSERT INTO reservations (request_id, key_id, amount_usd, expires_at, organization_id)"
+                    " SELECT r, k, a, now() + make_interval(secs => t), o "
+                    "FROM unnest($1::text[], $2::bigint[], $3::numeric[], $4::float8[], $5::bigint[]) AS h(r, k, a, t, o) "
+                    "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at,"
+                    " organization_id = excluded.organization_id",
+                    *(list(column) for column in zip(*((h.request_id, h.key_id, h.amount, h.ttl, h.organization_id)
+                                                       for h in taken))),
                 )
             return results
 
@@ -172,8 +240,18 @@ class PostgresStore:
             spend: dict[int, Decimal] = {}
             for key_id, cost in inserted:
                 spend[key_id] = spend.get(key_id, Decimal(0)) + cost
-            # In key order, so two replicas' batches never wait on each other's locks in a cycle.
+            # In key order, then organization order, as hold() locks them, so two replicas'
+            # transactions never wait on each other's locks in a cycle.
             await db.executemany("UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(spend.items()))
+            if not spend:
+                return
+            by_organization: dict[int, Decimal] = {}
+            for key_id, organization_id in await db.fetch(
+                "SELECT id, organization_id FROM keys WHERE id = ANY($1)", list(spend)
+            ):
+                by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + spend[key_id]
+            await db.executemany("UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1",
+                                 sorted(by_organization.items()))
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return False  # every write is a round trip to the server
@@ -209,4 +287,8 @@ def _key(row) -> KeyRecord:
         revoked=row["revoked"],
         spent_usd=row["spent_usd"],
         from_config=row["from_config"],
+        organization=row["organization"],
+        organization_id=row["organization_id"],
+        organization_balance_usd=row["organization_balance_usd"],
+        organization_suspended=row["organization_suspended"],
     )

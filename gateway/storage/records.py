@@ -6,20 +6,60 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import NamedTuple
 
-from middlewares.core.records import KeyRecord, LedgerRow
+from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
-__all__ = ["Hold", "KeyRecord", "LedgerRow", "cost_by_key"]
+__all__ = ["Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "cost_by_key"]
+
+DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
 
 
 class Hold(NamedTuple):
     """A request's spend reservation: `amount` held for it, if the key's spend and holds leave
-    that much of `limit`, for `ttl` seconds at most (its ledger row or its release ends it)."""
+    that much of `limit` and its organization's spend and holds that much of `balance` (None:
+    no such limit), for `ttl` seconds at most (its ledger row or its release ends it)."""
 
     request_id: str
     key_id: int
     amount: Decimal
-    limit: Decimal
+    limit: Decimal | None
     ttl: float
+    organization_id: int = DEFAULT_ORGANIZATION_ID
+    balance: Decimal | None = None
+
+
+class OrganizationRecord(NamedTuple):
+    id: int
+    name: str
+    balance_usd: Decimal | None  # shared by its keys; None: no balance limit
+    suspended: bool
+    spent_usd: Decimal  # by all its keys, since the organization was made
+    from_config: bool  # declared in the config file, which alone may change it
+    keys: int  # how many keys belong to it
+
+
+def take(holds, key_left, org_left) -> list[Shortfall | None]:
+    """Each hold taken in turn where what is left allows it: `key_left(key_id)` and
+    `org_left(organization_id)` give, once each, what is left of a key's limit or an
+    organization's balance before these holds. A refused hold takes nothing from either."""
+    keys: dict[int, Decimal] = {}
+    orgs: dict[int, Decimal] = {}
+    results: list[Shortfall | None] = []
+    for hold in holds:
+        if hold.limit is not None and hold.key_id not in keys:
+            keys[hold.key_id] = key_left(hold)
+        if hold.balance is not None and hold.organization_id not in orgs:
+            orgs[hold.organization_id] = org_left(hold)
+        if hold.limit is not None and hold.amount > keys[hold.key_id]:
+            results.append(Shortfall("key", keys[hold.key_id]))
+        elif hold.balance is not None and hold.amount > orgs[hold.organization_id]:
+            results.append(Shortfall("organization", orgs[hold.organization_id]))
+        else:
+            if hold.limit is not None:
+                keys[hold.key_id] -= hold.amount
+            if hold.balance is not None:
+                orgs[hold.organization_id] -= hold.amount
+            results.append(None)
+    return results
 
 
 def cost_by_key(rows: Iterable[LedgerRow]) -> dict[int, Decimal]:

@@ -53,6 +53,24 @@ SQLITE = [
     ) WITHOUT ROWID;
     """,
     "ALTER TABLE keys ADD COLUMN max_concurrent INTEGER",
+    # Organizations: every key belongs to one ("default" unless it says otherwise), whose balance
+    # all its keys share. Its spend counts from this migration. (SQLite adds no column with a
+    # REFERENCES clause and a default other than NULL while foreign keys are on: the stores set
+    # organization_id only to an organization's id.)
+    """
+    CREATE TABLE organizations (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        name        TEXT NOT NULL UNIQUE,
+        balance_usd TEXT,
+        suspended   INTEGER NOT NULL DEFAULT 0,
+        spent_usd   TEXT NOT NULL DEFAULT '0',
+        from_config INTEGER NOT NULL DEFAULT 0,
+        created_at  TEXT NOT NULL
+    );
+    INSERT INTO organizations (id, name, created_at) VALUES (1, 'default', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+    ALTER TABLE keys ADD COLUMN organization_id INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE reservations ADD COLUMN organization_id INTEGER NOT NULL DEFAULT 1;
+    """,
 ]
 
 POSTGRES = [
@@ -106,12 +124,34 @@ POSTGRES = [
     CREATE INDEX reservations_by_key ON reservations (key_id, expires_at);
     """,
     "ALTER TABLE keys ADD COLUMN max_concurrent INTEGER",
+    # Organizations: every key belongs to one ("default", id 1, unless it says otherwise), whose
+    # balance all its keys share. Its spend counts from this migration.
+    """
+    CREATE TABLE organizations (
+        id          BIGSERIAL PRIMARY KEY,
+        name        TEXT NOT NULL UNIQUE,
+        balance_usd NUMERIC,
+        suspended   BOOLEAN NOT NULL DEFAULT FALSE,
+        spent_usd   NUMERIC NOT NULL DEFAULT 0,
+        from_config BOOLEAN NOT NULL DEFAULT FALSE,
+        created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    INSERT INTO organizations (name) VALUES ('default');
+    ALTER TABLE keys ADD COLUMN organization_id BIGINT NOT NULL DEFAULT 1 REFERENCES organizations (id);
+    ALTER TABLE reservations ADD COLUMN organization_id BIGINT NOT NULL DEFAULT 1;
+    CREATE INDEX reservations_by_organization ON reservations (organization_id, expires_at);
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
 KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked", "max_concurrent")
-KEY_COLUMNS = ("id, name, key_sha256, models, spend_limit_usd, rpm, tpm, expires_at, revoked, spent_usd, from_config,"
-               " max_concurrent")
+# Read from keys (k) joined with their organizations (o): KEY_COLUMNS FROM KEY_TABLES.
+KEY_COLUMNS = ("k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
+               " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
+               " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended")
+KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id"
+ORGANIZATION_COLUMNS = ("o.id, o.name, o.balance_usd, o.suspended, o.spent_usd, o.from_config,"
+                        " (SELECT count(*) FROM keys WHERE keys.organization_id = o.id) AS keys")
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)  # beside a join with keys

@@ -27,9 +27,13 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.config import KeyConfig
-from gateway.storage.records import Hold, KeyRecord, LedgerRow, cost_by_key
-from gateway.storage.schema import KEY_COLUMNS, KEY_FIELDS, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, SQLITE
+from gateway.config import KeyConfig, OrganizationConfig
+from gateway.storage.records import (
+    Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, cost_by_key, take,
+)
+from gateway.storage.schema import (
+    KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, SQLITE,
+)
 
 log = logging.getLogger("ezat.storage")
 # Ledger batches written on the event loop between two checkpoints of the WAL into the file:
@@ -123,21 +127,22 @@ class SQLiteStore:
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:
-        return await self._reader.call(_select_key, "key_sha256 = ?", key_sha256)
+        return await self._reader.call(_select_key, "k.key_sha256 = ?", key_sha256)
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         now = _text(datetime.now(timezone.utc))
         values = [
-            (k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), now)
+            (k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization, now)
             for k in keys
         ]
         await self._writer.call(_transaction, _upsert_config_keys, values)
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
-        values = (key_sha256, *_key_values(*(getattr(record, f) for f in KEY_FIELDS)), _text(datetime.now(timezone.utc)))
+        values = (key_sha256, *_key_values(*(getattr(record, f) for f in KEY_FIELDS)), record.organization_id,
+                  _text(datetime.now(timezone.utc)))
         await self._writer.call(_insert_key, values)
-        return await self._writer.call(_select_key, "key_sha256 = ?", key_sha256)
+        return await self._writer.call(_select_key, "k.key_sha256 = ?", key_sha256)
 
     async def list_keys(self) -> list[KeyRecord]:
         return await self._reader.call(_select_keys)
@@ -145,12 +150,42 @@ class SQLiteStore:
     async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
         return await self._writer.call(_transaction, _update_key, name_or_id, fields)
 
+    # --- organizations
+
+    async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
+        values = [(o.name, _money(o.balance_usd), int(o.suspended), _text(datetime.now(timezone.utc)))
+                  for o in organizations]
+        await self._writer.call(_transaction, _upsert_config_organizations, values)
+
+    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
+                                  suspended: bool = False) -> OrganizationRecord | None:
+        return await self._writer.call(_transaction, _insert_organization, name, _money(balance_usd), int(suspended))
+
+    async def find_organization(self, name: str) -> OrganizationRecord | None:
+        return await self._reader.call(_select_organization, name)
+
+    async def list_organizations(self) -> list[OrganizationRecord]:
+        rows = await self._reader.call(_fetch_all, f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o ORDER BY o.id")
+        return [_organization(row) for row in rows]
+
+    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
+        return await self._writer.call(_transaction, _update_organization, name, fields)
+
+    async def organizations_reserved(self) -> dict[int, Decimal]:
+        rows = await self._reader.call(
+            _fetch_all, "SELECT organization_id, amount_usd FROM reservations WHERE expires_at > ?",
+            (_text(datetime.now(timezone.utc)),))
+        held: dict[int, Decimal] = {}
+        for organization_id, amount in rows:
+            held[organization_id] = held.get(organization_id, Decimal(0)) + Decimal(amount)
+        return held
+
     # --- spend and ledger
 
     async def spent(self, key_id: int) -> Decimal:
         return await self._reader.call(_select_spent, key_id)
 
-    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Decimal | None]:
+    async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         return await self._write_now_or_wait(_hold, holds, releases, datetime.now(timezone.utc))
 
     async def reserved(self) -> dict[int, Decimal]:
@@ -250,12 +285,54 @@ def _fetch_all(db: sqlite3.Connection, query: str, params: Sequence[Any] = ()) -
 
 
 def _select_key(db: sqlite3.Connection, condition: str, value: Any) -> KeyRecord | None:
-    rows = db.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE {condition}", (value,)).fetchall()
+    rows = db.execute(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE {condition}", (value,)).fetchall()
     return _key(rows[0]) if len(rows) == 1 else None
 
 
 def _select_keys(db: sqlite3.Connection) -> list[KeyRecord]:
-    return [_key(row) for row in db.execute(f"SELECT {KEY_COLUMNS} FROM keys ORDER BY id")]
+    return [_key(row) for row in db.execute(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
+
+
+def _select_organization(db: sqlite3.Connection, name: str) -> OrganizationRecord | None:
+    row = db.execute(f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o WHERE o.name = ?", (name,)).fetchone()
+    return None if row is None else _organization(row)
+
+
+def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) -> None:
+    """The file's organizations as it declares them; one it no longer declares stays, with its
+    keys and settings, but is no longer from the file (the CLI may change it)."""
+    declared = [row[0] for row in values]
+    db.execute(
+        f"UPDATE organizations SET from_config = 0 WHERE from_config = 1 AND name NOT IN ({', '.join('?' * len(declared))})",
+        declared,
+    )
+    db.executemany(
+        """INSERT INTO organizations (name, balance_usd, suspended, from_config, created_at) VALUES (?, ?, ?, 1, ?)
+           ON CONFLICT (name) DO UPDATE SET
+             balance_usd = excluded.balance_usd, suspended = excluded.suspended, from_config = 1""",
+        values,
+    )
+
+
+def _insert_organization(db: sqlite3.Connection, name: str, balance: str | None, suspended: int) -> OrganizationRecord | None:
+    """None when the name is taken."""
+    inserted = db.execute(
+        "INSERT INTO organizations (name, balance_usd, suspended, created_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (name) DO NOTHING",
+        (name, balance, suspended, _text(datetime.now(timezone.utc))),
+    ).rowcount
+    return _select_organization(db, name) if inserted else None
+
+
+def _update_organization(db: sqlite3.Connection, name: str, fields: dict[str, Any]) -> OrganizationRecord | None:
+    found = _select_organization(db, name)
+    if found is None or not fields:
+        return found
+    balance = fields.get("balance_usd", found.balance_usd)
+    suspended = fields.get("suspended", found.suspended)
+    db.execute("UPDATE organizations SET balance_usd = ?, suspended = ? WHERE id = ?",
+               (_money(balance), int(suspended), found.id))
+    return _select_organization(db, name)
 
 
 def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
@@ -272,12 +349,13 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     )
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                             max_concurrent, from_config, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
+                             max_concurrent, organization_id, from_config, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT id FROM organizations WHERE name = ?), 1, ?)
            ON CONFLICT (key_sha256) DO UPDATE SET
              name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
              rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
-             revoked = excluded.revoked, max_concurrent = excluded.max_concurrent, from_config = 1""",
+             revoked = excluded.revoked, max_concurrent = excluded.max_concurrent,
+             organization_id = excluded.organization_id, from_config = 1""",
         values,
     )
 
@@ -285,20 +363,21 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
 def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
     db.execute(
         "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
-        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
 
 
 def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any]) -> KeyRecord | None:
     by_id = name_or_id.isascii() and name_or_id.isdigit()  # ASCII digits: "²".isdigit() too
-    found = _select_key(db, "id = ?" if by_id else "name = ?", name_or_id)
+    found = _select_key(db, "k.id = ?" if by_id else "k.name = ?", name_or_id)
     if found is None or not fields:
         return found
     merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
     assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
-    db.execute(f"UPDATE keys SET {assignments} WHERE id = ?", (*_key_values(*merged.values()), found.id))
-    return _select_key(db, "id = ?", found.id)
+    db.execute(f"UPDATE keys SET {assignments}, organization_id = ? WHERE id = ?",
+               (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id))
+    return _select_key(db, "k.id = ?", found.id)
 
 
 def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> None:
@@ -311,32 +390,38 @@ def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals:
     _transaction(db, _insert_ledger, values, totals)
 
 
-def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], now: datetime) -> list[Decimal | None]:
+def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], now: datetime) -> list[Shortfall | None]:
     """Inside one write transaction, which serialises every process's reservations."""
     db.executemany("DELETE FROM reservations WHERE request_id = ?", [(rid,) for rid in releases])
     now_text = _text(now)
-    left: dict[int, Decimal] = {}  # per key: its limit's part not spent nor held, as holds are taken
-    results: list[Decimal | None] = []
-    for hold in holds:
-        if hold.key_id not in left:
-            held, expired = Decimal(0), False
-            for amount, expires_at in db.execute("SELECT amount_usd, expires_at FROM reservations WHERE key_id = ?",
-                                                 (hold.key_id,)):
-                if expires_at > now_text:
-                    held += Decimal(amount)
-                else:
-                    expired = True
-            if expired:  # a process that died held these
-                db.execute("DELETE FROM reservations WHERE key_id = ? AND expires_at <= ?", (hold.key_id, now_text))
-            left[hold.key_id] = hold.limit - _select_spent(db, hold.key_id) - held
-        if hold.amount > left[hold.key_id]:
-            results.append(left[hold.key_id])
-            continue
-        left[hold.key_id] -= hold.amount
-        expires = _text(now + timedelta(seconds=hold.ttl))
-        db.execute("INSERT OR REPLACE INTO reservations VALUES (?, ?, ?, ?)",
-                   (hold.request_id, hold.key_id, str(hold.amount), expires))
-        results.append(None)
+
+    def held(column: str, value: int) -> Decimal:
+        total, expired = Decimal(0), False
+        for amount, expires_at in db.execute(f"SELECT amount_usd, expires_at FROM reservations WHERE {column} = ?",
+                                             (value,)):
+            if expires_at > now_text:
+                total += Decimal(amount)
+            else:
+                expired = True
+        if expired:  # a process that died held these
+            db.execute(f"DELETE FROM reservations WHERE {column} = ? AND expires_at <= ?", (value, now_text))
+        return total
+
+    def key_left(hold: Hold) -> Decimal:
+        return hold.limit - _select_spent(db, hold.key_id) - held("key_id", hold.key_id)
+
+    def organization_left(hold: Hold) -> Decimal:
+        row = db.execute("SELECT spent_usd FROM organizations WHERE id = ?", (hold.organization_id,)).fetchone()
+        spent = Decimal(row[0]) if row else Decimal(0)
+        return hold.balance - spent - held("organization_id", hold.organization_id)
+
+    results = take(holds, key_left, organization_left)
+    db.executemany(
+        "INSERT OR REPLACE INTO reservations (request_id, key_id, amount_usd, expires_at, organization_id)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [(hold.request_id, hold.key_id, str(hold.amount), _text(now + timedelta(seconds=hold.ttl)), hold.organization_id)
+         for hold, refused in zip(holds, results) if refused is None],
+    )
     return results
 
 
@@ -364,9 +449,17 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
                                        (last - inserted, last)):
             totals[key_id] = totals.get(key_id, Decimal(0)) + Decimal(cost)
     marks = ", ".join("?" * len(totals))
-    rows = db.execute(f"SELECT id, spent_usd FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
-    spent = {key_id: Decimal(value) + totals[key_id] for key_id, value in rows}
+    rows = db.execute(f"SELECT id, spent_usd, organization_id FROM keys WHERE id IN ({marks})", tuple(totals)).fetchall()
+    spent = {key_id: Decimal(value) + totals[key_id] for key_id, value, _ in rows}
     db.executemany("UPDATE keys SET spent_usd = ? WHERE id = ?", [(str(v), k) for k, v in spent.items()])
+    # And each key's organization's spend, in the same transaction.
+    by_organization: dict[int, Decimal] = {}
+    for key_id, _, organization_id in rows:
+        by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + totals[key_id]
+    marks = ", ".join("?" * len(by_organization))
+    rows = db.execute(f"SELECT id, spent_usd FROM organizations WHERE id IN ({marks})", tuple(by_organization)).fetchall()
+    db.executemany("UPDATE organizations SET spent_usd = ? WHERE id = ?",
+                   [(str(Decimal(value) + by_organization[org_id]), org_id) for org_id, value in rows])
 
 
 # --- Values as the file keeps them.
@@ -389,8 +482,19 @@ def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, ma
     return (name, orjson.dumps(list(models)).decode(), limit, rpm, tpm, _text(expires_at), int(revoked), max_concurrent)
 
 
+def _money(amount: Decimal | None) -> str | None:
+    return None if amount is None else str(amount)
+
+
+def _organization(row: tuple) -> OrganizationRecord:
+    org_id, name, balance, suspended, spent, from_config, keys = row
+    return OrganizationRecord(org_id, name, None if balance is None else Decimal(balance), bool(suspended),
+                              Decimal(spent), bool(from_config), keys)
+
+
 def _key(row: tuple) -> KeyRecord:
-    key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config, max_concurrent = row
+    (key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config, max_concurrent,
+     organization, organization_id, balance, suspended) = row
     return KeyRecord(
         id=key_id,
         name=name,
@@ -404,6 +508,10 @@ def _key(row: tuple) -> KeyRecord:
         revoked=bool(revoked),
         spent_usd=Decimal(spent),
         from_config=bool(from_config),
+        organization=organization,
+        organization_id=organization_id,
+        organization_balance_usd=None if balance is None else Decimal(balance),
+        organization_suspended=bool(suspended),
     )
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from middlewares.core.records import KeyRecord, LedgerRow
+    from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 
 class Pricing(Protocol):
@@ -51,9 +51,15 @@ class RateLimiter(Protocol):
 class Spending(Protocol):
     """Spend reservations, held atomically by whatever keeps the keys' spend (the gateway's store)."""
 
-    async def reserve(self, request_id: str, key_id: int, amount: Decimal, limit: Decimal, ttl: float) -> Decimal | None:
-        """Hold `amount` for the request if the key's spend and reservations leave that much of
-        `limit`: None when held, else what is left. Recording the request's ledger row ends it."""
+    async def reserve(
+        self, request_id: str, key_id: int, amount: Decimal, limit: Decimal | None, ttl: float, *,
+        organization_id: int = 1, balance: Decimal | None = None,
+    ) -> Shortfall | None:
+        """Hold `amount` for the request, in one step, if the key's spend and reservations leave
+        that much of `limit` and its organization's spend and reservations that much of
+        `balance` (either None: no such limit): None when held, else a `Shortfall` saying which
+        ran out and what is left of it (nothing is held then). Recording the request's ledger
+        row ends it."""
 
     async def release(self, request_id: str) -> None:
         """End the request's reservation: it was not billed."""

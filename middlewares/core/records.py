@@ -26,12 +26,26 @@ class KeyRecord:
     revoked: bool = False
     spent_usd: Decimal = Decimal(0)  # as of when the record was read
     from_config: bool = False  # declared in the config file, which alone may change it
+    # The organization the key belongs to (every key has one: "default" unless it says otherwise),
+    # as of when the record was read: its balance is shared by all its keys.
+    organization: str = "default"
+    organization_id: int = 1
+    organization_balance_usd: Decimal | None = None  # None: no balance limit
+    organization_suspended: bool = False  # its keys' requests are refused (403)
 
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and self.expires_at <= (now or datetime.now(timezone.utc))
+
+
+class Shortfall(NamedTuple):
+    """Why a spend reservation was refused: what ran out (the key's spend limit, or its
+    organization's balance) and how much of it was left."""
+
+    of: Literal["key", "organization"]
+    left: Decimal
 
 
 class LedgerRow(NamedTuple):
