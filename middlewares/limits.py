@@ -1,9 +1,11 @@
 """The limits stage: admission, before any costly work (downloading images, translating,
 calling the upstream). It resolves the model once, for every later stage, and decides whether
-the caller's key may run this request at all: the model must exist (404), the key may use it
-and every fallback model the request names (403), has not spent its limit (402) and is within
-its rate (429), and its organization is not suspended (403) and has balance left (402). A
-refused request costs the gateway nothing more."""
+the caller's key may run this request at all: its organization is not suspended (403), the
+model exists (404), the key may use it and every fallback model the request names (403), it is
+within its rate and its requests at once (429), and the request's worst-case cost fits what is
+left of the key's spend limit and of its organization's balance (402). What it admits it
+reserves, atomically, until the request is settled. A refused request costs the gateway nothing
+more."""
 
 from __future__ import annotations
 
