@@ -113,8 +113,10 @@ def limits_middleware(
                 await reservation.settle(None)
                 input_cost = _worst_cost(models, input_tokens, 0)
                 if short.of == "organization":
-                    raise _over_balance(key.organization, balance, short.left, cost, input_cost)
-                raise _over_spend_limit(limit, short.left, cost, input_cost)
+                    raise _over_limit(f"This key's organization `{key.organization}`", "balance",
+                                      "has used up its balance of", balance, short.left, cost, input_cost)
+                raise _over_limit("This key", "spend limit", "has reached its spend limit of", limit, short.left,
+                                  cost, input_cost)
             reservation.spend(spending, rid)
         request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
         settle = request[SETTLE] = reservation.settle
@@ -165,27 +167,15 @@ def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens:
     ) / _PER_MILLION
 
 
-def _over_spend_limit(limit: Decimal, left: Decimal, cost: Decimal, input_cost: Decimal) -> GatewayError:
+def _over_limit(who: str, limit: str, exhausted: str, total: Decimal, left: Decimal, cost: Decimal,
+                input_cost: Decimal) -> GatewayError:
+    """The 402 for a request whose worst case does not fit what is left of `who`'s `limit`."""
     if left <= 0:
-        message = f"This key has reached its spend limit of ${limit}."
+        message = f"{who} {exhausted} ${total}."
     else:
         message = (
-            f"This key has ${_usd(left)} left of its spend limit of ${limit}, less than this request "
-            f"may cost (${_usd(cost)})"
-            + ("; a lower max_tokens would fit." if input_cost < left else ".")
-        )
-    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")
-
-
-def _over_balance(organization: str, balance: Decimal, left: Decimal, cost: Decimal,
-                  input_cost: Decimal) -> GatewayError:
-    if left <= 0:
-        message = f"This key's organization `{organization}` has used up its balance of ${balance}."
-    else:
-        message = (
-            f"This key's organization `{organization}` has ${_usd(left)} left of its balance of ${balance}, less than "
-            f"this request may cost (${_usd(cost)})"
-            + ("; a lower max_tokens would fit." if input_cost < left else ".")
+            f"{who} has ${_usd(left)} left of its {limit} of ${total}, less than this request may cost "
+            f"(${_usd(cost)})" + ("; a lower max_tokens would fit." if input_cost < left else ".")
         )
     return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")
 
