@@ -46,8 +46,11 @@ class SpendReservations:
         self._write_soon()
 
     async def close(self) -> None:
-        """Wait for what is pending to be written."""
+        """Wait for what is pending to be written (releases a failed write kept get one more try)."""
         while self._writer is not None:
+            await asyncio.shield(self._writer)
+        if self._releases:
+            self._write_soon()
             await asyncio.shield(self._writer)
 
     def _write_soon(self) -> None:
@@ -62,7 +65,10 @@ class SpendReservations:
                     # more of them share this transaction. A lone request is written at once.
                     for _ in range(LINGER_TURNS):
                         await asyncio.sleep(0)
-                group, self._holds = self._holds, []
+                # A request cancelled before its hold was written needs none (its release,
+                # queued meanwhile, would run first and find nothing).
+                group = [(hold, done) for hold, done in self._holds if not done.done()]
+                self._holds = []
                 self._last_shared = len(group) > 1
                 releases, self._releases = self._releases, []
                 try:
@@ -72,6 +78,9 @@ class SpendReservations:
                     for _, done in group:
                         if not done.done():
                             done.set_exception(_unreserved())
+                    self._releases[:0] = releases  # tried again with the next group
+                    if not group:
+                        break  # releases alone: the next reserve or release tries again, no busy loop
                     continue
                 for (_, done), left in zip(group, results):
                     if not done.done():

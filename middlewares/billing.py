@@ -43,6 +43,8 @@ def billing_middleware(*, record: RecordRow):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
             reply.events = BilledEvents(reply.events, reply.usage, bill)
+        else:  # a reply of another kind (a foreign handler's) has no usage to bill
+            await bill.release()
         return reply
 
     return billing
@@ -123,6 +125,6 @@ class BilledEvents:
             if not self._settled and not failed:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
-                await self._bill.record(self._usage.so_far(), "client_closed")
+                await self._bill.record(self._usage.total(), "client_closed")
             else:
                 await self._bill.release()  # failed, or settled already (then a no-op)

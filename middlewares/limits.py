@@ -20,7 +20,7 @@ from middlewares.core.errors import GatewayError, invalid_request, model_not_fou
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending
 from middlewares.core.records import KeyRecord
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
-from middlewares.core.usage import Usage, estimate_tokens
+from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens
 
 __all__ = ["limits_middleware"]
 
@@ -28,7 +28,6 @@ __all__ = ["limits_middleware"]
 # Seconds a reservation outlives a request that never settles it (its process died): the most a
 # request of the gateway's can take, non-streaming (590 s) or streamed, with room to spare.
 RESERVATION_TTL = 3600.0
-_PER_MILLION = Decimal(1_000_000)
 
 
 def limits_middleware(
@@ -80,7 +79,8 @@ def limits_middleware(
         input_tokens = output_tokens = 0
         if tokens or limit is not None or balance is not None:  # estimated only where a limit needs it
             input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model)
-        reservation = Reservation(limiter, key, input_tokens + output_tokens if tokens else 0)
+        rid = request_id(request)
+        reservation = Reservation(limiter, key, rid, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
             wait = await limiter.admit(key, reservation.tokens)
             if wait:
@@ -91,39 +91,38 @@ def limits_middleware(
                     code="rate_limit_exceeded",
                     headers=retry_after(wait),
                 )
-        rid = request_id(request)
-        if limiter is not None and key.max_concurrent:
-            wait = await limiter.enter(key, rid)
-            if wait:
-                await reservation.settle(None)
-                raise GatewayError(
-                    429,
-                    f"This key already runs {key.max_concurrent} requests, the most it may at once; "
-                    "wait for one to finish.",
-                    type="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers=retry_after(wait),
-                )
-            reservation.running(rid)
-        if limit is not None or balance is not None:
-            cost = _worst_cost(models, input_tokens, output_tokens)
-            short = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL,
-                                           organization_id=key.organization_id, balance=balance)
-            if short is not None:  # nothing was held: only the tokens and the running place go back
-                await reservation.settle(None)
-                input_cost = _worst_cost(models, input_tokens, 0)
-                if short.of == "organization":
-                    raise _over_limit(f"This key's organization `{key.organization}`", "balance",
-                                      "has used up its balance of", balance, short.left, cost, input_cost)
-                raise _over_limit("This key", "spend limit", "has reached its spend limit of", limit, short.left,
-                                  cost, input_cost)
-            reservation.spend(spending, rid)
-        request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
-        settle = request[SETTLE] = reservation.settle
+        # From here on the request holds something: whatever ends it (a refusal below, the
+        # store failing, a cancellation, an error in a later stage) gives back what it holds.
         try:
+            if limiter is not None and key.max_concurrent:
+                wait = await limiter.enter(key, rid)
+                if wait:
+                    raise GatewayError(
+                        429,
+                        f"This key already runs {key.max_concurrent} requests, the most it may at once; "
+                        "wait for one to finish.",
+                        type="rate_limit_error",
+                        code="rate_limit_exceeded",
+                        headers=retry_after(wait),
+                    )
+                reservation.running = True
+            if limit is not None or balance is not None:
+                cost = _worst_cost(models, input_tokens, output_tokens)
+                short = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL,
+                                               organization_id=key.organization_id, balance=balance)
+                if short is not None:  # nothing was held
+                    input_cost = _worst_cost(models, input_tokens, 0)
+                    if short.of == "organization":
+                        raise _over_limit(f"This key's organization `{key.organization}`", "balance",
+                                          "has used up its balance of", balance, short.left, cost, input_cost)
+                    raise _over_limit("This key", "spend limit", "has reached its spend limit of", limit, short.left,
+                                      cost, input_cost)
+                reservation.spending = spending
+            request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
+            request[SETTLE] = reservation.settle
             return await handler(request)
         except BaseException:
-            await settle(None)
+            await reservation.settle(None)
             raise
 
     return limits
@@ -164,7 +163,7 @@ def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens:
         input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_read)
         + min(output_tokens, m.max_output_tokens) * m.pricing.output
         for m in models
-    ) / _PER_MILLION
+    ) / PER_MILLION
 
 
 def _over_limit(who: str, limit: str, exhausted: str, total: Decimal, left: Decimal, cost: Decimal,
@@ -188,32 +187,30 @@ def _usd(amount: Decimal) -> str:
 class Reservation:
     """What a request holds from admission until it is settled, once: the tokens it reserved
     (settled to what it used, or given back if it failed), its place among the key's running
-    requests, and, with a spend limit, its spend reservation (ended by its ledger row, or
-    released if it is not billed)."""
+    requests, and, with a spend limit or a balance, its spend reservation (ended by its ledger
+    row, or released if it is not billed)."""
 
-    __slots__ = ("_limiter", "_key", "tokens", "_running", "_spending", "_request_id", "_settled")
+    __slots__ = ("_limiter", "_key", "_request_id", "tokens", "running", "spending", "_settled")
 
-    def __init__(self, limiter: RateLimiter | None, key: KeyRecord, tokens: int) -> None:
-        self._limiter, self._key, self.tokens = limiter, key, tokens
-        self._running = False
-        self._spending: Spending | None = None
-        self._request_id = ""
+    def __init__(self, limiter: RateLimiter | None, key: KeyRecord, request_id: str, tokens: int) -> None:
+        self._limiter, self._key, self._request_id, self.tokens = limiter, key, request_id, tokens
+        self.running = False  # it holds a place among the key's running requests
+        self.spending: Spending | None = None  # where its spend reservation is held
         self._settled = False
 
-    def running(self, request_id: str) -> None:
-        self._running, self._request_id = True, request_id
-
-    def spend(self, spending: Spending, request_id: str) -> None:
-        self._spending, self._request_id = spending, request_id
-
     async def settle(self, usage: Usage | None) -> None:
+        """Each part is given back even if another fails (Redis down, say, or a cancellation)."""
         if self._settled:
             return
         self._settled = True
-        used = 0 if usage is None else usage.prompt_tokens + usage.output_tokens
-        if self._limiter is not None and self._key.tpm and used != self.tokens:
-            await self._limiter.charge_tokens(self._key, used - self.tokens)
-        if self._running:
-            await self._limiter.leave(self._key, self._request_id)
-        if usage is None and self._spending is not None:
-            await self._spending.release(self._request_id)
+        try:
+            used = 0 if usage is None else usage.prompt_tokens + usage.output_tokens
+            if self._limiter is not None and self._key.tpm and used != self.tokens:
+                await self._limiter.charge_tokens(self._key, used - self.tokens)
+        finally:
+            try:
+                if self.running:
+                    await self._limiter.leave(self._key, self._request_id)
+            finally:
+                if usage is None and self.spending is not None:
+                    await self.spending.release(self._request_id)

@@ -27,7 +27,8 @@ from gateway.proxy import proxy_handler
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
-from middlewares.core import API_KEY, BODY, ChainError, KeyRecord, checked
+from middlewares.billing import billing_middleware
+from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, Stage, checked
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
 from middlewares.refusals import refusals_middleware
@@ -256,6 +257,7 @@ async def test_a_key_over_its_spend_limit_gets_402_and_no_image_is_downloaded(st
             await client.chat.completions.create(model=MODEL, messages=twenty_images(image_server))
     assert error.value.status_code == 402
     assert error.value.body["code"] == "insufficient_quota"
+    assert error.value.body["message"] == "This key has reached its spend limit of $0."
     assert image_server.connections == 0
 
 
@@ -263,10 +265,11 @@ async def test_a_key_barred_from_the_model_gets_403_and_no_image_is_downloaded(s
     async with await limited_client(start_gateway, upstream, models=("test/*",)) as client:
         with pytest.raises(openai.PermissionDeniedError):
             await client.chat.completions.create(model=MODEL, messages=twenty_images(image_server))
-        with pytest.raises(openai.PermissionDeniedError):  # a fallback it may not use
+        with pytest.raises(openai.PermissionDeniedError) as barred:  # a fallback it may not use
             await client.chat.completions.create(
                 model="test/small", messages=twenty_images(image_server), extra_body={"models": [MODEL]}
             )
+    assert barred.value.body["message"] == f"This key may not use the model `{MODEL}`."
     assert image_server.connections == 0
 
 
@@ -299,7 +302,8 @@ def imports_of(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}: a relative import, which this check could not follow"
             found.add(node.module)
     return found
 
@@ -323,3 +327,60 @@ def test_the_core_imports_only_the_chosen_libraries():
             top = module.split(".")[0]
             assert top in ALLOWED_OUTSIDE | {"middlewares"} or top in sys.stdlib_module_names, f"{path.name}: {module}"
             assert top != "middlewares" or module.startswith("middlewares.core"), f"{path.name}: {module}"
+
+
+# --- limits and billing in a foreign app: what is held is always given back
+
+
+class Models:
+    """A foreign app's model table: one model, free."""
+
+    def __init__(self) -> None:
+        from gateway.config import Model, Pricing
+
+        self.model = Model(id="any", upstream_model="any", deployments=("x",), pricing=Pricing())
+
+    def __call__(self, name: str):
+        return self.model if name == "any" else None
+
+
+class DownSpending:
+    """A spend store that is down: reserving fails."""
+
+    async def reserve(self, *args, **kwargs):
+        raise GatewayError(500, "The spend store is down.", type="server_error")
+
+    async def release(self, request_id: str) -> None:
+        pass
+
+
+def one_at_a_time_key():
+    record = KeyRecord(id=3, name="solo", key_sha256="", spend_limit_usd=Decimal(1), max_concurrent=1)
+
+    @web.middleware
+    async def the_key(request, handler):
+        request[API_KEY] = record
+        return await handler(request)
+
+    the_key.stage = Stage("the_key", provides=frozenset({API_KEY}))
+    return the_key
+
+
+@pytest.mark.parametrize("mounted", ["spending down", "billing a foreign reply"])
+async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
+    from gateway.ratelimit import MemoryRateLimiter
+
+    recorded = []
+
+    async def record(row):
+        recorded.append(row)
+
+    spending = DownSpending() if mounted == "spending down" else None
+    stages = [size_limit_middleware(), one_at_a_time_key(),
+              limits_middleware(find_model=Models(), spending=spending, limiter=MemoryRateLimiter()),
+              billing_middleware(record=record)]
+    app = await foreign(stages)
+    expected = 500 if spending else 200
+    # The key may run one request at once: a second one could not if the first kept its place.
+    assert [(await post(app, HELLO))[0] for _ in range(3)] == [expected] * 3
+    assert recorded == []  # a reply that is no message of the upstream's is not billed

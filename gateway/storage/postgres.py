@@ -180,20 +180,25 @@ class PostgresStore:
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
-            if releases:
-                await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
             if not holds:
+                await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
                 return []
             keys = sorted({hold.key_id for hold in holds if hold.limit is not None})
             organizations = sorted({hold.organization_id for hold in holds if hold.balance is not None})
-            # The row locks of the keys with limits, then of the organizations with balances (each
-            # in id order, as the ledger's writes take them: no two replicas wait on each other in
-            # a cycle), serialise their reservations and ledger writes across replicas; the
-            # statements after them see what committed before they were granted.
-            spent = dict(await db.fetch("SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR UPDATE", keys))
-            org_spent = dict(await db.fetch(
-                "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR UPDATE", organizations
+            # The row locks of the keys with limits, then of the organizations with balances, then
+            # reservations: each in the order the ledger's writes take them (and keys and
+            # organizations in id order), so no two replicas wait on each other in a cycle. They
+            # serialise reservations and ledger writes across replicas; the statements after them
+            # see what committed before they were granted. NO KEY UPDATE: the ledger's foreign
+            # keys take KEY SHARE locks on keys, which FOR UPDATE would conflict with.
+            spent = dict(await db.fetch(
+                "SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", keys
             ))
+            org_spent = dict(await db.fetch(
+                "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", organizations
+            ))
+            if releases:
+                await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
             await db.execute(
                 "DELETE FROM reservations WHERE (key_id = ANY($1) OR organization_id = ANY($2)) AND expires_at <= now()",
                 keys, organizations,
@@ -234,8 +239,6 @@ class PostgresStore:
         if not rows:
             return
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
-            # A row's request gives up its reservation as its cost becomes spend, in one commit.
-            await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
             inserted = await db.fetch(_INSERT_LEDGER, *(list(column) for column in zip(*rows)))
             spend: dict[int, Decimal] = {}
             for key_id, cost in inserted:
@@ -243,15 +246,17 @@ class PostgresStore:
             # In key order, then organization order, as hold() locks them, so two replicas'
             # transactions never wait on each other's locks in a cycle.
             await db.executemany("UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(spend.items()))
-            if not spend:
-                return
-            by_organization: dict[int, Decimal] = {}
-            for key_id, organization_id in await db.fetch(
-                "SELECT id, organization_id FROM keys WHERE id = ANY($1)", list(spend)
-            ):
-                by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + spend[key_id]
-            await db.executemany("UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1",
-                                 sorted(by_organization.items()))
+            if spend:
+                by_organization: dict[int, Decimal] = {}
+                for key_id, organization_id in await db.fetch(
+                    "SELECT id, organization_id FROM keys WHERE id = ANY($1)", list(spend)
+                ):
+                    by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + spend[key_id]
+                await db.executemany("UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1",
+                                     sorted(by_organization.items()))
+            # A row's request gives up its reservation as its cost becomes spend, in one commit;
+            # last, as hold() takes reservations after keys and organizations.
+            await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return False  # every write is a round trip to the server

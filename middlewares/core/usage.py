@@ -10,7 +10,7 @@ import orjson
 
 from middlewares.core.protocols import Pricing
 
-_PER_MILLION = Decimal(1_000_000)
+PER_MILLION = Decimal(1_000_000)
 
 
 def estimate_tokens(chars: int) -> int:
@@ -76,7 +76,7 @@ class Usage:
             + self.cache_write_tokens * pricing.cache_write
             + self.cache_read_tokens * pricing.cache_read
             + self.output_tokens * pricing.output
-        ) / _PER_MILLION
+        ) / PER_MILLION
 
 
 class StreamUsage:
@@ -115,14 +115,10 @@ class StreamUsage:
                 self.numbers.update(event.get("usage") or {})
 
     def total(self) -> Usage:
-        """The usage of a stream that ended: the upstream's numbers, its output never below the
-        estimate from the text seen (its count may be missing or too low)."""
+        """The usage so far: the upstream's numbers, its output never below the estimate from
+        the text seen (its count may be missing or too low, and a stream cut short has none
+        yet: the upstream sends it at the end)."""
         return Usage.from_anthropic(self.numbers, self.thinking_chars, self.output_chars)
-
-    def so_far(self) -> Usage:
-        """The usage of a stream cut short: the same rule, which matters most here, since the
-        upstream sends its output count only at the end."""
-        return self.total()
 
 
 # The blocks whose `input` is what the model wrote (a stream's input_json_delta, whole).
