@@ -33,7 +33,8 @@ def chain(middlewares, handler):
     """`handler` behind `middlewares`, the first one outermost, exactly as an aiohttp app would
     run them (each route gets the chain its API needs), once their order is checked."""
     for middleware in reversed(checked(middlewares, handler)):
-        handler = update_wrapper(partial(middleware, handler=handler), handler)
+        # (Not the handler's __dict__: its `stage` describes it, not the chain in front of it.)
+        handler = update_wrapper(partial(middleware, handler=handler), handler, updated=())
     return handler
 
 

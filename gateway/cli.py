@@ -157,7 +157,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
 
 def _rate_limited_keys(config: Config) -> list[str]:
-    """The names of the config's usable keys with rpm or tpm."""
+    """The names of the config's usable keys with rpm, tpm or max_concurrent."""
     return sorted({key.name or "(unnamed)" for key in config.keys
                    if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked})
 

@@ -125,7 +125,7 @@ def proxy_handler(
                 code="timeout",
             ) from None
 
-    proxy.stage = Stage("proxy", requires=frozenset({BODY, MODEL}))
+    proxy.stage = Stage("proxy", requires=frozenset({BODY, MODEL}), provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}))
     return proxy
 
 

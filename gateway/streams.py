@@ -15,7 +15,7 @@ class OpenStreams:
     `: ping` comment into each stream that has sent nothing for `interval` seconds (the
     upstream silent, or busy with output the client never sees, such as thinking); one timer
     for all streams costs less than one per read, and a stream notes the time of its own
-    writes. And it ends them all at once, when the gateway shuts down (`end_all`)."""
+    writes. And it ends them all at once, when the gateway shuts down (`end_all_after`)."""
 
     def __init__(self, interval: float = 15.0) -> None:
         self.interval = interval
@@ -26,7 +26,7 @@ class OpenStreams:
 
     def watch(self, stream: EventStreamReply) -> None:
         self._streams.add(stream)
-        if self._end is not None:  # it started after end_all: it ends at once too
+        if self._end is not None:  # it started after the end of all: it ends at once too
             stream.stop(self._end)
 
     def done(self, stream: EventStreamReply) -> None:

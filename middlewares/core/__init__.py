@@ -10,14 +10,15 @@ from middlewares.core.context import (
     request_id,
 )
 from middlewares.core.errors import GatewayError, error_envelope, invalid_request
-from middlewares.core.protocols import ModelSpec, Pricing, RateLimiter
-from middlewares.core.records import KeyRecord, LedgerRow
+from middlewares.core.protocols import FindKey, FindModel, ModelSpec, Pricing, RateLimiter, RecordRow, Spending
+from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import StreamUsage, Usage
 
 __all__ = [
     "ANSWERED_MODEL", "API_KEY", "BODY", "BODY_BYTES", "DEPLOYMENT", "FALLBACK_MODELS", "MODEL", "REQUEST_ID",
-    "SESSION", "SETTLE", "ChainError", "EventStreamReply", "GatewayError", "KeyRecord", "LedgerRow",
-    "MessageReply", "ModelSpec", "Pricing", "RateLimiter", "Stage", "StreamUsage", "Usage", "checked",
+    "SESSION", "SETTLE", "ChainError", "EventStreamReply", "FindKey", "FindModel", "GatewayError", "KeyRecord",
+    "LedgerRow", "MessageReply", "ModelSpec", "Pricing", "RateLimiter", "RecordRow", "Shortfall", "Spending", "Stage",
+    "StreamUsage", "Usage", "checked",
     "error_envelope", "invalid_request", "request_id", "stage",
 ]

@@ -28,8 +28,8 @@ class ChainError(ValueError):
 
 
 def stage(name: str, *, requires: Iterable[web.RequestKey] = (), provides: Iterable[web.RequestKey] = ()):
-    """Make `fn(request, handler)` a new-style aiohttp middleware that declares its keys (the
-    proxy handler, which is no middleware, declares its own the same way)."""
+    """Make `fn(request, handler)` a new-style aiohttp middleware that declares its keys (a
+    handler, which is no middleware, sets a `Stage` as its `stage` attribute itself)."""
 
     def declare(fn: Callable) -> Callable:
         fn = web.middleware(fn)

@@ -86,7 +86,7 @@ def images_middleware(
             if not fetcher.open:
                 log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
                 raise GatewayError(500, "The image fetcher is not running.", type="server_error")
-            key = request.get(API_KEY)
+            key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
             async with keys.gate(key.id if key is not None else None) as key_gate:
                 await _inline(parts, fetcher, concurrent_downloads, key_gate)
         return await handler(request)

@@ -20,7 +20,7 @@ def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any]
     """
     system, messages = convert_messages(body.get("messages"))
     request: dict[str, Any] = {
-        "model": body["model"],
+        "model": model.id,
         "max_tokens": _max_tokens(body, model),
         "messages": messages,
     }
