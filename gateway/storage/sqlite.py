@@ -197,25 +197,17 @@ class SQLiteStore:
         return held
 
     async def _write_now_or_wait(self, work: Callable[..., T], *args: Any) -> T:
-        """`work` in a write transaction: on the event loop when the file is free (a small
-        write costs less than the hop to a thread), else on the writer thread, which waits."""
-        if self._inline is not None and self._since_checkpoint < CHECKPOINT_EVERY:
-            try:
-                result = _transaction(self._inline, work, *args, wait=False)
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
-                    raise
-            else:
-                self._since_checkpoint += 1  # it grew the WAL as a ledger batch does
-                return result
-        return await self._writer.call(_transaction, work, *args)
+        """`work` in a write transaction: on the event loop when it can be (see _write_inline),
+        else on the writer thread, which waits its turn."""
+        written, result = self._write_inline(work, *args)
+        return result if written else await self._writer.call(_transaction, work, *args)
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
-        return self._write_inline(_ledger_values(rows), cost_by_key(rows))
+        return self._write_inline(_insert_ledger, _ledger_values(rows), cost_by_key(rows))[0]
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
         values, totals = _ledger_values(rows), cost_by_key(rows)
-        if self._write_inline(values, totals):
+        if self._write_inline(_insert_ledger, values, totals)[0]:
             return
         if self._since_checkpoint >= CHECKPOINT_EVERY:
             # Now and then a batch goes to the writer thread behind a checkpoint, which lets it
@@ -227,19 +219,21 @@ class SQLiteStore:
         else:  # another writer has the file (or, in ":memory:", there is no inline connection)
             await self._writer.call(_transaction, _insert_ledger, values, totals)
 
-    def _write_inline(self, values: list[tuple], totals: dict[int, Decimal]) -> bool:
-        """The rows committed on the event loop, unless a checkpoint is due or the file is taken.
-        (write_ledger calls this, not write_ledger_now, so a subclass may tell the two apart.)"""
+    def _write_inline(self, work: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """(True, its result) for `work` committed on the event loop, (False, None) when a
+        checkpoint is due or another writer has the file. A small write (a ledger batch, a
+        group of reservations) costs less than the hop to a thread. (write_ledger calls this,
+        not write_ledger_now, so a subclass may tell the two apart.)"""
         if self._inline is None or self._since_checkpoint >= CHECKPOINT_EVERY:
-            return False
+            return False, None
         try:
-            _transaction(self._inline, _insert_ledger, values, totals, wait=False)
+            result = _transaction(self._inline, work, *args, wait=False)
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc):
                 raise
-            return False  # another writer has the file
-        self._since_checkpoint += 1
-        return True
+            return False, None  # another writer has the file
+        self._since_checkpoint += 1  # the WAL grew: a checkpoint comes every CHECKPOINT_EVERY
+        return True, result
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger"
