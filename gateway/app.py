@@ -74,7 +74,7 @@ def build_app(
         translator_middleware(),
         billing_middleware(record=ledger.record),
     ]
-    streams = OpenStreams(ping_interval)
+    streams = OpenStreams(ping_interval, config.server.write_timeout_seconds)
     proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, streams=streams)
     chat_completions = chain(openai_chain, proxy)
     healthz, list_models, model_catalog = catalog_handlers(config)

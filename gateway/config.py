@@ -99,6 +99,7 @@ class ServerConfig:
     port: int = _field(8080, check=_port)
     workers: int = _field(1, check=_positive)  # processes sharing the port
     shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
+    write_timeout_seconds: float = _field(30.0, check=_positive_number)  # a stream's client not reading
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}
     api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
     connect_timeout_seconds: float = _field(10.0, check=_positive_number)
     first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one
+    stream_idle_timeout_seconds: float = _field(60.0, check=_positive_number)  # a stream's silence, after its first output
+    max_stream_duration_seconds: float = _field(1800.0, check=_positive_number)  # a stream's whole length
 
 
 @dataclass(frozen=True)

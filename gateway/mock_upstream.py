@@ -54,6 +54,7 @@ class Scenario:
     chunk_size: int = 8  # characters per streamed delta
     error_after: int | None = None  # stream: send `event: error` after N events
     drop_after: int | None = None  # stream: close the connection after N events
+    stall_after: int | None = None  # stream: after N events, send nothing more (the connection stays open)
     end_delay: float = 0.0  # stream: between the last event and the body's end (its last chunk)
 
 
@@ -346,6 +347,8 @@ class MockUpstream:
                     if request.transport is not None:
                         request.transport.close()
                     return resp
+                if n == sc.stall_after:
+                    await asyncio.Event().wait()  # until the client goes (handler_cancellation)
                 if n == sc.error_after:
                     # The status is already 200, so the failure arrives as an event and the stream ends.
                     error = {"type": "overloaded_error", "message": "Overloaded"}

@@ -50,7 +50,11 @@ def proxy_handler(
     async def stream(deployment: Deployment, body: dict[str, Any]) -> EventStreamReply:
         try:
             async with asyncio.timeout(deployment.first_token_timeout_seconds):
-                events = UpstreamEvents(await upstream.post(deployment, body))
+                events = UpstreamEvents(
+                    await upstream.post(deployment, body),
+                    idle_timeout=deployment.stream_idle_timeout_seconds,
+                    max_duration=deployment.max_stream_duration_seconds,
+                )
                 await events.first_output()
         except TimeoutError:
             # A 500, not the 504 `timeout`: that one tells a non-streaming request to stream.

@@ -15,10 +15,13 @@ class OpenStreams:
     `: ping` comment into each stream that has sent nothing for `interval` seconds (the
     upstream silent, or busy with output the client never sees, such as thinking); one timer
     for all streams costs less than one per read, and a stream notes the time of its own
-    writes. And it ends them all at once, when the gateway shuts down (`end_all_after`)."""
+    writes. The same task drops the client of a stream whose write has waited
+    `write_timeout` seconds (the client stopped reading). And it ends them all at once, when
+    the gateway shuts down (`end_all_after`)."""
 
-    def __init__(self, interval: float = 15.0) -> None:
+    def __init__(self, interval: float = 15.0, write_timeout: float = 30.0) -> None:
         self.interval = interval
+        self.write_timeout = write_timeout
         self._streams: set[EventStreamReply] = set()
         self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
         self._end: dict[str, Any] | None = None  # once set, every stream ends with it
@@ -53,10 +56,13 @@ class OpenStreams:
     async def _ping_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(1.0, self.interval / 2))
+            await asyncio.sleep(min(1.0, self.interval / 2, self.write_timeout / 2))
             now = loop.time()
             for stream in list(self._streams):
-                if stream.last_write <= now - self.interval:
+                if stream.writing_since is not None:
+                    if stream.writing_since <= now - self.write_timeout:
+                        stream.abandon()
+                elif stream.last_write <= now - self.interval:
                     stream.last_write = now
                     ping = asyncio.create_task(stream.ping())
                     self._pings.add(ping)

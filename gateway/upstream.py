@@ -103,19 +103,30 @@ class UpstreamEvents:
     `error` event, so nothing downstream mistakes a cut stream for a finished one.
     """
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, *, idle_timeout: float | None = None, max_duration: float | None = None
+    ) -> None:
         self.usage = StreamUsage()
         self._response = response
         self._content = response.content
-        self._buffer = b""
+        self._partial = bytearray()  # the start of an event whose end has not arrived
+        self._held_cr = False  # the last read ended in "\r": the next may start with its "\n"
         self._pending: deque[list[dict[str, Any]]] = deque()
         self._finished = False
         self._closed = False
         self._stopped: dict[str, Any] | None = None  # the error the gateway ends the stream with
+        loop = asyncio.get_running_loop()
+        self._clock = loop.time
+        self._last_read = self._clock()
+        self._idle_timeout = idle_timeout
+        self._idle: asyncio.TimerHandle | None = None
+        self._too_long = None if max_duration is None else loop.call_later(max_duration, self.stop, error_event(
+            f"The stream reached its maximum duration of {max_duration:g} seconds."))
 
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
-        An error before that is raised as an HTTP error: the client has seen nothing yet."""
+        An error before that is raised as an HTTP error: the client has seen nothing yet.
+        From then on, an upstream silent for `idle_timeout` is given up on."""
         primed: list[list[dict[str, Any]]] = []
         try:
             while True:
@@ -127,10 +138,20 @@ class UpstreamEvents:
                         raise stream_error(event)
                     if event["type"] in _FIRST_OUTPUT:
                         self._pending.extend(primed)
+                        if self._idle_timeout is not None and not self._closed:
+                            self._watch_idle()
                         return
         except BaseException:  # an error, or the client went away: the upstream goes too
             await self.aclose()
             raise
+
+    def _watch_idle(self) -> None:
+        """One timer per stream, moved on when it fires, not on every read: a read only notes its time."""
+        quiet = self._clock() - self._last_read
+        if quiet >= self._idle_timeout:
+            self.stop(error_event(f"The upstream sent nothing for {self._idle_timeout:g} seconds."))
+        else:
+            self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - quiet, self._watch_idle)
 
     def __aiter__(self) -> UpstreamEvents:
         return self
@@ -150,22 +171,15 @@ class UpstreamEvents:
         if not chunk or self._stopped is not None:
             await self.aclose()
             return [self._stopped or _CUT_SHORT]
-        data = self._buffer + chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        # The buffer holds no event's end: one can only end in what the read added.
-        end = data.rfind(b"\n\n", max(0, len(self._buffer) - 2)) + 2
-        if end == 1:
-            if len(data) > MAX_EVENT_BYTES:
-                log.warning("upstream sent %d bytes without an event's end", len(data))
+        self._last_read = self._clock()
+        complete = self._complete_events(chunk)
+        if complete is None:
+            if len(self._partial) > MAX_EVENT_BYTES:
+                log.warning("upstream sent %d bytes without an event's end, starting %r",
+                            len(self._partial), bytes(self._partial[:200]))
                 await self.aclose()
                 return [_UNREADABLE]
-            self._buffer = data
             return []
-        if end == len(data):  # the read ended where an event did, as reads mostly do
-            complete, self._buffer = data, b""
-        else:
-            complete, self._buffer = data[:end], data[end:]
         batch = _parse_events(complete)
         self.usage.count(batch)
         if batch and batch[-1]["type"] in _ENDS:
@@ -174,6 +188,36 @@ class UpstreamEvents:
             self._finished = batch[-1] is not _UNREADABLE
             await self.aclose()
         return batch
+
+    def _complete_events(self, chunk: bytes) -> bytes | None:
+        """The whole events that `chunk` completes ("\r\n" made "\n"), or None when it completes
+        none. An event's start is kept in a bytearray that each read extends, and only what a read
+        added is searched: the work stays linear in the bytes, however an event is split."""
+        if self._held_cr:
+            chunk = b"\r" + chunk
+        self._held_cr = chunk.endswith(b"\r")
+        if self._held_cr:
+            chunk = chunk[:-1]
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        partial = self._partial
+        if not partial:  # as reads mostly go: the last one ended where an event did
+            end = chunk.rfind(b"\n\n") + 2
+            if end == 1:
+                partial += chunk
+                return None
+            if end == len(chunk):
+                return chunk
+            partial += memoryview(chunk)[end:]
+            return chunk[:end]
+        searched = len(partial) - 1  # an event's end may straddle the two
+        partial += chunk
+        end = partial.rfind(b"\n\n", searched) + 2
+        if end == 1:
+            return None
+        complete = bytes(partial[:end])
+        del partial[:end]
+        return complete
 
     def stop(self, event: dict[str, Any]) -> None:
         """End the stream now with `event`, an error: the read under way (if any) is cut off by
@@ -188,6 +232,9 @@ class UpstreamEvents:
         if self._closed:
             return
         self._closed = True
+        for timer in (self._idle, self._too_long):
+            if timer is not None:
+                timer.cancel()
         ended = self._finished  # message_stop or error read (a cut stream closes before it is set)
         self._finished = True
         if self._content.at_eof():
@@ -234,7 +281,8 @@ def _through_end(events: list) -> list[dict[str, Any]] | None:
         if not isinstance(event, dict) or type(event.get("type")) is not str:
             return None
         if not readable_event(event):  # the stream ends there, as if the upstream had failed
-            log.warning("upstream sent an event the gateway cannot read: %r", event)
+            raw = orjson.dumps(event)
+            log.warning("upstream sent an event the gateway cannot read (%d bytes, starting %r)", len(raw), raw[:200])
             return [*events[:index], _UNREADABLE]
         if event["type"] in _ENDS:
             return events[: index + 1]

@@ -212,7 +212,10 @@ async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
     assert text.endswith("data: [DONE]\n\n")
 
 
-async def test_events_split_across_reads_are_reassembled(serve_upstream):
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
+@pytest.mark.parametrize("piece", [1, 7])
+async def test_events_split_across_reads_are_reassembled(serve_upstream, newline, piece):
+    """Pieces of 1 byte split every "\r\n" and every event's end across two reads."""
     text = "split across many small reads"
     deltas = [
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word + " "}}
@@ -225,8 +228,8 @@ async def test_events_split_across_reads_are_reassembled(serve_upstream):
         {"type": "content_block_stop", "index": 0},
         {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}},
         {"type": "message_stop"},
-    )
-    gateway = await serve_upstream(200, body, piece=7)
+    ).replace(b"\n", newline)
+    gateway = await serve_upstream(200, body, piece=piece)
     status, reply = await call(gateway, stream=True)
     assert status == 200
     chunks = [json.loads(e[len("data: "):]) for e in reply.split("\n\n") if e.startswith("data: {")]

@@ -108,11 +108,14 @@ class EventStreamReply(web.StreamResponse):
         self.encoder: EventEncoder = AnthropicSSE()
         self._streams = streams
         self.last_write = 0.0  # loop time of the last write, for the pings
+        self.writing_since: float | None = None  # loop time a write began that has not ended yet
+        self._transport = None
         self._ending = False
         self._failed = False  # the gateway failed mid-stream, and said so in the stream
 
     async def prepare(self, request: web.BaseRequest):
         try:
+            self._transport = request.transport
             writer = await super().prepare(request)
             await self._send_events()
             return writer
@@ -123,6 +126,12 @@ class EventStreamReply(web.StreamResponse):
 
     def stop(self, event: dict[str, Any]) -> None:
         self._source.stop(event)
+
+    def abandon(self) -> None:
+        """Drop the client's connection: a client that has stopped reading holds a write (and
+        the upstream behind it) forever otherwise. The write fails, and the stream ends."""
+        if self._transport is not None:
+            self._transport.abort()
 
     async def ping(self) -> None:
         if self._ending:  # the body's terminator is (being) written: nothing may follow it
@@ -146,11 +155,14 @@ class EventStreamReply(web.StreamResponse):
                     # write_eof sets aiohttp's own flag only after draining: a ping must not
                     # slip in after the terminator meanwhile.
                     self._ending = True
+                    self.writing_since = clock()
                     await self.write_eof(data)
                     return
                 if data:
+                    # A write that returns at once (as nearly all do) is never seen half-way.
+                    self.writing_since = self.last_write = clock()
                     await self.write(data)
-                    self.last_write = clock()
+                    self.writing_since = None
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception as exc:
@@ -162,4 +174,5 @@ class EventStreamReply(web.StreamResponse):
             else:
                 log.exception("stream to the client failed")
                 error = INTERNAL_ERROR
+            self.writing_since = clock()
             await self.write(encode([error]))
