@@ -129,6 +129,18 @@ class ImagesConfig:
 
 
 @dataclass(frozen=True)
+class BoundsConfig:
+    """The bounds stage: the most of each list one request may hold, and how deep its schemas may
+    nest (docs/api.md, "Limits a client sees"), so no later stage works on an oversized request."""
+
+    max_messages: int = _field(100_000, check=_positive)
+    max_content_parts: int = _field(100_000, check=_positive)  # over all the messages
+    max_tools: int = _field(1_000, check=_positive)
+    max_stop: int = _field(100, check=_positive)  # stop sequences
+    max_schema_depth: int = _field(100, check=_positive)  # levels of JSON in a tool's or the output's schema
+
+
+@dataclass(frozen=True)
 class RateLimitConfig:
     url: str = _field("", check=_redis_url)  # empty: limits are kept in this process's memory
 
@@ -196,6 +208,7 @@ class Config:
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
     images: ImagesConfig = ImagesConfig()
+    bounds: BoundsConfig = BoundsConfig()
     ratelimit: RateLimitConfig = RateLimitConfig()
     routing: RoutingConfig = RoutingConfig()
     deployments: tuple[Deployment, ...] = ()
