@@ -68,7 +68,7 @@ def build_app(
     bounds = config.bounds
     openai_chain = [
         auth,
-        size_limit_middleware(),
+        size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
         bounds_middleware(
             max_messages=bounds.max_messages,
             max_content_parts=bounds.max_content_parts,
