@@ -17,6 +17,7 @@ from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
+from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core.chain import checked
 from middlewares.core.context import request_id
@@ -64,9 +65,17 @@ def build_app(
         connections_per_host=settings.connections_per_host,
     )
 
+    bounds = config.bounds
     openai_chain = [
         auth,
-        size_limit_middleware(),
+        size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
+        bounds_middleware(
+            max_messages=bounds.max_messages,
+            max_content_parts=bounds.max_content_parts,
+            max_tools=bounds.max_tools,
+            max_stop=bounds.max_stop,
+            max_schema_depth=bounds.max_schema_depth,
+        ),
         refusals_middleware(),
         limits_middleware(find_model=config.model, spending=spending, limiter=limiter),
         images,

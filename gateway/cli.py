@@ -187,6 +187,7 @@ async def serve_forever(
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=server.shutdown_timeout_seconds,
+        auto_decompress=False,  # size_limit decodes request bodies (and answers 415 for br, zstd…)
     )
     await runner.setup()
     tune_garbage_collector()

@@ -100,6 +100,7 @@ class ServerConfig:
     workers: int = _field(1, check=_positive)  # processes sharing the port
     shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
     write_timeout_seconds: float = _field(30.0, check=_positive_number)  # a stream's client not reading
+    body_timeout_seconds: float = _field(60.0, check=_positive_number)  # for a request's whole body, else 408
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,18 @@ class ImagesConfig:
     ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the API sets no limit)
     downloads_per_key: int = _field(16, check=_positive)  # at once, over all of a key's requests
     connections_per_host: int = _field(32, check=_positive)  # the pool's, to any one host
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    """The bounds stage: the most of each list one request may hold, and how deep its schemas may
+    nest (docs/api.md, "Limits a client sees"), so no later stage works on an oversized request."""
+
+    max_messages: int = _field(100_000, check=_positive)
+    max_content_parts: int = _field(100_000, check=_positive)  # over all the messages
+    max_tools: int = _field(1_000, check=_positive)
+    max_stop: int = _field(100, check=_positive)  # stop sequences
+    max_schema_depth: int = _field(100, check=_positive)  # levels of JSON in a tool's or the output's schema
 
 
 @dataclass(frozen=True)
@@ -199,6 +212,7 @@ class Config:
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
     images: ImagesConfig = ImagesConfig()
+    bounds: BoundsConfig = BoundsConfig()
     ratelimit: RateLimitConfig = RateLimitConfig()
     routing: RoutingConfig = RoutingConfig()
     deployments: tuple[Deployment, ...] = ()

@@ -92,7 +92,7 @@ class Gateway:
 
     def __init__(self, app: web.Application) -> None:
         self.app = app
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
         self.url = ""
 
     async def start(self) -> Gateway:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import json
 import os
 import string
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,7 @@ ERRORS = {
     403: ("permission_error", None),
     404: ("invalid_request_error", "model_not_found"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
 }
 FUZZ_SETTINGS = settings(
@@ -108,12 +111,16 @@ class Servers:
         self.gateway = await Gateway(build_app(fuzz_config(self.upstream.url))).start()
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
 
-    def post(self, raw: bytes) -> Answer:
+    def post(self, raw: bytes, headers: dict[str, str] | None = None, chunked: bool = False) -> Answer:
+        async def pieces():  # a chunked body, in pieces of 100 bytes
+            for start in range(0, len(raw), 100):
+                yield raw[start:start + 100]
+
         async def send() -> Answer:
             async with self.http.post(
                 self.gateway.url + ENDPOINT,
-                data=raw,
-                headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+                data=pieces() if chunked else raw,
+                headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})},
             ) as response:
                 return Answer(response.status, response.content_type, await response.read())
 
@@ -446,12 +453,12 @@ def check_stream(answer: Answer, request: dict) -> None:
         assert all(c.usage is None and c.choices for c in chunks)
 
 
-def check(servers: Servers, raw: bytes, request: dict | None, kind: str) -> None:
-    """POST `raw`; the answer must be well-formed. `request` is the body as an object (None
-    when it is not one), for what a success must echo."""
-    note(f"sent: {raw[:3000]!r}")
+def check(servers: Servers, raw: bytes, request: dict | None, kind: str, **sending) -> None:
+    """POST `raw` (`sending`: headers, chunked); the answer must be well-formed. `request` is
+    the body as an object (None when it is not one), for what a success must echo."""
+    note(f"sent: {raw[:3000]!r} {sending}")
     before = len(servers.upstream.requests)
-    answer = servers.post(raw)
+    answer = servers.post(raw, **sending)
     note(f"got: HTTP {answer.status} {answer.content_type} {answer.body[:2000]!r}")
     assert answer.status < 500, f"HTTP {answer.status}: {answer.body[:500]!r}"
     if answer.status != 200:
@@ -540,3 +547,87 @@ def deep_body(place: str, depth: int, container: str, stream: bool) -> tuple[byt
 def test_fuzz_deeply_nested_json(servers, place, depth, container, stream):
     raw, request = deep_body(place, depth, container, stream)
     check(servers, raw, request, "deep " + place)
+
+
+# --- Deep schemas: the same property for schemas nested through `items`, `anyOf` and `$defs` up
+# to 1,100 levels, where the tools' and the output format's schemas are. The structured-output
+# check once walked them recursively: a schema 1,000 levels deep through `items` was a
+# RecursionError, a 500. (The bounds stage now refuses any over 100 levels first.)
+
+SCHEMA_NESTING = {
+    "items": ('{"type": "array", "items": ', "}"),
+    "anyOf": ('{"anyOf": [', "]}"),
+    "$defs": ('{"$defs": {"a": ', "}}"),
+    "properties": ('{"type": "object", "additionalProperties": false, "properties": {"a": ', "}}"),
+}
+SCHEMA_PLACES = ("tool parameters", "whole tool parameters", "json_schema")
+
+
+def deep_schema_body(place: str, via: str, levels: int, stream: bool) -> tuple[bytes, dict]:
+    opening, closing = SCHEMA_NESTING[via]
+    schema = opening * levels + '{"type": "string"}' + closing * levels
+    if place == "whole tool parameters":  # parameters must be an object schema at the top
+        schema = '{"type": "object", "properties": {"x": ' + schema + "}}"
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": stream, **PLACES[place]}
+    return json.dumps(request).encode().replace(json.dumps(DEEP).encode(), schema.encode()), request
+
+
+@FUZZ_SETTINGS
+@given(
+    place=st.sampled_from(SCHEMA_PLACES),
+    via=st.sampled_from(sorted(SCHEMA_NESTING)),
+    levels=st.integers(min_value=1, max_value=1100),
+    stream=st.booleans(),
+)
+@example(place="json_schema", via="items", levels=1000, stream=False)
+@example(place="tool parameters", via="anyOf", levels=500, stream=False)
+@example(place="json_schema", via="$defs", levels=99, stream=True)
+def test_fuzz_deeply_nested_schemas(servers, place, via, levels, stream):
+    raw, request = deep_schema_body(place, via, levels, stream)
+    check(servers, raw, request, f"deep schema via {via}")
+
+
+# --- Compressed bodies: random requests gzip'd or deflated (zlib's format, and the raw deflate
+# some clients send), whole or chunked, intact or corrupted (cut short, a byte changed, or not
+# compressed at all), and with encodings the gateway does not take. A body that did not decode
+# was once a 500 with two tracebacks; gzip with a Content-Length never worked.
+
+COMPRESSORS = {
+    "gzip": ("gzip", gzip.compress),
+    "deflate": ("deflate", zlib.compress),
+    "raw deflate": ("deflate", lambda data: zlib.compress(data)[2:-4]),
+}
+
+
+def corrupt(data: bytes, how: str, at: int) -> bytes:
+    if how == "cut short":
+        return data[: at % max(len(data), 1)]
+    if how == "a byte changed":
+        at %= len(data)
+        return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+    if how == "not compressed":
+        return b'{"model": "x"}'
+    return data
+
+
+@FUZZ_SETTINGS
+@given(
+    case=REQUESTS,
+    compressor=st.sampled_from(sorted(COMPRESSORS)),
+    # A byte changed in raw deflate, which has no checksum, could decode to another request.
+    how=st.sampled_from(["intact", "intact", "cut short", "a byte changed", "not compressed"]),
+    at=st.integers(min_value=0, max_value=10_000),
+    chunked=st.booleans(),
+    other_encoding=st.sampled_from([None, None, None, None, "br", "zstd", "gzip, deflate", "x-gzip", "compress"]),
+)
+@example(case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, compressor="gzip", how="intact",
+         at=0, chunked=False, other_encoding=None)
+@example(case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, compressor="gzip",
+         how="not compressed", at=0, chunked=False, other_encoding=None)
+def test_fuzz_compressed_bodies(servers, case, compressor, how, at, chunked, other_encoding):
+    encoding, compress = COMPRESSORS[compressor]
+    if compressor == "raw deflate" and how == "a byte changed":
+        how = "cut short"
+    raw = corrupt(compress(json.dumps(case).encode()), how, at)
+    # gzip and zlib carry a checksum: a changed byte that still decodes left the request as it was.
+    check(servers, raw, case, f"{compressor} {how}", headers={"Content-Encoding": other_encoding or encoding}, chunked=chunked)

@@ -28,6 +28,7 @@ from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.billing import billing_middleware
+from middlewares.bounds import bounds_middleware
 from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, Stage, checked
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
@@ -208,7 +209,7 @@ def test_the_gateways_routes_are_built_only_from_a_chain_in_order(upstream):
 
 def test_the_stages_are_new_style_middlewares():
     stages = [
-        size_limit_middleware(), refusals_middleware(), limits_middleware(find_model=lambda name: None),
+        size_limit_middleware(), bounds_middleware(), refusals_middleware(), limits_middleware(find_model=lambda name: None),
         images_middleware(), cache_breakpoints_middleware(), translator_middleware(),
         auth_middleware(find_key=lambda digest: None),
     ]
@@ -285,14 +286,14 @@ async def test_an_unknown_model_gets_404_and_no_image_is_downloaded(start_gatewa
 
 def test_importing_size_limit_and_refusals_loads_none_of_the_gateway():
     code = (
-        "import sys, middlewares.size_limit, middlewares.refusals\n"
+        "import sys, middlewares.size_limit, middlewares.bounds, middlewares.refusals\n"
         "print(sorted(m for m in sys.modules if m == 'gateway' or m.startswith(('gateway.', 'asyncpg', 'redis', 'sqlite3'))))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert loaded.stdout.strip() == "[]"
 
 
-STAGES = ["auth", "size_limit", "refusals", "limits", "images", "cache_breakpoints", "translator", "billing"]
+STAGES = ["auth", "size_limit", "bounds", "refusals", "limits", "images", "cache_breakpoints", "translator", "billing"]
 # What a stage may import besides the core and its own package.
 ALLOWED_OUTSIDE = {"aiohttp", "orjson", "yarl"}
 

@@ -211,21 +211,27 @@ _SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 
 
 def _check_closed_objects(schema: Any, path: str) -> None:
-    """Every object in the schema must say `"additionalProperties": false` (docs/api.md, "Structured output")."""
-    if not isinstance(schema, dict):
-        return
-    kind = schema.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
-    if is_object and schema.get("additionalProperties") is not False:
-        raise invalid_request(f'{path}: objects need "additionalProperties": false', "response_format")
-    for key in _SUBSCHEMA_MAPS:
-        subschemas = schema.get(key)
-        if isinstance(subschemas, dict):
-            for name, sub in subschemas.items():
-                _check_closed_objects(sub, f"{path}.{key}.{name}")
-    for key in _SUBSCHEMA_LISTS:
-        subschemas = schema.get(key)
-        if isinstance(subschemas, list):
-            for i, sub in enumerate(subschemas):
-                _check_closed_objects(sub, f"{path}.{key}[{i}]")
-    _check_closed_objects(schema.get("items"), f"{path}.items")
+    """Every object in the schema must say `"additionalProperties": false` (docs/api.md, "Structured output").
+    Depth first, in the order the keys are listed, with an explicit stack: a schema nested a
+    thousand levels deep is no RecursionError (a 500) where the bounds stage is not mounted."""
+    stack = [(schema, path)]
+    while stack:
+        schema, path = stack.pop()
+        if not isinstance(schema, dict):
+            continue
+        kind = schema.get("type")
+        is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
+        if is_object and schema.get("additionalProperties") is not False:
+            raise invalid_request(f'{path}: objects need "additionalProperties": false', "response_format")
+        children = []
+        for key in _SUBSCHEMA_MAPS:
+            subschemas = schema.get(key)
+            if isinstance(subschemas, dict):
+                children += ((sub, f"{path}.{key}.{name}") for name, sub in subschemas.items())
+        for key in _SUBSCHEMA_LISTS:
+            subschemas = schema.get(key)
+            if isinstance(subschemas, list):
+                children += ((sub, f"{path}.{key}[{i}]") for i, sub in enumerate(subschemas))
+        if "items" in schema:
+            children.append((schema["items"], f"{path}.items"))
+        stack += reversed(children)  # the first child is checked next, as a recursive walk would

@@ -1,0 +1,127 @@
+"""The bounds stage: refuses a request whose lists are too long, or whose JSON schemas nest too
+deep, before any later stage walks them. A 32 MB body can hold millions of messages, parts or
+stop sequences, and a schema nested a thousand levels deep; every stage after this one may walk
+them without a thought for their size (the translator's schema check, the refusals' pass over
+the messages).
+
+It reads the OpenAI field names and the Anthropic ones (`stop_sequences`, `input_schema`,
+`output_config`), so a native Anthropic Messages route can mount it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY
+from middlewares.core.errors import invalid_request
+
+__all__ = ["Bounds", "bounds_middleware", "out_of_bounds"]
+
+
+def bounds_middleware(
+    *,
+    max_messages: int = 100_000,
+    max_content_parts: int = 100_000,
+    max_tools: int = 1_000,
+    max_stop: int = 100,
+    max_schema_depth: int = 100,
+):
+    """A request in `request[BODY]` with more messages, content parts (over all messages, and an
+    Anthropic `system` list's blocks), tools or stop sequences than these, or a tool's or the
+    output format's schema nesting more levels than `max_schema_depth`, gets a 400 naming the
+    field, its limit and its count; any other goes on unchanged."""
+    limits = Bounds(max_messages, max_content_parts, max_tools, max_stop, max_schema_depth)
+    for name, value in vars(limits).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"bounds_middleware: {name} must be a positive integer")
+
+    @stage("bounds", requires=(BODY,))
+    async def bounds(request: web.Request, handler) -> web.StreamResponse:
+        found = out_of_bounds(request[BODY], limits)
+        if found is not None:
+            raise invalid_request(*found)
+        return await handler(request)
+
+    return bounds
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_messages: int
+    max_content_parts: int
+    max_tools: int
+    max_stop: int
+    max_schema_depth: int
+
+
+def out_of_bounds(body: dict[str, Any], bounds: Bounds) -> tuple[str, str] | None:
+    """(message, param) for the first bound a request is over, or None. The lengths first (each
+    one len()), then one pass over the messages for their parts, then the schemas."""
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    tools = body.get("tools")
+    tools = tools if isinstance(tools, list) else []
+    if len(messages) > bounds.max_messages:
+        return _over("messages", bounds.max_messages, "messages", len(messages))
+    if len(tools) > bounds.max_tools:
+        return _over("tools", bounds.max_tools, "tools", len(tools))
+    for field in ("stop", "stop_sequences"):
+        stop = body.get(field)
+        if isinstance(stop, list) and len(stop) > bounds.max_stop:
+            return _over(field, bounds.max_stop, "stop sequences", len(stop))
+    system = body.get("system")
+    parts = len(system) if isinstance(system, list) else 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts += len(content)
+    if parts > bounds.max_content_parts:
+        return _over("messages", bounds.max_content_parts, "content parts", parts)
+    for path, param, schema in _schemas(body, tools):
+        if _nests_deeper(schema, bounds.max_schema_depth):
+            return f"{path}: nests more than {bounds.max_schema_depth:,} levels", param
+    return None
+
+
+def _over(field: str, limit: int, what: str, count: int) -> tuple[str, str]:
+    return f"{field}: at most {limit:,} {what} per request (this one has {count:,})", field
+
+
+def _schemas(body: dict[str, Any], tools: list[Any]):
+    """(path, param, schema) of every JSON schema in the request: each tool's, OpenAI's and
+    Anthropic's, and the output format's."""
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        if isinstance(function, dict):
+            yield f"tools[{i}].function.parameters", "tools", function.get("parameters")
+        yield f"tools[{i}].input_schema", "tools", tool.get("input_schema")
+    response_format = body.get("response_format")
+    spec = response_format.get("json_schema") if isinstance(response_format, dict) else None
+    if isinstance(spec, dict):
+        yield "response_format.json_schema.schema", "response_format", spec.get("schema")
+    output_config = body.get("output_config")
+    output_format = output_config.get("format") if isinstance(output_config, dict) else None
+    if isinstance(output_format, dict):
+        yield "output_config.format.schema", "output_config", output_format.get("schema")
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep (`{}` is one level,
+    a scalar none). An explicit stack: no depth is too deep for the walk itself."""
+    if not isinstance(value, (dict, list)):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                if depth == limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
