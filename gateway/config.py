@@ -99,6 +99,7 @@ class ServerConfig:
     port: int = _field(8080, check=_port)
     workers: int = _field(1, check=_positive)  # processes sharing the port
     shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
+    keepalive_timeout_seconds: float = _field(75.0, check=_positive_number)  # an idle connection's; a request's headers' too
 
 
 @dataclass(frozen=True)
