@@ -56,7 +56,8 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
 # its Server, which makes the RequestHandlers, inside AppRunner._make_server.
 
 class _RequestHandler(RequestHandler):
-    def handle_error(self, request, status=500, exc=None, message=None) -> web.StreamResponse:
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
         if not isinstance(exc, HttpProcessingError):  # a handler's exception: aiohttp's 500
             return super().handle_error(request, status, exc, message)
         # As aiohttp does, a connection whose first line is no HTTP method (TLS, a port scan) is

@@ -84,6 +84,17 @@ async def test_a_request_that_is_not_valid_http_gets_the_envelope_and_no_byte_of
     assert_no_key(caplog.text)
 
 
+async def test_a_connection_that_does_not_speak_http_is_only_debug_noise(gateway, caplog):
+    """As aiohttp logs it: a first line with no HTTP method (TLS to the HTTP port, a scanner)."""
+    caplog.set_level(logging.DEBUG)
+    _, _, body = await send_raw(gateway.url, b"\x16\x03\x01 " + KEY.encode() + b" HTTP/1.1\r\n\r\n")
+    assert orjson.loads(body) == NOT_HTTP
+    records = [r for r in caplog.records if r.name in ("ezat.server", "aiohttp.server")]
+    assert [(r.name, r.levelno, r.getMessage()) for r in records] == [
+        ("ezat.server", logging.DEBUG, "a request that is not valid HTTP (BadHttpMethod) from 127.0.0.1")]
+    assert_no_key(caplog.text)
+
+
 async def test_the_served_gateways_log_holds_no_key_of_a_request_it_cannot_parse(tmp_path, upstream):
     served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'gateway.db'}",
                           upstream_url=upstream.url)
