@@ -11,6 +11,7 @@ from gateway.config import Config
 from gateway.ledger import Ledger
 from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
 from gateway.ratelimit import rate_limiter
+from gateway.server import server_header
 from gateway.storage import Store, open_store
 from gateway.spending import SpendReservations
 from gateway.streams import OpenStreams
@@ -113,6 +114,7 @@ def build_app(
     app.cleanup_ctx.append(images.cleanup_ctx)
     app.cleanup_ctx.append(streams.lifespan)
     app.on_response_prepare.append(_request_id_headers)
+    app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)
     app.router.add_post("/openai/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway import admin
 from gateway.app import build_app
+from gateway.server import app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
     Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
@@ -182,13 +183,7 @@ async def serve_forever(
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
     # timeout), then close; the app's cleanup writes every ledger row still pending.
-    runner = web.AppRunner(
-        build_app(config),
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=server.shutdown_timeout_seconds,
-        auto_decompress=False,  # size_limit decodes request bodies (and answers 415 for br, zstd…)
-    )
+    runner = app_runner(build_app(config), server)
     await runner.setup()
     tune_garbage_collector()
     await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None).start()

@@ -101,6 +101,7 @@ class ServerConfig:
     shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
     write_timeout_seconds: float = _field(30.0, check=_positive_number)  # a stream's client not reading
     body_timeout_seconds: float = _field(60.0, check=_positive_number)  # for a request's whole body, else 408
+    keepalive_timeout_seconds: float = _field(75.0, check=_positive_number)  # an idle connection's; a request's headers' too
 
 
 @dataclass(frozen=True)

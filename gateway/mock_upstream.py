@@ -53,6 +53,7 @@ class Scenario:
     pings: int = 1  # sent right after the first content_block_start
     chunk_size: int = 8  # characters per streamed delta
     error_after: int | None = None  # stream: send `event: error` after N events
+    stream_error_message: str = "Overloaded"  # that event's message (its type: overloaded_error)
     drop_after: int | None = None  # stream: close the connection after N events
     stall_after: int | None = None  # stream: after N events, send nothing more (the connection stays open)
     end_delay: float = 0.0  # stream: between the last event and the body's end (its last chunk)
@@ -351,7 +352,7 @@ class MockUpstream:
                     await asyncio.Event().wait()  # until the client goes (handler_cancellation)
                 if n == sc.error_after:
                     # The status is already 200, so the failure arrives as an event and the stream ends.
-                    error = {"type": "overloaded_error", "message": "Overloaded"}
+                    error = {"type": "overloaded_error", "message": sc.stream_error_message}
                     await resp.write(_sse({"type": "error", "error": error, "request_id": resp.headers["request-id"]}))
                     break
                 await resp.write(_sse(event))

@@ -1,5 +1,6 @@
 """An upstream's error answers, as the errors the client gets: the upstream's status (529
-becomes 503), OpenAI's type and code for it, the upstream's message; and its retry-after."""
+becomes 503), OpenAI's type and code for it, the upstream's message (cut at MAX_ERROR_MESSAGE
+characters); and its retry-after."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
-from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, retry_after
+from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, cut, retry_after
 
 log = logging.getLogger("ezat.errors")
 # The longest wait an upstream's retry-after is believed for: a deployment it cools is tried
@@ -54,8 +55,8 @@ _TYPE_BY_STATUS = {
 
 def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
     """Map an upstream's non-2xx answer to the error the client gets: the upstream's status
-    (529 becomes 503), OpenAI's type and code for it, the upstream's message."""
-    message = _read_anthropic_message(body)
+    (529 becomes 503), OpenAI's type and code for it, the upstream's message, cut if long."""
+    message = cut(_read_anthropic_message(body))
     if status < 400:
         return GatewayError(500, f"The upstream answered with HTTP {status}.", type="server_error")
     if status == 401:

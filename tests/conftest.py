@@ -34,7 +34,8 @@ async def start_gateway(upstream):
     started: list[Gateway] = []
 
     async def start(config: Config | None = None, **app_options) -> Gateway:
-        gateway = await Gateway(build_app(config or make_config(upstream.url), **app_options)).start()
+        config = config or make_config(upstream.url)
+        gateway = await Gateway(build_app(config, **app_options), config.server).start()
         started.append(gateway)
         return gateway
 

@@ -18,7 +18,8 @@ import openai
 from aiohttp import web
 from yarl import URL
 
-from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, StorageConfig
+from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, ServerConfig, StorageConfig
+from gateway.server import app_runner
 from gateway.storage import KeyRecord, LedgerRow, open_store
 
 KEY = "sk-test-key"
@@ -88,11 +89,12 @@ def free_port() -> int:
 
 
 class Gateway:
-    """A gateway app served on a free loopback port, exactly as `ezat-gateway serve` runs it."""
+    """A gateway app served on a free loopback port, exactly as `ezat-gateway serve` runs it (with
+    `server`'s timeouts: its config's, or the defaults)."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, server: ServerConfig = ServerConfig()) -> None:
         self.app = app
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
+        self.runner = app_runner(app, server)
         self.url = ""
 
     async def start(self) -> Gateway:

@@ -11,12 +11,18 @@ connection that never waits (no busy timeout, no automatic checkpoint). When ano
 holds the file, the batch goes to the writer thread, which waits its turn; every
 CHECKPOINT_EVERY batches one goes there behind a checkpoint of the WAL into the file. Money is
 kept as exact decimal strings.
+
+The files are private: a database the store creates is made 0600 before SQLite opens it, and
+SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode
+(its owner chose it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +111,8 @@ class SQLiteStore:
         self._since_checkpoint = 0
 
     async def open(self) -> None:
+        if self.path != ":memory:":
+            _create_private(self.path)
         try:
             await self._writer.open()
             await self._writer.call(_when_unlocked, "PRAGMA journal_mode=WAL")
@@ -249,6 +257,14 @@ class SQLiteStore:
             query += " WHERE " + " AND ".join(where)
         rows = await self._reader.call(_fetch_all, query + " ORDER BY ledger.id", params)
         return [_ledger_row(row) for row in rows]
+
+
+def _create_private(path: str) -> None:
+    """An empty file (SQLite's new database) at `path`, readable by its owner only, unless one is
+    there. (Not the umask around the connect: it is the whole process's, its other threads' files
+    included.) A file that cannot be made is left to SQLite, which says why it cannot open it."""
+    with contextlib.suppress(OSError):  # FileExistsError: an existing database keeps its mode
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _connect(path: str, *pragmas: str) -> sqlite3.Connection:

@@ -17,6 +17,9 @@ from aiohttp import web
 log = logging.getLogger("ezat.errors")
 # Seconds to wait after a 429 or 503 when nothing better is known (the upstream said nothing).
 DEFAULT_RETRY_AFTER = 1
+# The most characters of an upstream's error message passed on: longer than any real one, which
+# passes unchanged, but an upstream's body or stream event could hold megabytes.
+MAX_ERROR_MESSAGE = 4096
 
 
 class GatewayError(web.HTTPException):
@@ -57,6 +60,11 @@ def too_deeply_nested() -> GatewayError:
     return GatewayError(400, "The request nests JSON more than 255 levels deep.")
 
 
+def cut(message: str) -> str:
+    """An upstream's error message, at most MAX_ERROR_MESSAGE characters; one cut ends with "…"."""
+    return message if len(message) <= MAX_ERROR_MESSAGE else message[: MAX_ERROR_MESSAGE - 1] + "…"
+
+
 def error_event(message: str, type: str = "api_error") -> dict[str, Any]:
     """An Anthropic stream's `error` event: how a stream that has begun says it failed."""
     return {"type": "error", "error": {"type": type, "message": message}}
@@ -91,7 +99,7 @@ def stream_error(event: Mapping[str, Any]) -> GatewayError:
     error = event.get("error") or {}
     anthropic_type = error.get("type", "api_error")
     status, type_, code = BY_ANTHROPIC_TYPE.get(anthropic_type, BY_ANTHROPIC_TYPE["api_error"])
-    return GatewayError(status, str(error.get("message") or "upstream error"), type=type_, code=code)
+    return GatewayError(status, cut(str(error.get("message") or "upstream error")), type=type_, code=code)
 
 
 @web.middleware

@@ -1,0 +1,83 @@
+"""The gateway's HTTP server: aiohttp's, but what it answers and logs on its own says nothing a
+request held, nor which versions of Python and aiohttp serve it.
+
+When aiohttp's parser rejects a request (a header line over 8,190 bytes, a control byte in a
+header, a malformed request line), its RequestHandler.handle_error answers with the parser's
+message and logs it at ERROR with a traceback: both quote the request's raw bytes, so a key in
+`Authorization` would be sent back and written to the log. Here such a request gets OpenAI's
+envelope with fixed text, and one log line naming the error's class and the peer.
+
+The keep-alive timeout is also the deadline for a request's headers: aiohttp arms its timer when
+a connection is made, and again when an answer ends, and closes the connection if it fires while
+no whole request has arrived. Data trickling in does not put it off, so a client that never
+finishes its headers holds its connection that long at most. (aiohttp's default is 3,630 s.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+from gateway.config import ServerConfig
+
+log = logging.getLogger("ezat.server")
+
+# Every answer's Server header: the product, never a version (aiohttp's default names Python's
+# and its own, which only helps someone matching them against known flaws).
+SERVER = "ezat-gateway"
+NOT_HTTP = orjson.dumps({"error": {
+    "message": "The request is not valid HTTP.", "type": "invalid_request_error", "param": None, "code": None,
+}})
+
+
+def app_runner(app: web.Application, server: ServerConfig = ServerConfig()) -> web.AppRunner:
+    """`app`'s runner as `ezat-gateway serve` runs it: a handler is cancelled when its client goes,
+    no access log, request bodies left encoded, and `server`'s timeouts."""
+    return _AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        auto_decompress=False,  # size_limit decodes request bodies (and answers 415 for br, zstd…)
+        shutdown_timeout=server.shutdown_timeout_seconds,
+        keepalive_timeout=server.keepalive_timeout_seconds,
+    )
+
+
+async def server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: aiohttp has just set its own Server header (a setdefault)."""
+    response.headers[hdrs.SERVER] = SERVER
+
+
+# The subclasses exist only to reach handle_error: aiohttp has no hook for the answers to requests
+# its parser rejects (they bypass the app's middlewares and its on_response_prepare), and builds
+# its Server, which makes the RequestHandlers, inside AppRunner._make_server.
+
+class _RequestHandler(RequestHandler):
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):  # a handler's exception: aiohttp's 500
+            return super().handle_error(request, status, exc, message)
+        # As aiohttp does, a connection whose first line is no HTTP method (TLS, a port scan) is
+        # only debug noise. The exception's text quotes the request: it is never logged.
+        level = logging.DEBUG if self._request_count == 1 and isinstance(exc, BadHttpMethod) else logging.WARNING
+        log.log(level, "a request that is not valid HTTP (%s) from %s", type(exc).__name__, request.remote)
+        response = web.Response(status=status, body=NOT_HTTP, content_type="application/json",
+                                headers={hdrs.SERVER: SERVER})
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _AppRunner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # starts the app; aiohttp's Server, as it would serve it
+        return _Server(made.request_handler, request_factory=made.request_factory,
+                       handler_cancellation=made.handler_cancellation, loop=made._loop, **made._kwargs)
