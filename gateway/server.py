@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.config import ServerConfig
+from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.server")
 
 # Every answer's Server header: the product, never a version (aiohttp's default names Python's
 # and its own, which only helps someone matching them against known flaws).
 SERVER = "ezat-gateway"
-NOT_HTTP = orjson.dumps({"error": {
-    "message": "The request is not valid HTTP.", "type": "invalid_request_error", "param": None, "code": None,
-}})
+NOT_HTTP = GatewayError(400, "The request is not valid HTTP.").body  # the envelope, fixed text
 
 
 def app_runner(app: web.Application, server: ServerConfig = ServerConfig()) -> web.AppRunner:

@@ -92,12 +92,14 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_upstream_closed(up
         await upstream.wait_disconnect(10)  # the gateway gave up on the client, then the upstream
         # The write blocks once the buffers (the kernel's, aiohttp's) are full: well before 1 s.
         assert time.monotonic() - started < 3.5
-        received = 0
-        with pytest.raises(ConnectionResetError):
+        received = b""
+        try:
             while chunk := await asyncio.wait_for(loop.sock_recv(client, 1 << 20), 5):
-                received += len(chunk)
-            raise ConnectionResetError("closed")  # an orderly close would do too
-        assert received < 16 << 20  # the client got a part of the answer, never the end
+                received = received[-64:] + chunk  # the end is all that matters
+        except ConnectionResetError:
+            pass  # the gateway aborted the connection (an orderly close would do as well)
+        # Dropped mid-stream: the answer never ended (with 16 MB of text, it could not have yet).
+        assert b"data: [DONE]" not in received
     finally:
         client.close()
 
