@@ -165,8 +165,13 @@ class Pricing:  # USD per million tokens
     # (_pricing_problems), so that no price is 0 by omission.
     input: Decimal = _field(Decimal(0), check=_non_negative)
     output: Decimal = _field(Decimal(0), check=_non_negative)
-    cache_write: Decimal = _field(Decimal(0), check=_non_negative)
+    cache_write: Decimal = _field(Decimal(0), check=_non_negative)  # a 5-minute cache's
     cache_read: Decimal = _field(Decimal(0), check=_non_negative)
+    cache_write_1h: Decimal | None = _field(None, check=_non_negative)  # a 1-hour cache's; unset: twice input's
+
+    def __post_init__(self) -> None:
+        if self.cache_write_1h is None:  # the upstream's own price for it: 2x the input price
+            object.__setattr__(self, "cache_write_1h", 2 * self.input)
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,7 @@ class Model:
     id: str = _field(check=_non_empty)  # what clients send
     upstream_model: str = _field(check=_non_empty, fallback=lambda values: values["id"])  # sent upstream
     deployments: tuple[str, ...] = _field(check=_some_deployments)  # in preference order
+    aliases: tuple[str, ...] = _field((), check_each=_non_empty)  # other names clients may send for it
     max_output_tokens: int = _field(64000, check=_positive)
     sampling: bool = False
     efforts: tuple[str, ...] = _field(EFFORTS, check_each=_effort)
@@ -230,7 +236,8 @@ class Config:
     # cached_property writes to the instance __dict__ directly, so it works on a frozen dataclass.
     @cached_property
     def _models_by_id(self) -> dict[str, Model]:
-        return {model.id: model for model in self.models}
+        """Every name a model answers to: its id and its aliases."""
+        return {name: model for model in self.models for name in (*model.aliases, model.id)}
 
     @cached_property
     def _deployments_by_name(self) -> dict[str, Deployment]:
@@ -464,6 +471,7 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
     checked even when it has an unrelated problem."""
     deployment_names = _report_duplicates(data, "deployments", "name", "deployment name", problems)
     _report_duplicates(data, "models", "id", "model id", problems)
+    _report_taken_aliases(data, problems)
     _report_dangling_organizations(data, problems)
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
     if deployment_names is None:
@@ -474,6 +482,20 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
         for j, name in enumerate(references if isinstance(references, list) else []):
             if isinstance(name, str) and name not in deployment_names:
                 problems.append(f'models[{i}].deployments[{j}]: no deployment named "{name}"')
+
+
+def _report_taken_aliases(data: dict[str, Any], problems: list[str]) -> None:
+    """An alias names one model only: no model's id, nor another alias."""
+    models = data.get("models")
+    models = models if isinstance(models, list) else []
+    taken = {m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)}
+    for i, model in enumerate(models):
+        aliases = model.get("aliases") if isinstance(model, dict) else None
+        for j, alias in enumerate(aliases if isinstance(aliases, list) else []):
+            if isinstance(alias, str) and alias in taken:
+                problems.append(f'models[{i}].aliases[{j}]: "{alias}" already names a model')
+            elif isinstance(alias, str):
+                taken.add(alias)
 
 
 def _report_dangling_organizations(data: dict[str, Any], problems: list[str]) -> None:

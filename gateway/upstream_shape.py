@@ -74,8 +74,13 @@ def _readable_usage(usage: Any) -> bool:
         return False
     if not all(_count(usage.get(name)) for name in _COUNTS):
         return False
-    details = usage.get("output_tokens_details", {})
-    return details is None or (isinstance(details, dict) and _count(details.get("thinking_tokens")))
+    return _counts(usage.get("output_tokens_details"), "thinking_tokens") and _counts(
+        usage.get("cache_creation"), "ephemeral_1h_input_tokens")
+
+
+def _counts(details: Any, name: str) -> bool:
+    """A usage's breakdown (absent, or an object whose `name` is a count)."""
+    return details is None or (isinstance(details, dict) and _count(details.get(name)))
 
 
 def _count(value: Any) -> bool:

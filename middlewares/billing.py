@@ -68,6 +68,7 @@ class Bill:
             deployment=self.deployment,
             input_tokens=usage.input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             output_tokens=usage.output_tokens,
             reasoning_tokens=usage.reasoning_tokens,

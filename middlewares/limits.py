@@ -31,7 +31,8 @@ RESERVATION_TTL = 3600.0
 
 
 def limits_middleware(
-    *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None
+    *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None,
+    reserve: bool = True,
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -48,7 +49,9 @@ def limits_middleware(
       at the dearest prices of every model that may answer; and, in the same step, within its
       organization's `organization_balance_usd`, which all the organization's keys share (402
       naming the organization).
-    Without `spending` or `limiter`, those checks are not made.
+    Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
+    requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
+    key's rate: no tokens, place among its running requests or spend are reserved.
 
     `request[SETTLE](usage)`, which billing calls once the row is recorded (the row's commit ends
     the spend reservation), settles the tokens to those used; `SETTLE(None)` gives back both, for
@@ -73,9 +76,10 @@ def limits_middleware(
         for allowed in models:
             if not key.allows(allowed.id):
                 raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error")
-        limit = key.spend_limit_usd if spending is not None else None
-        balance = key.organization_balance_usd if spending is not None else None
-        tokens = limiter is not None and bool(key.tpm)
+        spends = reserve and spending is not None
+        limit = key.spend_limit_usd if spends else None
+        balance = key.organization_balance_usd if spends else None
+        tokens = reserve and limiter is not None and bool(key.tpm)
         input_tokens = output_tokens = 0
         if tokens or limit is not None or balance is not None:  # estimated only where a limit needs it
             input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model)
@@ -94,7 +98,7 @@ def limits_middleware(
         # From here on the request holds something: whatever ends it (a refusal below, the
         # store failing, a cancellation, an error in a later stage) gives back what it holds.
         try:
-            if limiter is not None and key.max_concurrent:
+            if reserve and limiter is not None and key.max_concurrent:
                 wait = await limiter.enter(key, rid)
                 if wait:
                     raise GatewayError(
@@ -160,7 +164,7 @@ def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens:
     """USD at the dearest of any model that may answer: each input token at its dearest kind
     (a cache write costs more than plain input)."""
     return max(
-        input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_read)
+        input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_write_1h, m.pricing.cache_read)
         + min(output_tokens, m.max_output_tokens) * m.pricing.output
         for m in models
     ) / PER_MILLION

@@ -307,6 +307,7 @@ def totals(rows) -> dict:
         "requests": len(rows),
         "input_tokens": sum(r.input_tokens for r in rows),
         "cache_write_tokens": sum(r.cache_write_tokens for r in rows),
+        "cache_write_1h_tokens": sum(r.cache_write_1h_tokens for r in rows),
         "cache_read_tokens": sum(r.cache_read_tokens for r in rows),
         "output_tokens": sum(r.output_tokens for r in rows),
         "reasoning_tokens": sum(r.reasoning_tokens for r in rows),

@@ -71,6 +71,8 @@ SQLITE = [
     ALTER TABLE keys ADD COLUMN organization_id INTEGER NOT NULL DEFAULT 1;
     ALTER TABLE reservations ADD COLUMN organization_id INTEGER NOT NULL DEFAULT 1;
     """,
+    # Of a request's cache writes, those for an hour, priced apart from the 5-minute ones.
+    "ALTER TABLE ledger ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0",
 ]
 
 POSTGRES = [
@@ -141,6 +143,8 @@ POSTGRES = [
     ALTER TABLE reservations ADD COLUMN organization_id BIGINT NOT NULL DEFAULT 1;
     CREATE INDEX reservations_by_organization ON reservations (organization_id, expires_at);
     """,
+    # Of a request's cache writes, those for an hour, priced apart from the 5-minute ones.
+    "ALTER TABLE ledger ADD COLUMN cache_write_1h_tokens BIGINT NOT NULL DEFAULT 0",
 ]
 
 # Key columns a caller may set, in the order both stores read them back.

@@ -16,8 +16,9 @@ class Pricing(Protocol):
 
     input: Decimal
     output: Decimal
-    cache_write: Decimal
+    cache_write: Decimal  # a 5-minute cache's write
     cache_read: Decimal
+    cache_write_1h: Decimal  # a 1-hour cache's write
 
 
 class ModelSpec(Protocol):

@@ -66,3 +66,4 @@ class LedgerRow(NamedTuple):
     outcome: Outcome
     started_at: datetime
     finished_at: datetime
+    cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour

@@ -21,10 +21,11 @@ def estimate_tokens(chars: int) -> int:
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0  # uncached input
-    cache_write_tokens: int = 0
+    cache_write_tokens: int = 0  # for 5 minutes and for an hour
     cache_read_tokens: int = 0
     output_tokens: int = 0  # reasoning included
     reasoning_tokens: int = 0
+    cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour (dearer)
 
     @classmethod
     def from_anthropic(cls, usage: dict[str, Any], thinking_chars: int = 0, output_chars: int = 0) -> Usage:
@@ -39,12 +40,15 @@ class Usage:
         reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
         if reasoning is None:
             reasoning = estimate_tokens(thinking_chars)
+        cache_write = usage.get("cache_creation_input_tokens") or 0
         return cls(
             input_tokens=usage.get("input_tokens") or 0,
-            cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+            cache_write_tokens=cache_write,
             cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
             output_tokens=output,
             reasoning_tokens=min(reasoning, output),
+            cache_write_1h_tokens=min((usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0,
+                                      cache_write),
         )
 
     @classmethod
@@ -73,7 +77,8 @@ class Usage:
         """Exact USD: each kind of token at its price per million."""
         return (
             self.input_tokens * pricing.input
-            + self.cache_write_tokens * pricing.cache_write
+            + (self.cache_write_tokens - self.cache_write_1h_tokens) * pricing.cache_write
+            + self.cache_write_1h_tokens * pricing.cache_write_1h
             + self.cache_read_tokens * pricing.cache_read
             + self.output_tokens * pricing.output
         ) / PER_MILLION
