@@ -9,7 +9,8 @@ from aiohttp import web
 from gateway.catalog import catalog_handlers
 from gateway.config import Config
 from gateway.ledger import Ledger
-from gateway.proxy import NON_STREAMING_DEADLINE, proxy_handler
+from gateway.health import Health
+from gateway.proxy import NON_STREAMING_DEADLINE, count_tokens_handler, proxy_handler
 from gateway.ratelimit import rate_limiter
 from gateway.server import server_header
 from gateway.storage import Store, open_store
@@ -22,10 +23,11 @@ from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core.chain import checked
 from middlewares.core.context import request_id
-from middlewares.core.errors import error_envelope, error_event
+from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
 from middlewares.core.sizes import MiB
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
+from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
@@ -66,28 +68,42 @@ def build_app(
         connections_per_host=settings.connections_per_host,
     )
 
-    bounds = config.bounds
+    size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
+    bounds = bounds_middleware(
+        max_messages=config.bounds.max_messages,
+        max_content_parts=config.bounds.max_content_parts,
+        max_tools=config.bounds.max_tools,
+        max_stop=config.bounds.max_stop,
+        max_schema_depth=config.bounds.max_schema_depth,
+    )
+    limits = limits_middleware(find_model=config.model, spending=spending, limiter=limiter)
+    billing = billing_middleware(record=ledger.record)
     openai_chain = [
-        auth,
-        size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
-        bounds_middleware(
-            max_messages=bounds.max_messages,
-            max_content_parts=bounds.max_content_parts,
-            max_tools=bounds.max_tools,
-            max_stop=bounds.max_stop,
-            max_schema_depth=bounds.max_schema_depth,
-        ),
-        refusals_middleware(),
-        limits_middleware(find_model=config.model, spending=spending, limiter=limiter),
-        images,
-        cache_breakpoints_middleware(),
-        translator_middleware(),
-        billing_middleware(record=ledger.record),
+        auth, size_limit, bounds, refusals_middleware(), limits, images, cache_breakpoints_middleware(),
+        translator_middleware(), billing,
+    ]
+    # Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md).
+    anthropic_images = images.for_api("anthropic")
+    messages_chain = [
+        anthropic_error_envelope, auth, size_limit, bounds, limits, anthropic_images,
+        cache_breakpoints_middleware(api="anthropic"), native_middleware(), billing,
+    ]
+    count_tokens_chain = [
+        anthropic_error_envelope, auth, size_limit, bounds,
+        limits_middleware(find_model=config.model, limiter=limiter, reserve=False), anthropic_images,
     ]
     streams = OpenStreams(ping_interval, config.server.write_timeout_seconds)
-    proxy = proxy_handler(config, upstream, non_streaming_deadline=non_streaming_deadline, streams=streams)
-    chat_completions = chain(openai_chain, proxy)
-    healthz, list_models, model_catalog = catalog_handlers(config)
+    health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
+                    cooldown=config.routing.cooldown_seconds)  # one for every route: the deployments are the same
+    proxy = partial(proxy_handler, config, upstream, health=health, non_streaming_deadline=non_streaming_deadline,
+                    streams=streams)
+    chat_completions = chain(openai_chain, proxy())
+    messages = chain(messages_chain, proxy(native=True))
+    count_tokens = chain(count_tokens_chain, count_tokens_handler(config, upstream, health=health))
+    healthz, list_models, one_model, model_catalog = catalog_handlers(config)
+    # The model list and a model speak the API of whoever asks: errors too.
+    list_models = chain([errors_as_the_client_speaks, auth], list_models)
+    one_model = chain([errors_as_the_client_speaks, auth], one_model)
 
     async def storage(app: web.Application):
         await store.open()
@@ -116,10 +132,15 @@ def build_app(
     app.on_response_prepare.append(_request_id_headers)
     app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)
-    app.router.add_post("/openai/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/openai/v1/models", chain([auth], list_models))
-    app.router.add_get("/v1/models", chain([auth], list_models))
+    for prefix in ("", "/openai"):
+        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
+    for prefix in ("", "/anthropic"):
+        app.router.add_post(prefix + "/v1/messages", messages)
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
+    for prefix in ("", "/openai", "/anthropic"):
+        app.router.add_get(prefix + "/v1/models", list_models)
+        app.router.add_get(prefix + "/v1/models/{model:.+}", one_model)  # ids hold a slash
+    app.router.add_route("*", "/anthropic/{path:.*}", chain([anthropic_error_envelope], _not_found))
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
     return app
@@ -127,6 +148,19 @@ def build_app(
 
 STORE = web.AppKey("ezat.store", Store)
 SHUTTING_DOWN = error_event("The gateway is shutting down; send the request again.")
+
+
+@web.middleware
+async def errors_as_the_client_speaks(request: web.Request, handler) -> web.StreamResponse:
+    """Anthropic's error envelope for a client of Anthropic's API (it sends `anthropic-version`,
+    or asks under /anthropic), OpenAI's for the others."""
+    if "anthropic-version" in request.headers or request.path.startswith("/anthropic/"):
+        return await anthropic_error_envelope(request, handler)
+    return await handler(request)
+
+
+async def _not_found(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,11 +1,15 @@
 """The proxy handler: sends the (already Anthropic-shaped) request to a deployment and returns
-the reply unsent, for the stages to translate and bill on the way out.
+the reply unsent, for the stages to translate and bill on the way out; and the count_tokens
+handler, which forwards a request to a deployment's own count and answers as it answers.
 
 Nothing reaches the client before the upstream has produced output, so a failed attempt is
 invisible: deployments are tried in routing order (skipping cooled-down ones), then the
 request's fallback models, until one answers or the attempts run out. A connection failure, a
 timeout before the first token, 429 or a 5xx moves on; a request the upstream refuses as
 invalid (other 4xx) is answered at once.
+
+On the routes that speak Anthropic's API (`native`), the client's `anthropic-version` and
+`anthropic-beta` headers and its `beta` query go upstream as it sent them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from gateway.config import Config, Deployment, Model
 from gateway.health import Health
 from gateway.routing import affinity, ranked
 from gateway.streams import OpenStreams
-from gateway.upstream import UpstreamClient, UpstreamEvents
+from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents
 from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message
 from middlewares.core.chain import Stage
@@ -42,16 +46,17 @@ def proxy_handler(
     health: Health | None = None,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     streams: OpenStreams | None = None,
+    native: bool = False,
 ):
     health = health or Health(
         failures_before_cooldown=config.routing.failures_before_cooldown, cooldown=config.routing.cooldown_seconds
     )
 
-    async def stream(deployment: Deployment, body: dict[str, Any]) -> EventStreamReply:
+    async def stream(deployment: Deployment, body: dict[str, Any], forward: Forward) -> EventStreamReply:
         try:
             async with asyncio.timeout(deployment.first_token_timeout_seconds):
                 events = UpstreamEvents(
-                    await upstream.post(deployment, body),
+                    await upstream.post(deployment, body, **forward),
                     idle_timeout=deployment.stream_idle_timeout_seconds,
                     max_duration=deployment.max_stream_duration_seconds,
                 )
@@ -65,9 +70,9 @@ def proxy_handler(
             ) from None
         return EventStreamReply(events, streams=streams)
 
-    async def message(deployment: Deployment, body: dict[str, Any]) -> MessageReply:
+    async def message(deployment: Deployment, body: dict[str, Any], forward: Forward) -> MessageReply:
         try:
-            async with await upstream.post(deployment, body) as response:
+            async with await upstream.post(deployment, body, **forward) as response:
                 raw = await response.read()
         except (aiohttp.ClientError, OSError):
             raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
@@ -83,36 +88,17 @@ def proxy_handler(
         body = request[BODY]
         asked = request[MODEL]
         models = [asked, *request.get(FALLBACK_MODELS, ())]
-        attempt = stream if body.get("stream") else message
-        attempts, error = config.routing.max_attempts, None
         # Worked out only when there is a deployment to choose (the digest costs a serialisation).
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
-        for model in models:
-            upstream_body = _for_model(body, model, asked)
-            deployments = ranked(model.deployments, stick_by)
-            usable = health.available(deployments)
-            if not usable:
-                error = error or _all_cooling(health.cooling_ends(deployments))
-            for name in usable:
-                if attempts == 0:
-                    raise error
-                attempts -= 1
-                try:
-                    reply = await attempt(config.deployment(name), upstream_body)
-                except GatewayError as failure:
-                    if failure.status not in RETRYABLE:
-                        raise
-                    health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
-                    error = failure
-                    continue
-                health.succeeded(name)
-                request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
-                reply.headers["x-ezat-model"] = model.id
-                if model is not asked:
-                    reply.headers["x-ezat-routed-from"] = asked.id
-                return reply
-        raise error
+        tries = ((model, _for_model(body, model, asked)) for model in models)
+        reply, name, model = await first_of(config, health, tries, stream if body.get("stream") else message,
+                                            stick_by, _forwarded(request) if native else {})
+        request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
+        reply.headers["x-ezat-model"] = model.id
+        if model is not asked:
+            reply.headers["x-ezat-routed-from"] = asked.id
+        return reply
 
     async def proxy(request: web.Request) -> web.StreamResponse:
         """Requires `request[BODY]`, an Anthropic Messages request, and `request[MODEL]`."""
@@ -133,13 +119,83 @@ def proxy_handler(
     return proxy
 
 
+def count_tokens_handler(config: Config, upstream: UpstreamClient, *, health: Health):
+    """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
+    the first of its deployments that answers, as it answers: never a count made up here, and
+    no fallback model stands in (its count would be another model's)."""
+
+    async def count(deployment: Deployment, body: dict[str, Any], forward: Forward) -> web.Response:
+        try:
+            async with await upstream.post(deployment, body, path=COUNT_TOKENS, **forward) as response:
+                raw = await response.read()
+        except (aiohttp.ClientError, OSError):
+            raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
+        try:
+            counted = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            counted = None
+        tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
+        if type(tokens) is not int or tokens < 0:
+            raise GatewayError(500, "The upstream sent a count the gateway cannot read.", type="server_error")
+        return web.Response(body=raw, content_type="application/json")
+
+    async def count_tokens(request: web.Request) -> web.StreamResponse:
+        model = request[MODEL]
+        body = {**request[BODY], "model": model.upstream_model}
+        answer, _, _ = await first_of(config, health, [(model, body)], count, None, _forwarded(request))
+        return answer
+
+    count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}))
+    return count_tokens
+
+
+async def first_of(config: Config, health: Health, tries, attempt, stick_by: str | None, forward: Forward):
+    """The first answer of `attempt` over each (model, upstream body) of `tries` in turn and
+    that model's usable deployments, within max_attempts: (reply, deployment, model)."""
+    attempts, error = config.routing.max_attempts, None
+    for model, upstream_body in tries:
+        deployments = ranked(model.deployments, stick_by)
+        usable = health.available(deployments)
+        if not usable:
+            error = error or _all_cooling(health.cooling_ends(deployments))
+        for name in usable:
+            if attempts == 0:
+                raise error
+            attempts -= 1
+            try:
+                reply = await attempt(config.deployment(name), upstream_body, forward)
+            except GatewayError as failure:
+                if failure.status not in RETRYABLE:
+                    raise
+                health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
+                error = failure
+                continue
+            health.succeeded(name)
+            return reply, name, model
+    raise error
+
+
+# What a client of Anthropic's API sends that goes upstream with its request, as sent.
+FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
+Forward = dict[str, dict[str, str]]  # upstream.post's `headers` and `query`
+
+
+def _forwarded(request: web.Request) -> Forward:
+    headers = {name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))}
+    beta = request.query.get("beta")
+    return {"headers": headers, "query": {"beta": beta} if beta is not None else {}}
+
+
 def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, Any]:
     """The upstream request for `model`: a fallback gets what it supports of the asked one's."""
     upstream_body = {**body, "model": model.upstream_model}
     if model is asked:
         return upstream_body
-    upstream_body["max_tokens"] = min(body["max_tokens"], model.max_output_tokens)
-    effort = (body.get("output_config") or {}).get("effort")
+    asked_tokens = body.get("max_tokens")
+    if type(asked_tokens) is int:  # else the upstream says what is wrong with it
+        upstream_body["max_tokens"] = min(asked_tokens, model.max_output_tokens)
+    output_config = body.get("output_config")
+    effort = output_config.get("effort") if isinstance(output_config, dict) else None
     if effort is not None and effort not in model.efforts:
         rest = {k: v for k, v in body["output_config"].items() if k != "effort"}
         if rest:

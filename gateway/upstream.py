@@ -24,6 +24,8 @@ from middlewares.core.usage import StreamUsage
 log = logging.getLogger("ezat.upstream")
 
 ANTHROPIC_VERSION = "2023-06-01"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
@@ -43,8 +45,8 @@ class UpstreamClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
-        # Per deployment, made once: the URL, the headers and the timeout of every request.
-        self._targets: dict[Deployment, tuple[URL, dict[str, str], aiohttp.ClientTimeout]] = {}
+        # Per deployment and path, made once: the URL, the headers and the timeout of every request.
+        self._targets: dict[tuple[Deployment, str], tuple[URL, dict[str, str], aiohttp.ClientTimeout]] = {}
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pool lives as long as the app."""
@@ -57,17 +59,25 @@ class UpstreamClient:
         yield
         await self._session.close()
 
-    async def post(self, deployment: Deployment, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        """POST {base_url}/v1/messages; a non-2xx answer is raised as the client's error."""
+    async def post(
+        self, deployment: Deployment, body: dict[str, Any], *, path: str = MESSAGES,
+        headers: dict[str, str] | None = None, query: dict[str, str] | None = None,
+    ) -> aiohttp.ClientResponse:
+        """POST {base_url}{path}; `headers` (a client's own anthropic-version or anthropic-beta)
+        go with the deployment's, and `query` on the URL. A non-2xx answer is raised as the
+        client's error."""
         assert self._session is not None, "UpstreamClient.lifespan is not running"
-        target = self._targets.get(deployment)
+        target = self._targets.get((deployment, path))
         if target is None:
-            target = self._targets[deployment] = (
-                URL(deployment.base_url + "/v1/messages"),  # parsed once, not per request
+            target = self._targets[(deployment, path)] = (
+                URL(deployment.base_url + path),  # parsed once, not per request
                 {"x-api-key": deployment.api_key, "anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"},
                 aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
             )
-        url, headers, timeout = target
+        url, fixed, timeout = target
+        headers = {**fixed, **headers} if headers else fixed
+        if query:
+            url = url.with_query(query)
         try:
             data = orjson.dumps(body)
         except orjson.JSONEncodeError:

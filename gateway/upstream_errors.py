@@ -12,7 +12,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
-from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, cut, retry_after
+from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, anthropic_type, cut, retry_after
 
 log = logging.getLogger("ezat.errors")
 # The longest wait an upstream's retry-after is believed for: a deployment it cools is tried
@@ -40,23 +40,12 @@ def retry_after_seconds(value: str | None) -> float | None:
     return min(seconds, MAX_RETRY_AFTER)
 
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
 def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> GatewayError:
     """Map an upstream's non-2xx answer to the error the client gets: the upstream's status
-    (529 becomes 503), OpenAI's type and code for it, the upstream's message, cut if long."""
-    message = cut(_read_anthropic_message(body))
+    (529 becomes 503), OpenAI's type and code for it, the upstream's message, cut if long. On
+    Anthropic's API the status and type stay the upstream's own."""
+    kind, message = _read_anthropic_error(body)
+    message = cut(message)
     if status < 400:
         return GatewayError(500, f"The upstream answered with HTTP {status}.", type="server_error")
     if status == 401:
@@ -64,8 +53,7 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
         # "invalid_api_key" would send the client after the wrong key.
         log.error("upstream rejected the gateway's credentials: %s", message)
         return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
-    anthropic_type = _TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    _, type_, code = BY_ANTHROPIC_TYPE[anthropic_type]
+    _, type_, code = BY_ANTHROPIC_TYPE[anthropic_type(status)]
     if code is None and message.startswith("prompt is too long"):
         code = "context_length_exceeded"
     wait = retry_after_seconds(headers.get("retry-after"))  # passed on as whole seconds, if usable
@@ -76,11 +64,15 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
         code=code,
         param="model" if code == "model_not_found" else None,
         headers=retry_after(wait) if wait is not None else None,
+        anthropic=(status, kind or anthropic_type(status)),
     )
 
 
-def _read_anthropic_message(body: bytes) -> str:
+def _read_anthropic_error(body: bytes) -> tuple[str | None, str]:
+    """The type (None when it has none) and message of an upstream's error body."""
     try:
-        return str(orjson.loads(body)["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace").strip() or "upstream error"
+        error = orjson.loads(body)["error"]
+        kind = error.get("type")
+        return (kind if isinstance(kind, str) and 0 < len(kind) <= 64 else None), str(error["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None, body[:200].decode("utf-8", "replace").strip() or "upstream error"

@@ -8,6 +8,10 @@ tools, OpenRouter style) keeps them and gets none added.
 
 The stage also names the conversation for routing: `x-ezat-session`, else `prompt_cache_key`
 (routing falls back on the stable prefix), so requests that can share a cache go to one deployment.
+
+On Anthropic's Messages API (`api="anthropic"`) the same two go on the last block of `system` (or
+the last tool) and on the newest message's last block; a request with a `cache_control` of its
+own anywhere, top-level automatic caching included, keeps its own.
 """
 
 from __future__ import annotations
@@ -28,19 +32,24 @@ MAX_CACHE_KEY = 256
 EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minutes
 
 
-def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024):
-    """Adds the automatic breakpoints to `request[BODY]`, an OpenAI chat completion request,
-    and sets `request[SESSION]`. The model's `min_cache_tokens` (`request[MODEL]`, when a stage
-    before this one resolved it; `min_cache_tokens` here otherwise) is the shortest prompt its
-    cache takes: 0 means it has none."""
+def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "openai"):
+    """Adds the automatic breakpoints to `request[BODY]`, an OpenAI chat completion request (or,
+    with `api="anthropic"`, an Anthropic Messages request), and sets `request[SESSION]`. The
+    model's `min_cache_tokens` (`request[MODEL]`, when a stage before this one resolved it;
+    `min_cache_tokens` here otherwise) is the shortest prompt its cache takes: 0 means it has none."""
     if not isinstance(min_cache_tokens, int) or min_cache_tokens < 0:
         raise ValueError("cache_breakpoints_middleware: min_cache_tokens must be 0 or more")
+    if api not in ("openai", "anthropic"):
+        raise ValueError('cache_breakpoints_middleware: api must be "openai" or "anthropic"')
+    scan, mark_prefix, mark_newest = (_scan, _mark_prefix, _mark_newest_message) if api == "openai" else (
+        _scan_anthropic, _mark_anthropic_prefix, _mark_anthropic_newest_message)
+    session = _session if api == "openai" else _anthropic_session
 
     @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,))
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
-        request[SESSION] = _session(request, body)
-        placed, media = _scan(body)
+        request[SESSION] = session(request, body)
+        placed, media = scan(body)
         if placed > MAX_BREAKPOINTS:
             raise invalid_request(
                 f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
@@ -56,8 +65,8 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024):
             # image's or a PDF's tokens follow its pixels and pages, not its bytes (nor its URL).
             and (media or _most_tokens(request, body) >= least)
         ):
-            _mark_prefix(body)
-            _mark_newest_message(body)
+            mark_prefix(body)
+            mark_newest(body)
         return await handler(request)
 
     return cache_breakpoints
@@ -132,3 +141,70 @@ def _mark_last_part(message: dict[str, Any]) -> None:
         if isinstance(part, dict) and not (part.get("type") == "text" and not str(part.get("text", "")).strip()):
             part["cache_control"] = dict(EPHEMERAL)
             return
+
+
+# --- Anthropic's Messages API: system and tools at the top, blocks in every message.
+
+_ANTHROPIC_MEDIA = ("image", "document")
+# Blocks that take no breakpoint of their own (the upstream refuses one there).
+_UNMARKABLE = ("thinking", "redacted_thinking")
+
+
+def _anthropic_session(request: web.Request, body: dict[str, Any]) -> str | None:
+    return request.headers.get("x-ezat-session") or None
+
+
+def _blocks(content: Any) -> list[Any]:
+    return content if isinstance(content, list) else []
+
+
+def _scan_anthropic(body: dict[str, Any]) -> tuple[int, bool]:
+    """The breakpoints the request placed itself (top-level automatic caching counts as one),
+    and whether it holds an image or a document."""
+    count = int(body.get("cache_control") is not None)
+    count += sum(1 for item in (*_blocks(body.get("tools")), *_blocks(body.get("system"))) if _marked(item))
+    media = False
+    for message in _messages(body):
+        for block in _blocks(message.get("content")):
+            count += _marked(block)
+            if isinstance(block, dict):
+                media = media or block.get("type") in _ANTHROPIC_MEDIA
+                if block.get("type") == "tool_result":
+                    inner = _blocks(block.get("content"))
+                    count += sum(1 for part in inner if _marked(part))
+                    media = media or any(isinstance(part, dict) and part.get("type") in _ANTHROPIC_MEDIA for part in inner)
+    return count, media
+
+
+def _mark_anthropic_prefix(body: dict[str, Any]) -> None:
+    system = body.get("system")
+    if isinstance(system, str) and system.strip():
+        body["system"] = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
+    elif not (isinstance(system, list) and _mark_last_block(system)):
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
+            tools[-1]["cache_control"] = dict(EPHEMERAL)
+
+
+def _mark_anthropic_newest_message(body: dict[str, Any]) -> None:
+    messages = _messages(body)
+    if not messages:
+        return
+    newest = messages[-1]
+    content = newest.get("content")
+    if isinstance(content, str) and content.strip():
+        newest["content"] = [{"type": "text", "text": content, "cache_control": dict(EPHEMERAL)}]
+    elif isinstance(content, list):
+        _mark_last_block(content)
+
+
+def _mark_last_block(blocks: list[Any]) -> bool:
+    """Put the breakpoint on the last block that can take one; False when none can."""
+    for block in reversed(blocks):
+        if not isinstance(block, dict) or block.get("type") in _UNMARKABLE:
+            continue
+        if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
+            continue
+        block["cache_control"] = dict(EPHEMERAL)
+        return True
+    return False

@@ -51,12 +51,14 @@ async def test_catalog(gateway):
         "id": MODEL,
         "object": "model",
         "owned_by": "anthropic",
+        "aliases": [],
         "capabilities": {
             "sampling": False,
             "efforts": ["low", "medium", "high", "xhigh", "max"],
             "forced_tool_choice": True,
         },
         "limits": {"max_output_tokens": 64000, "min_cache_tokens": 1024},
-        "pricing": {"input": "3", "output": "15", "cache_write": "3.75", "cache_read": "0.30"},
+        # The 1-hour cache's write, not configured here: twice the input price, as the upstream charges.
+        "pricing": {"input": "3", "output": "15", "cache_write": "3.75", "cache_read": "0.30", "cache_write_1h": "6"},
     }
     assert catalog["data"][1]["limits"]["max_output_tokens"] == 4096

@@ -1,7 +1,9 @@
-"""Errors in OpenAI's envelope, with the statuses and codes the gateway's API promises.
+"""Errors in OpenAI's envelope, with the statuses and codes the gateway's API promises, or in
+Anthropic's on the routes that speak Anthropic's API.
 
 `GatewayError` is an aiohttp HTTP exception, so any stage can raise it and any aiohttp app that
-mounts the stage renders it, with no error middleware of ours.
+mounts the stage renders it, with no error middleware of ours (in OpenAI's envelope; an app whose
+route speaks Anthropic's API mounts `anthropic_error_envelope` in front).
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from middlewares.core.context import request_id
+
 log = logging.getLogger("ezat.errors")
 # Seconds to wait after a 429 or 503 when nothing better is known (the upstream said nothing).
 DEFAULT_RETRY_AFTER = 1
 # The most characters of an upstream's error message passed on: longer than any real one, which
 # passes unchanged, but an upstream's body or stream event could hold megabytes.
 MAX_ERROR_MESSAGE = 4096
+
+
+_BODY_HEADERS = frozenset({"content-type", "content-length"})  # the envelope's own, made anew
 
 
 class GatewayError(web.HTTPException):
@@ -32,14 +39,36 @@ class GatewayError(web.HTTPException):
         code: str | None = None,
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
+        anthropic: tuple[int, str] | None = None,
     ) -> None:
         self.status_code = status  # per instance: one class serves every status
         super().__init__(headers=headers, content_type="application/json")
         self.message, self.type, self.code, self.param = message, type, code, param
+        # The status and error type on Anthropic's API, where they are not the ones for `status`
+        # (an upstream's own, passed on unchanged).
+        self.anthropic = anthropic
         self.body = orjson.dumps({"error": self.payload()})
 
     def payload(self) -> dict[str, Any]:
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    def anthropic_status_and_type(self) -> tuple[int, str]:
+        """How Anthropic's API says this error: its type, and the status that goes with it (an
+        overload is 529 there, which Anthropic's clients know and retry)."""
+        if self.anthropic is not None:
+            return self.anthropic
+        kind = anthropic_type(self.status)
+        return (529 if kind == "overloaded_error" else self.status), kind
+
+    def as_anthropic(self, request_id: str) -> GatewayError:
+        """This error in Anthropic's envelope, `request_id` in it as Anthropic's API puts it."""
+        status, kind = self.anthropic_status_and_type()
+        headers = {name: value for name, value in self.headers.items() if name.lower() not in _BODY_HEADERS}
+        error = GatewayError(status, self.message, type=self.type, code=self.code, param=self.param,
+                             headers=headers, anthropic=(status, kind))
+        error.body = orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message},
+                                   "request_id": request_id})
+        return error
 
     def __str__(self) -> str:
         return f"{self.status} {self.message}"
@@ -79,6 +108,27 @@ def model_not_found(name: object) -> GatewayError:
     )
 
 
+# Status → Anthropic's error type for it; a status not here is `api_error` from 500 up, else
+# `invalid_request_error` (Anthropic's own choice for the 4xx it has no type for).
+ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    return ANTHROPIC_TYPE_BY_STATUS.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+
+
 # Anthropic error type → (status the client gets, OpenAI type, OpenAI code). The status is the
 # Anthropic API's own, except 529 → 503 (OpenAI's clients know no 529).
 BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
@@ -95,11 +145,14 @@ BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
 
 
 def stream_error(event: Mapping[str, Any]) -> GatewayError:
-    """An `error` event from an upstream stream, as the error the client gets."""
+    """An `error` event from an upstream stream, as the error the client gets (on Anthropic's
+    API, with the upstream's own type)."""
     error = event.get("error") or {}
-    anthropic_type = error.get("type", "api_error")
-    status, type_, code = BY_ANTHROPIC_TYPE.get(anthropic_type, BY_ANTHROPIC_TYPE["api_error"])
-    return GatewayError(status, cut(str(error.get("message") or "upstream error")), type=type_, code=code)
+    kind = error.get("type")
+    kind = kind if isinstance(kind, str) and kind else "api_error"
+    status, type_, code = BY_ANTHROPIC_TYPE.get(kind, BY_ANTHROPIC_TYPE["api_error"])
+    return GatewayError(status, cut(str(error.get("message") or "upstream error")), type=type_, code=code,
+                        anthropic=(529 if kind == "overloaded_error" else status, kind))
 
 
 @web.middleware
@@ -109,7 +162,7 @@ async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except GatewayError as exc:
-        if exc.status in (429, 503) and "retry-after" not in exc.headers:
+        if exc.status in (429, 503, 529) and "retry-after" not in exc.headers:
             # docs/api.md, "Errors": both say to wait for retry-after seconds, so there always is one.
             # (Added here, not when the error is made: routing cools a deployment down for
             # what the upstream itself said.)
@@ -122,6 +175,26 @@ async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         raise GatewayError(500, "The gateway failed to handle the request.", type="server_error") from None
+
+
+@web.middleware
+async def anthropic_error_envelope(request: web.Request, handler) -> web.StreamResponse:
+    """For a route that speaks Anthropic's API: every error leaves in Anthropic's envelope,
+    `{"type": "error", "error": {"type", "message"}, "request_id"}`, with Anthropic's status for
+    it; aiohttp's own (404, 405) and anything unexpected too, never as an HTML page or a traceback."""
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        raise exc.as_anthropic(request_id(request)) from None
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = GatewayError(exc.status, exc.reason, type=_type_for(exc.status), headers=_allow(exc))
+        raise error.as_anthropic(request_id(request)) from None
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        error = GatewayError(500, "The gateway failed to handle the request.", type="server_error")
+        raise error.as_anthropic(request_id(request)) from None
 
 
 def _type_for(status: int) -> str:

@@ -16,12 +16,13 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from middlewares.core.errors import GatewayError, error_event
+from middlewares.core.errors import MAX_ERROR_MESSAGE, GatewayError, cut, error_event
 from middlewares.core.usage import StreamUsage, Usage
 
 log = logging.getLogger("ezat.reply")
 
-PING = b": ping\n\n"
+PING = b": ping\n\n"  # an SSE comment: OpenAI's clients skip it
+ANTHROPIC_PING = b'event: ping\ndata: {"type":"ping"}\n\n'  # Anthropic's own, which its clients know
 INTERNAL_ERROR = error_event("The gateway failed mid-stream.")
 
 
@@ -41,6 +42,7 @@ class MessageReply(web.Response):
 
 class EventEncoder(Protocol):
     finished: bool  # the last batch encoded ended the stream
+    ping: bytes  # what keeps a quiet stream alive, in the encoder's framing
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         """The bytes to send for a batch of upstream events (b"" when none)."""
@@ -66,15 +68,35 @@ class EventSource(EventStream, Protocol):
 
 
 class AnthropicSSE:
-    """Anthropic's own SSE framing: what a stream sends when no stage translates it."""
+    """Anthropic's own SSE framing: what a stream sends when no stage translates it. With
+    `model`, the message is said to be that model's (the name the client asked by, not the
+    upstream's); an error's message is cut to a bounded length."""
 
     finished = False
+    ping = ANTHROPIC_PING
+
+    def __init__(self, model: str | None = None) -> None:
+        self._model = model
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         self.finished = bool(batch) and batch[-1]["type"] in ("message_stop", "error")
-        return b"".join(
-            b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n" for event in batch
-        )
+        return b"".join(_sse(self._outgoing(event)) for event in batch)
+
+    def _outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
+        kind = event["type"]
+        if kind == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
+            return {**event, "message": {**event["message"], "model": self._model}}
+        if kind == "error":
+            error = event.get("error") or {}
+            message = error.get("message")
+            if isinstance(message, str) and len(message) > MAX_ERROR_MESSAGE:
+                return {**event, "error": {**error, "message": cut(message)}}
+        return event
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    # The event's name is its type, as on Anthropic's API.
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class StreamRegistry(Protocol):
@@ -137,7 +159,7 @@ class EventStreamReply(web.StreamResponse):
         if self._ending:  # the body's terminator is (being) written: nothing may follow it
             return
         try:
-            await self.write(PING)  # whole writes: never inside another chunk
+            await self.write(self.encoder.ping)  # whole writes: never inside another chunk
         except (ConnectionError, RuntimeError):
             pass  # the stream ended meanwhile
 

@@ -1,6 +1,8 @@
 """The images stage: http(s) image URLs are downloaded and sent inline, since the models take
 images only inline; data URLs must hold the image type they name. Every failure is a 400 naming
 the part, e.g. `messages[0].content[2].image_url.url: could not download the image (HTTP 404)`.
+On Anthropic's Messages API (`api="anthropic"`) the same holds for image and PDF document blocks
+whose source is a `url` (in a tool result too): each becomes a base64 source.
 
 The stage owns one connection pool for its downloads: an app that mounts it adds
 `stage.cleanup_ctx` to its `app.cleanup_ctx`, which opens the pool on startup and closes it on
@@ -14,8 +16,9 @@ import base64
 import binascii
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -45,6 +48,7 @@ def images_middleware(
     downloads_per_key: int = 16,
     connections_per_host: int = 32,
     resolver=None,
+    api: str = "openai",
 ):
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
@@ -55,7 +59,9 @@ def images_middleware(
     `downloads_per_key` of all the requests of one key (`request[API_KEY]`, when a stage before
     sets it), and the pool opens `connections_per_host` to one host: one key's flood of image
     URLs cannot take every download, nor one slow host every connection.
-    `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests."""
+    `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests. `api` is the
+    shape of the request: "openai" (a chat completion) or "anthropic" (a Messages request);
+    `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps."""
     for name, value in (("max_image_bytes", max_image_bytes), ("max_urls", max_urls),
                         ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads),
                         ("downloads_per_key", downloads_per_key), ("connections_per_host", connections_per_host)):
@@ -79,20 +85,28 @@ def images_middleware(
     fetcher = ImageFetcher(limits, resolver=resolver, connections_per_host=connections_per_host)
     keys = KeyGates(downloads_per_key)
 
-    @stage("images", requires=(BODY,))
-    async def images(request: web.Request, handler) -> web.StreamResponse:
-        parts = list(_image_parts(request[BODY]))
-        if parts:
-            if not fetcher.open:
-                log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
-                raise GatewayError(500, "The image fetcher is not running.", type="server_error")
-            key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
-            async with keys.gate(key.id if key is not None else None) as key_gate:
-                await _inline(parts, fetcher, concurrent_downloads, key_gate)
-        return await handler(request)
+    def stage_for(api: str):
+        if api not in _SOURCES:
+            raise ValueError('images_middleware: api must be "openai" or "anthropic"')
+        sources = _SOURCES[api]
 
-    images.cleanup_ctx = fetcher.lifespan
-    return images
+        @stage("images", requires=(BODY,))
+        async def images(request: web.Request, handler) -> web.StreamResponse:
+            parts = list(sources(request[BODY]))
+            if parts:
+                if not fetcher.open:
+                    log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
+                    raise GatewayError(500, "The image fetcher is not running.", type="server_error")
+                key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
+                async with keys.gate(key.id if key is not None else None) as key_gate:
+                    await _inline(parts, fetcher, concurrent_downloads, key_gate)
+            return await handler(request)
+
+        images.cleanup_ctx = fetcher.lifespan
+        images.for_api = stage_for
+        return images
+
+    return stage_for(api)
 
 
 class KeyGates:
@@ -116,47 +130,98 @@ class KeyGates:
                 self._gates[key] = semaphore, users - 1
 
 
-def _image_parts(body: dict[str, Any]):
-    """(path, image_url object) of every image part of the user messages."""
+_HTTP = ("http://", "https://")
+
+
+class Download(NamedTuple):
+    """A URL to download (a PDF's, or an image's) and where its bytes go: `put(media type, data)`."""
+
+    path: str
+    url: str
+    pdf: bool
+    put: Callable[[str, bytes], None]
+
+
+def _image_parts(body: dict[str, Any]) -> Iterator[Download]:
+    """Every image URL of the messages of a chat completion request; data URLs are checked."""
     messages = body.get("messages")
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if isinstance(part, dict) and part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
-                if isinstance(part["image_url"].get("url"), str):
-                    yield f"messages[{i}].content[{j}].image_url.url", part["image_url"]
+                image, path = part["image_url"], f"messages[{i}].content[{j}].image_url.url"
+                url = image.get("url")
+                if not isinstance(url, str):
+                    continue
+                if url.startswith("data:"):
+                    _check_data_url(url, path)
+                elif not url.startswith(_HTTP):
+                    raise invalid_request(f"{path}: expected an http(s) URL or a base64 data URL", "messages")
+                else:
+                    yield Download(path, url, False, partial(_put_data_url, image))
 
 
-async def _inline(parts: list[tuple[str, dict[str, Any]]], fetcher: ImageFetcher, concurrent: int,
-                  key_gate: asyncio.Semaphore) -> None:
+def _put_data_url(image: dict[str, Any], media_type: str, data: bytes) -> None:
+    image["url"] = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def _anthropic_sources(body: dict[str, Any]) -> Iterator[Download]:
+    """Every `url` source of the image and document blocks of a Messages request, a tool
+    result's among them."""
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(block, dict):
+                continue
+            yield from _url_source(block, f"messages[{i}].content[{j}]")
+            if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+                for k, inner in enumerate(block["content"]):
+                    if isinstance(inner, dict):
+                        yield from _url_source(inner, f"messages[{i}].content[{j}].content[{k}]")
+
+
+def _url_source(block: dict[str, Any], path: str) -> Iterator[Download]:
+    kind, source = block.get("type"), block.get("source")
+    if kind not in ("image", "document") or not isinstance(source, dict) or source.get("type") != "url":
+        return
+    url = source.get("url")
+    if not isinstance(url, str) or not url.startswith(_HTTP):
+        raise invalid_request(f"{path}.source.url: expected an http(s) URL", "messages")
+    yield Download(f"{path}.source.url", url, kind == "document", partial(_put_base64_source, block))
+
+
+def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> None:
+    block["source"] = {"type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode()}
+
+
+_SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources}
+
+
+async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int, key_gate: asyncio.Semaphore) -> None:
     limits = fetcher.limits
-    downloads: dict[str, asyncio.Task] = {}  # url → its one download, shared by repeats
-    waiting: list[tuple[str, dict[str, Any], asyncio.Task]] = []
+    downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
+    waiting: list[tuple[Download, asyncio.Task]] = []
     budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(concurrent)
 
-    async def download(url: str) -> tuple[str, bytes]:
+    async def download(url: str, pdf: bool) -> tuple[str, bytes]:
         async with gate, key_gate:
-            return await fetcher.fetch(url, budget)
+            return await fetcher.fetch(url, budget, pdf=pdf)
 
     try:
-        for path, image in parts:
-            url = image["url"]
-            if url.startswith("data:"):
-                _check_data_url(url, path)
-            elif url.startswith(("http://", "https://")):
-                if url not in downloads:
-                    if len(downloads) == limits.urls:
-                        raise invalid_request(f"{path}: more than {limits.urls} image URLs in one request", "messages")
-                    downloads[url] = asyncio.create_task(download(url))
-                waiting.append((path, image, downloads[url]))
-            else:
-                raise invalid_request(f"{path}: expected an http(s) URL or a base64 data URL", "messages")
-        for path, image, task in waiting:
+        for part in parts:
+            which = (part.url, part.pdf)
+            if which not in downloads:
+                if len(downloads) == limits.urls:
+                    raise invalid_request(f"{part.path}: more than {limits.urls} image URLs in one request", "messages")
+                downloads[which] = asyncio.create_task(download(*which))
+            waiting.append((part, downloads[which]))
+        for part, task in waiting:
             try:
                 media_type, data = await task
             except ImageError as exc:
-                raise invalid_request(f"{path}: {exc}", "messages") from None
-            image["url"] = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+                raise invalid_request(f"{part.path}: {exc}", "messages") from None
+            part.put(media_type, data)
     finally:
         for task in downloads.values():
             task.cancel()  # one failure ends the others: the request is refused anyway

@@ -1,5 +1,5 @@
-"""Downloads images for the images stage, safely: public hosts only, limited size, time and
-redirects, every hop checked, and the whole body never buffered past the limit."""
+"""Downloads images (and PDFs) for the images stage, safely: public hosts only, limited size,
+time and redirects, every hop checked, and the whole body never buffered past the limit."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from middlewares.core.media import PDF
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public, literal_address
 from middlewares.images.sniff import image_type
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_ACCEPT_PDF = {"Accept": PDF}
 
 
 @dataclass(frozen=True)
@@ -74,30 +76,32 @@ class ImageFetcher:
         session, self._session = self._session, None
         await session.close()
 
-    async def fetch(self, url: str, budget: Budget) -> tuple[str, bytes]:
-        """(media type, bytes) of the image at `url`."""
+    async def fetch(self, url: str, budget: Budget, *, pdf: bool = False) -> tuple[str, bytes]:
+        """(media type, bytes) of the image at `url` (with `pdf`, of the PDF document there)."""
+        what = "document" if pdf else "image"
         try:
             async with asyncio.timeout(self.limits.timeout):
-                return await self._follow(URL(url), budget)
+                return await self._follow(URL(url), budget, pdf)
         except TimeoutError:
-            raise ImageError(f"could not download the image (timed out after {self.limits.timeout:g} s)") from None
+            raise ImageError(f"could not download the {what} (timed out after {self.limits.timeout:g} s)") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             # aiohttp's connector wraps what the resolver raised
             if isinstance(exc, PrivateAddress) or isinstance(getattr(exc, "os_error", None), PrivateAddress):
                 raise ImageError("the host is not a public address") from None
-            raise ImageError(f"could not download the image ({type(exc).__name__})") from None
+            raise ImageError(f"could not download the {what} ({type(exc).__name__})") from None
 
-    async def _follow(self, url: URL, budget: Budget) -> tuple[str, bytes]:
+    async def _follow(self, url: URL, budget: Budget, pdf: bool) -> tuple[str, bytes]:
+        what = "document" if pdf else "image"
         for _ in range(self.limits.redirects + 1):
             self._check(url)
-            async with self._session.get(url, allow_redirects=False) as response:
+            async with self._session.get(url, allow_redirects=False, headers=_ACCEPT_PDF if pdf else None) as response:
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     url = url.join(URL(response.headers["Location"]))
                     continue
                 if response.status != 200:
-                    raise ImageError(f"could not download the image (HTTP {response.status})")
-                return await self._read(response, budget)
-        raise ImageError(f"could not download the image (more than {self.limits.redirects} redirects)")
+                    raise ImageError(f"could not download the {what} (HTTP {response.status})")
+                return await self._read(response, budget, pdf)
+        raise ImageError(f"could not download the {what} (more than {self.limits.redirects} redirects)")
 
     def _check(self, url: URL) -> None:
         """What can be refused before connecting (a name's addresses are checked on resolving)."""
@@ -111,9 +115,9 @@ class ImageFetcher:
         if literal is not None and not self.limits.allow_private_hosts and not is_public(literal):
             raise ImageError("the host is not a public address")
 
-    async def _read(self, response: aiohttp.ClientResponse, budget: Budget) -> tuple[str, bytes]:
+    async def _read(self, response: aiohttp.ClientResponse, budget: Budget, pdf: bool) -> tuple[str, bytes]:
         limit = self.limits.image_bytes
-        too_large = f"the image is over {limit // MiB} MB"
+        too_large = f"the {'document' if pdf else 'image'} is over {limit // MiB} MB"
         if response.content_length is not None and response.content_length > limit:
             raise ImageError(too_large)  # said up front: not a byte of it is read
         parts, size = [], 0
@@ -124,6 +128,10 @@ class ImageFetcher:
             budget.take(len(chunk))
             parts.append(chunk)
         data = b"".join(parts)
+        if pdf:
+            if not data.startswith(b"%PDF-"):
+                raise ImageError("the file is not a PDF document")
+            return PDF, data
         media_type = image_type(data)
         if media_type is None:
             raise ImageError("the file is not a JPEG, PNG, GIF or WebP image")

@@ -19,6 +19,8 @@ DONE = b"data: [DONE]\n\n"
 
 
 class ChunkEncoder:
+    ping = PING
+
     def __init__(
         self,
         *,

@@ -1,0 +1,37 @@
+"""The native stage, on the routes that speak Anthropic's Messages API (where the translator
+stands on OpenAI's): the request goes upstream as the client sent it, every field the gateway
+does not touch included, and the reply comes back as the upstream sent it, named by the model
+the client asked for."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from middlewares.core.chain import stage
+from middlewares.core.context import BODY
+from middlewares.core.errors import invalid_request
+from middlewares.core.reply import AnthropicSSE, EventStreamReply, MessageReply
+
+__all__ = ["native_middleware"]
+
+
+def native_middleware():
+    """Takes the gateway's own `models` (the fallbacks, which limits read) out of `request[BODY]`,
+    an Anthropic Messages request; then sets `model` in the handler's reply, an unsent Anthropic
+    message or event stream, back to the name the client sent (the handler sent the upstream's)."""
+
+    @stage("native", requires=(BODY,))
+    async def native(request: web.Request, handler) -> web.StreamResponse:
+        body = request[BODY]
+        if not isinstance(body.get("stream", False), bool):  # whether the reply is a stream hangs on it
+            raise invalid_request("stream: Input should be a valid boolean", "stream")
+        asked = body.get("model")
+        body.pop("models", None)
+        reply = await handler(request)
+        if isinstance(reply, MessageReply):
+            reply.payload["model"] = asked
+        elif isinstance(reply, EventStreamReply):
+            reply.encoder = AnthropicSSE(asked)
+        return reply
+
+    return native
