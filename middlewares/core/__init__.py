@@ -9,7 +9,7 @@ from middlewares.core.context import (
     ANSWERED_MODEL, API_KEY, BODY, BODY_BYTES, DEPLOYMENT, FALLBACK_MODELS, MODEL, REQUEST_ID, SESSION, SETTLE,
     request_id,
 )
-from middlewares.core.errors import GatewayError, error_envelope, invalid_request
+from middlewares.core.errors import GatewayError, anthropic_error_envelope, error_envelope, invalid_request
 from middlewares.core.protocols import FindKey, FindModel, ModelSpec, Pricing, RateLimiter, RecordRow, Spending
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 from middlewares.core.reply import EventStreamReply, MessageReply
@@ -20,5 +20,5 @@ __all__ = [
     "SESSION", "SETTLE", "ChainError", "EventStreamReply", "FindKey", "FindModel", "GatewayError", "KeyRecord",
     "LedgerRow", "MessageReply", "ModelSpec", "Pricing", "RateLimiter", "RecordRow", "Shortfall", "Spending", "Stage",
     "StreamUsage", "Usage", "checked",
-    "error_envelope", "invalid_request", "request_id", "stage",
+    "anthropic_error_envelope", "error_envelope", "invalid_request", "request_id", "stage",
 ]
