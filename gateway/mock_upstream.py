@@ -1,4 +1,5 @@
-"""A deterministic mock of Anthropic's Messages API (``POST /v1/messages``).
+"""A deterministic mock of Anthropic's Messages API (``POST /v1/messages`` and
+``POST /v1/messages/count_tokens``).
 
 Used by the gateway's tests, its benchmarks and its demo mode. It validates
 requests the way the real API does (so tests can prove the gateway never
@@ -21,8 +22,8 @@ import orjson
 from aiohttp import web
 
 from gateway import runtime
-from gateway.mock_cache import PromptCache
-from gateway.mock_validation import Invalid, validate
+from gateway.mock_cache import PromptCache, prompt_tokens
+from gateway.mock_validation import ALLOWED_FIELDS, COUNT_TOKENS_FIELDS, Invalid, validate, validate_betas
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
 ANTHROPIC_VERSIONS = frozenset({"2023-06-01", "2026-10-21"})
@@ -44,7 +45,10 @@ class Scenario:
     stop_reason: str | None = None  # default: "tool_use" if any tool_use block else "end_turn"
     stop_sequence: str | None = None
     stop_details: dict | None = None
-    usage: dict = field(default_factory=dict)  # overrides, plus "thinking_tokens"
+    # Overrides, plus "thinking_tokens". "ephemeral_5m_input_tokens" / "ephemeral_1h_input_tokens" force
+    # cache_creation's split; cache_creation_input_tokens is then their sum unless forced too (forced
+    # alone, it is all 5-minute tokens).
+    usage: dict = field(default_factory=dict)
     status: int = 200  # non-200: Anthropic's error envelope for that status
     error_message: str = "mock error"
     headers: dict[str, str] = field(default_factory=dict)
@@ -61,7 +65,8 @@ class Scenario:
 
 @dataclass
 class RecordedRequest:
-    path: str
+    path: str  # without the query string
+    query: dict[str, str]  # e.g. {"beta": "true"}, as Claude Code sends
     headers: dict[str, str]  # lower-cased names
     body: dict
     connection: int = 0  # which TCP connection it came on (the client's port)
@@ -99,9 +104,14 @@ def _text_of(content) -> str:
 
 
 class MockUpstream:
+    """Scenarios are for /v1/messages only: count_tokens never consumes one, so a gateway that
+    counts before it sends leaves the queue to the messages it was meant for. count_tokens fails
+    instead while `count_tokens_status` is not 200 (Anthropic's error envelope for that status)."""
+
     def __init__(self, *, api_key: str | None = None, fast: bool = False):
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
+        self.count_tokens_status = 200
         self.disconnects = 0
         self.prompt_cache = PromptCache()
         self._queue: deque[Scenario] = deque()
@@ -113,6 +123,8 @@ class MockUpstream:
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/v1/messages", self._fast if fast else self._handle)
+        if not fast:
+            self.app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         self.app.router.add_route("*", "/{tail:.*}", self._not_found)
         self._fast_replies = self._encode_fast_replies() if fast else {}
 
@@ -162,7 +174,8 @@ class MockUpstream:
     async def _not_found(self, request: web.Request) -> web.Response:
         return self._error(404, f"Not found: {request.method} {request.path}")
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _admit(self, request: web.Request, fields: frozenset[str]) -> dict | web.Response:
+        """Records the request, then checks it as the real API does: its body, or the error to answer."""
         raw = await request.read()
         try:
             body = orjson.loads(raw)
@@ -171,9 +184,10 @@ class MockUpstream:
         headers = {k.lower(): v for k, v in request.headers.items()}
         # Record before validating, so tests can inspect rejected requests too.
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        self.requests.append(
-            RecordedRequest(request.path, headers, body if isinstance(body, dict) else {}, peer[1] if peer else 0)
-        )
+        self.requests.append(RecordedRequest(
+            path=request.path, query=dict(request.query), headers=headers,
+            body=body if isinstance(body, dict) else {}, connection=peer[1] if peer else 0,
+        ))
 
         if self.api_key is not None:
             bearer = headers.get("authorization", "").removeprefix("Bearer ")
@@ -187,9 +201,29 @@ class MockUpstream:
         if body is None:
             return self._error(400, "There was an error parsing the body of your request as JSON")
         try:
-            validate(body)
+            validate_betas(headers.get("anthropic-beta", ""))
+            validate(body, fields)
         except Invalid as exc:
             return self._error(400, str(exc))
+        return body
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The prompt's tokens as usage counts them, without reading or writing the cache."""
+        body = await self._admit(request, COUNT_TOKENS_FIELDS)
+        if isinstance(body, web.Response):
+            return body
+        if self.count_tokens_status != 200:
+            return self._error(self.count_tokens_status, "mock error")
+        return web.Response(
+            body=orjson.dumps({"input_tokens": prompt_tokens(body)}),
+            content_type="application/json",
+            headers={"request-id": self._request_id()},
+        )
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await self._admit(request, ALLOWED_FIELDS)
+        if isinstance(body, web.Response):
+            return body
 
         # Only valid requests consume a scenario.
         sc = self._queue.popleft() if self._queue else Scenario()
@@ -253,8 +287,10 @@ class MockUpstream:
         self._disconnected.set()
 
     def _message(self, body: dict, sc: Scenario) -> dict:
-        """The complete (non-stream) Message the scenario describes."""
-        blocks = sc.blocks
+        """The complete (non-stream) Message the scenario describes. With max_tokens 0 (a cache
+        pre-warm) nothing is generated: no blocks, stop_reason "max_tokens", no output tokens."""
+        warming = body.get("max_tokens") == 0
+        blocks = [] if warming else sc.blocks
         if blocks is None:
             last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
             echo = _text_of(last_user["content"])[:200] if last_user else ""
@@ -266,11 +302,17 @@ class MockUpstream:
         )
         overrides = sc.usage
         cached = self.prompt_cache.usage(body)
+        written = overrides.get("cache_creation_input_tokens")
+        one_hour = overrides.get("ephemeral_1h_input_tokens", cached["ephemeral_1h_input_tokens"] if written is None else 0)
+        five_minutes = overrides.get(
+            "ephemeral_5m_input_tokens", cached["ephemeral_5m_input_tokens"] if written is None else written - one_hour
+        )
         usage = {
             "input_tokens": overrides.get("input_tokens", cached["input_tokens"]),
-            "cache_creation_input_tokens": overrides.get("cache_creation_input_tokens", cached["cache_creation_input_tokens"]),
+            "cache_creation_input_tokens": one_hour + five_minutes if written is None else written,
             "cache_read_input_tokens": overrides.get("cache_read_input_tokens", cached["cache_read_input_tokens"]),
-            "output_tokens": overrides.get("output_tokens", max(1, out_chars // 4)),
+            "cache_creation": {"ephemeral_5m_input_tokens": five_minutes, "ephemeral_1h_input_tokens": one_hour},
+            "output_tokens": overrides.get("output_tokens", 0 if warming else max(1, out_chars // 4)),
             "service_tier": "standard",
         }
         if "thinking_tokens" in overrides:
@@ -282,9 +324,9 @@ class MockUpstream:
             "role": "assistant",
             "model": body["model"],
             "content": blocks,
-            "stop_reason": sc.stop_reason or ("tool_use" if has_tool else "end_turn"),
-            "stop_sequence": sc.stop_sequence,
-            "stop_details": sc.stop_details,
+            "stop_reason": "max_tokens" if warming else sc.stop_reason or ("tool_use" if has_tool else "end_turn"),
+            "stop_sequence": None if warming else sc.stop_sequence,
+            "stop_details": None if warming else sc.stop_details,
             "usage": usage,
         }
 
@@ -374,7 +416,8 @@ def run(host: str, port: int, *, fast: bool = False) -> None:
         url = await mock.start(host, port)
         runtime.tune_garbage_collector()  # as the gateway's, so a benchmark's processes all run alike
         what = "Fast mock" if fast else "Mock"
-        print(f"{what} Anthropic upstream listening on {url} (POST /v1/messages)", flush=True)
+        routes = "POST /v1/messages" if fast else "POST /v1/messages, /v1/messages/count_tokens"
+        print(f"{what} Anthropic upstream listening on {url} ({routes})", flush=True)
         await runtime.until_stopped()
         await mock.close()
 

@@ -1,8 +1,8 @@
 """What the mock upstream rejects, as Anthropic's Messages API does (400 invalid_request_error).
 
-These rules are the ones a translating gateway gets wrong (unknown fields, roles, empty text,
-tool ids and names, media types): a gateway test that passes against the mock has not sent
-anything the real API would refuse.
+These rules are the ones a gateway gets wrong (unknown fields, roles, empty text, tool ids and
+names, media types, thinking budgets, cache breakpoints, beta names): a gateway test that passes
+against the mock has not sent anything the real API would refuse.
 """
 
 from __future__ import annotations
@@ -12,34 +12,56 @@ import re
 ALLOWED_FIELDS = frozenset({
     "model", "max_tokens", "messages", "system", "stop_sequences", "temperature",
     "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "output_config",
-    "cache_control", "metadata", "service_tier",
+    "cache_control", "metadata", "service_tier", "context_management", "mcp_servers",
+    "container", "inference_geo",
 })
+# /v1/messages/count_tokens: no max_tokens, no stream, nothing about sampling or billing.
+COUNT_TOKENS_FIELDS = frozenset({
+    "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+    "cache_control", "context_management", "mcp_servers",
+})
+MAX_BREAKPOINTS = 4
 
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _ID = re.compile(r"[a-zA-Z0-9_-]+")
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+# A beta name ends in its date: interleaved-thinking-2025-05-14, claude-code-20250219.
+_BETA = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*-(?:\d{4}-\d{2}-\d{2}|\d{8})")
 
 
 class Invalid(Exception):
     """A request the real API would reject with 400 invalid_request_error."""
 
 
-def validate(body: object) -> None:
+def validate_betas(header: str) -> None:
+    """The `anthropic-beta` header: beta names, comma-separated (empty names are skipped)."""
+    names = [name.strip() for name in header.split(",")]
+    unexpected = [name for name in names if name and not _BETA.fullmatch(name)]
+    if unexpected:
+        raise Invalid(
+            f"Unexpected value(s) `{', '.join(unexpected)}` for the `anthropic-beta` header. "
+            "Please consult our documentation at docs.claude.com or try again without the header."
+        )
+
+
+def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS) -> None:
+    """A request body for /v1/messages, or with fields=COUNT_TOKENS_FIELDS for count_tokens,
+    which takes (and so requires) no max_tokens."""
     if not isinstance(body, dict):
         raise Invalid("Input should be a valid dictionary")
     for key in body:
-        if key not in ALLOWED_FIELDS:
+        if key not in fields:
             raise Invalid(f"{key}: Extra inputs are not permitted")
     for key in ("model", "max_tokens", "messages"):
-        if key not in body:
+        if key in fields and key not in body:
             raise Invalid(f"{key}: Field required")
     if not isinstance(body["model"], str) or not body["model"]:
         raise Invalid("model: Input should be a valid string")
-    max_tokens = body["max_tokens"]
+    max_tokens = body.get("max_tokens", 1)  # count_tokens takes none
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         raise Invalid("max_tokens: Input should be a valid integer")
-    if max_tokens < 1:
-        raise Invalid("max_tokens: Input should be greater than or equal to 1")
+    if max_tokens < 0:  # 0 only warms the prompt cache
+        raise Invalid("max_tokens: Input should be greater than or equal to 0")
     messages = body["messages"]
     if not isinstance(messages, list):
         raise Invalid("messages: Input should be a valid list")
@@ -61,6 +83,9 @@ def validate(body: object) -> None:
     _validate_tool_pairs(messages)
     _validate_tools(body)
     _validate_thinking(body)
+    _validate_breakpoints(body)
+    if max_tokens == 0:
+        _validate_warming(body)
 
 
 def _validate_block(block: dict, path: str) -> None:
@@ -112,8 +137,31 @@ def _validate_tools(body: dict) -> None:
 
 def _validate_thinking(body: dict) -> None:
     thinking = body.get("thinking")
-    if not thinking or thinking.get("type") == "disabled":
+    if thinking is None:
         return
+    if not isinstance(thinking, dict):
+        raise Invalid("thinking: Input should be a valid dictionary")
+    kind = thinking.get("type")
+    if kind not in ("adaptive", "disabled", "enabled"):
+        raise Invalid(
+            f"thinking: Input tag {kind!r} found using 'type' does not match any of the expected tags: "
+            "'adaptive', 'disabled', 'enabled'"
+        )
+    if kind == "disabled":
+        return
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if budget is None:
+            raise Invalid("thinking.enabled.budget_tokens: Field required")
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            raise Invalid("thinking.enabled.budget_tokens: Input should be a valid integer")
+        if budget < 1024:
+            raise Invalid("thinking.enabled.budget_tokens: Input should be greater than or equal to 1024")
+        if "max_tokens" in body and budget >= body["max_tokens"]:
+            raise Invalid(
+                "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at "
+                "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size"
+            )
     if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
         raise Invalid("Thinking may not be enabled when tool_choice forces tool use.")
     if "temperature" in body or "top_p" in body or "top_k" in body:
@@ -129,3 +177,57 @@ def _validate_thinking(body: dict) -> None:
                 f"`{content[0].get('type')}`. When `thinking` is enabled, a final `assistant` message must "
                 "start with a thinking block."
             )
+
+
+def _prompt_blocks(body: dict) -> list[tuple[str, object]]:
+    """The blocks that may carry a breakpoint, with their paths, in cache order: tools, system, messages."""
+    system = body.get("system")
+    blocks = [(f"tools.{i}", tool) for i, tool in enumerate(body.get("tools") or [])]
+    blocks += [(f"system.{i}", block) for i, block in enumerate(system)] if isinstance(system, list) else []
+    for i, msg in enumerate(body["messages"]):
+        if isinstance(msg["content"], list):
+            blocks += [(f"messages.{i}.content.{j}", block) for j, block in enumerate(msg["content"])]
+    return blocks
+
+
+def _validate_breakpoints(body: dict) -> None:
+    """Each cache_control, at most 4 of them (a top-level one, automatic caching, counts as one) and
+    no 1-hour breakpoint after a 5-minute one."""
+    marked = []
+    for path, block in _prompt_blocks(body):
+        if not isinstance(block, dict) or block.get("cache_control") is None:
+            continue
+        if block.get("type") in ("thinking", "redacted_thinking"):
+            raise Invalid(f"{path}.{block['type']}.cache_control: Extra inputs are not permitted")
+        marked.append((f"{path}.cache_control", block["cache_control"]))
+    if body.get("cache_control") is not None:
+        marked.append(("cache_control", body["cache_control"]))
+    five_minutes = False
+    for path, marker in marked:
+        if not isinstance(marker, dict):
+            raise Invalid(f"{path}: Input should be a valid dictionary")
+        if marker.get("type") != "ephemeral":
+            raise Invalid(f"{path}.type: Input should be 'ephemeral'")
+        ttl = marker.get("ttl", "5m")
+        if ttl not in ("5m", "1h"):
+            raise Invalid(f"{path}.ttl: Input should be '5m' or '1h'")
+        if ttl == "1h" and five_minutes:
+            raise Invalid(
+                f"{path}.ttl: a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
+                "Note that blocks are processed in the following order: `tools`, `system`, `messages`."
+            )
+        five_minutes = five_minutes or ttl == "5m"
+    if len(marked) > MAX_BREAKPOINTS:
+        raise Invalid(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(marked)}.")
+
+
+def _validate_warming(body: dict) -> None:
+    """max_tokens 0 only warms the prompt cache: reported as refused with a stream, thinking or
+    structured output (the wording is the mock's)."""
+    if body.get("stream"):
+        raise Invalid("max_tokens: 0 (cache pre-warming) does not support `stream`")
+    if (body.get("thinking") or {}).get("type", "disabled") != "disabled":
+        raise Invalid("max_tokens: 0 (cache pre-warming) does not support `thinking`")
+    output_config = body.get("output_config")
+    if isinstance(output_config, dict) and output_config.get("format") is not None:
+        raise Invalid("max_tokens: 0 (cache pre-warming) does not support `output_config.format`")

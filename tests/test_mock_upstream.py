@@ -81,6 +81,7 @@ async def test_default_echo_reply(client, mock):
     assert msg.usage.input_tokens == sum(len(orjson.dumps(block)) // 4 for block in prompt_blocks)
     assert msg.usage.output_tokens == len(expected) // 4
     assert msg.usage.cache_creation_input_tokens == 0 and msg.usage.cache_read_input_tokens == 0
+    assert msg.usage.cache_creation.model_dump() == {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
     assert msg.usage.service_tier == "standard" and msg.usage.output_tokens_details is None
     assert msg._request_id.startswith("req_mock_")
 
@@ -236,7 +237,7 @@ async def test_unknown_field_rejected_and_recorded(client, mock):
     (VERSION, {"max_tokens": 5, "messages": MSGS}, "model: Field required"),
     (VERSION, {"model": "m", "messages": MSGS}, "max_tokens: Field required"),
     (VERSION, {"model": "m", "max_tokens": "5", "messages": MSGS}, "max_tokens: Input should be a valid integer"),
-    (VERSION, {"model": "m", "max_tokens": 0, "messages": MSGS}, "max_tokens: Input should be greater than or equal to 1"),
+    (VERSION, {"model": "m", "max_tokens": -1, "messages": MSGS}, "max_tokens: Input should be greater than or equal to 0"),
     (VERSION, {"model": "m", "max_tokens": 5}, "messages: Field required"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": []}, "messages: at least one message is required"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
@@ -301,7 +302,7 @@ async def test_requests_are_recorded(client, mock):
     await client.messages.create(model="m", max_tokens=5, messages=MSGS, stop_sequences=["END"],
                                  extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
     [rec] = mock.requests
-    assert rec.path == "/v1/messages"
+    assert rec.path == "/v1/messages" and rec.query == {}
     assert rec.headers["authorization"] == "Bearer k"  # how this SDK version sends api_key
     assert rec.headers["anthropic-version"] == client.default_headers["anthropic-version"]
     assert rec.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
@@ -371,6 +372,297 @@ async def test_delays_are_real(mock, http):
     assert len(arrivals) == 6  # message_start, block start/delta/stop, message_delta, message_stop
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert min(gaps) >= 0.04  # each event is written (and arrives) on its own
+
+
+# -- count_tokens ------------------------------------------------------------
+
+MANUAL = "".join(f"Section {i}: the valve opens clockwise and closes counter-clockwise. " for i in range(90))
+LOOKUP = {"name": "lookup", "description": MANUAL, "input_schema": {"type": "object", "properties": {}}}
+BRIEF = "Be brief. " * 50
+
+
+def tokens(*blocks) -> int:
+    """The mock's count: 4 bytes of JSON a token, block by block, breakpoints left out."""
+    return sum(len(orjson.dumps({k: v for k, v in b.items() if k != "cache_control"})) // 4 for b in blocks)
+
+
+def total_input(usage) -> int:
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
+async def post(http, url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    async with http.post(url, json=body, headers=VERSION if headers is None else headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_count_tokens_counts_the_prompt_as_usage_does(client, mock):
+    prompt = dict(model="m", system=BRIEF, tools=[LOOKUP], messages=MSGS)
+    counted = await client.messages.count_tokens(**prompt)
+    prompt_blocks = [LOOKUP, {"type": "text", "text": BRIEF}, {"type": "text", "text": MSGS[0]["content"]}]
+    assert counted.input_tokens == tokens(*prompt_blocks)
+    assert counted._request_id.startswith("req_mock_")
+    [rec] = mock.requests
+    assert rec.path == "/v1/messages/count_tokens" and rec.query == {}
+    assert rec.body == {"model": "m", "system": BRIEF, "tools": [LOOKUP], "messages": MSGS}
+    assert rec.headers["authorization"] == "Bearer k"
+    msg = await client.messages.create(max_tokens=5, **prompt)
+    assert total_input(msg.usage) == counted.input_tokens
+    assert [r.path for r in mock.requests] == ["/v1/messages/count_tokens", "/v1/messages"]
+
+
+async def test_count_tokens_leaves_the_cache_alone(client):
+    system = [{"type": "text", "text": MANUAL, "cache_control": {"type": "ephemeral"}}]
+    prompt = dict(model="m", system=system, messages=MSGS)
+    size = tokens(*system, {"type": "text", "text": MSGS[0]["content"]})
+    assert (await client.messages.count_tokens(**prompt)).input_tokens == size
+    first = await client.messages.create(max_tokens=5, **prompt)  # the count wrote nothing: this one writes
+    assert (first.usage.cache_read_input_tokens, first.usage.cache_creation_input_tokens) == (0, tokens(*system))
+    assert (await client.messages.count_tokens(**prompt)).input_tokens == size  # the same count, cached or not
+    second = await client.messages.create(max_tokens=5, **prompt)
+    assert (second.usage.cache_read_input_tokens, second.usage.cache_creation_input_tokens) == (tokens(*system), 0)
+    assert total_input(first.usage) == total_input(second.usage) == size
+
+
+async def test_count_tokens_never_consumes_scenarios_and_fails_by_its_own_status(client, mock):
+    mock.enqueue(Scenario(status=529))
+    assert (await client.messages.count_tokens(model="m", messages=MSGS)).input_tokens > 0
+    with pytest.raises(anthropic.OverloadedError):
+        await client.messages.create(model="m", max_tokens=5, messages=MSGS)
+
+    mock.count_tokens_status = 429
+    mock.enqueue(Scenario(blocks=[TEXT]))
+    with pytest.raises(anthropic.RateLimitError) as info:
+        await client.messages.count_tokens(model="m", messages=MSGS)
+    assert info.value.type == "rate_limit_error" and info.value.api_message == "mock error"
+    assert info.value.request_id.startswith("req_mock_")
+    assert (await client.messages.create(model="m", max_tokens=5, messages=MSGS)).content[0].text == TEXT["text"]
+    mock.count_tokens_status = 200
+    assert (await client.messages.count_tokens(model="m", messages=MSGS)).input_tokens > 0
+
+
+COUNT = {"model": "m", "messages": MSGS}
+
+
+@pytest.mark.parametrize("headers, body, message", [
+    ({}, COUNT, "anthropic-version: header is required"),
+    ({**VERSION, "anthropic-beta": "token-counting"},
+     COUNT, "Unexpected value(s) `token-counting` for the `anthropic-beta` header. "
+     "Please consult our documentation at docs.claude.com or try again without the header."),
+    (VERSION, {**COUNT, "max_tokens": 5}, "max_tokens: Extra inputs are not permitted"),
+    (VERSION, {**COUNT, "stream": False}, "stream: Extra inputs are not permitted"),
+    (VERSION, {**COUNT, "container": "c"}, "container: Extra inputs are not permitted"),
+    (VERSION, {"model": "m"}, "messages: Field required"),
+    (VERSION, {"messages": MSGS}, "model: Field required"),
+    (VERSION, {**COUNT, "messages": []}, "messages: at least one message is required"),
+    (VERSION, {**COUNT, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "messages: text content blocks must be non-empty"),
+    (VERSION, {**COUNT, "thinking": {"type": "enabled", "budget_tokens": 1000}},
+     "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+    (VERSION, {**COUNT, "cache_control": {"type": "ephemeral", "ttl": "2h"}},
+     "cache_control.ttl: Input should be '5m' or '1h'"),
+])
+async def test_count_tokens_validation(mock, http, headers, body, message):
+    status, payload = await post(http, f"{mock.url}/v1/messages/count_tokens", body, headers)
+    assert status == 400
+    assert payload["error"] == {"type": "invalid_request_error", "message": message}
+    assert mock.requests[-1].path == "/v1/messages/count_tokens" and mock.requests[-1].body == body
+
+
+async def test_count_tokens_takes_the_fields_the_real_api_takes(mock, http):
+    body = {
+        **COUNT,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "enabled", "budget_tokens": 50_000},  # no max_tokens to stay under
+        "output_config": {"effort": "low"},
+        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+        "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "example"}],
+    }
+    status, payload = await post(http, f"{mock.url}/v1/messages/count_tokens", body)
+    assert status == 200
+    prompt = [body["tools"][0], body["system"][0], {"type": "text", "text": MSGS[0]["content"]}]
+    assert payload == {"input_tokens": tokens(*prompt)}
+
+
+async def test_count_tokens_checks_the_api_key(http):
+    upstream = MockUpstream(api_key="secret")
+    url = await upstream.start()
+    try:
+        statuses = []
+        for key in ("secret", "wrong"):
+            status, _ = await post(http, f"{url}/v1/messages/count_tokens", COUNT, {**VERSION, "x-api-key": key})
+            statuses.append(status)
+        assert statuses == [200, 401]
+        assert [r.path for r in upstream.requests] == ["/v1/messages/count_tokens"] * 2
+    finally:
+        await upstream.close()
+
+
+async def test_fast_mode_has_no_count_tokens(http):
+    upstream = MockUpstream(fast=True)
+    url = await upstream.start()
+    try:
+        status, payload = await post(http, f"{url}/v1/messages/count_tokens", COUNT)
+        assert status == 404 and payload["error"]["type"] == "not_found_error"
+    finally:
+        await upstream.close()
+
+
+# -- the query string and anthropic-beta ---------------------------------------
+
+
+async def test_query_and_betas_are_recorded(client, mock):
+    # As Claude Code sends them (this SDK's beta client sends its betas, but no ?beta=true).
+    betas = ["interleaved-thinking-2025-05-14", "claude-code-20250219"]
+    beta = {"betas": betas, "extra_query": {"beta": "true"}}
+    await client.beta.messages.create(model="m", max_tokens=5, messages=MSGS, **beta)
+    await client.beta.messages.count_tokens(model="m", messages=MSGS, **beta)
+    assert [(r.path, r.query) for r in mock.requests] == [
+        ("/v1/messages", {"beta": "true"}), ("/v1/messages/count_tokens", {"beta": "true"})]
+    assert [r.headers["anthropic-beta"] for r in mock.requests] == [
+        ",".join(betas), ",".join([*betas, "token-counting-2024-11-01"])]  # the SDK adds its own for counting
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("betas, unexpected", [
+    ("context-1m-2025-08-07 , interleaved-thinking-2025-05-14", None),
+    ("claude-code-20250219,oauth-2025-04-20,fine-grained-tool-streaming-2025-05-14", None),
+    ("prompt-caching-2024-07-31,", None),  # an empty name is skipped
+    ("interleaved-thinking", "interleaved-thinking"),
+    ("max-tokens-2025-05-14, Context-1m-2025-08-07,2025-05-14", "Context-1m-2025-08-07, 2025-05-14"),
+    ("tools_2025-05-14;context-1m-2025-8-7", "tools_2025-05-14;context-1m-2025-8-7"),
+])
+async def test_anthropic_beta_names_are_checked(mock, http, path, betas, unexpected):
+    body = {**COUNT, "max_tokens": 5} if path == "/v1/messages" else COUNT
+    headers = {**VERSION, "anthropic-beta": betas}
+    status, payload = await post(http, f"{mock.url}{path}?beta=true", body, headers)
+    assert mock.requests[-1].query == {"beta": "true"} and mock.requests[-1].headers["anthropic-beta"] == betas
+    if unexpected is None:
+        assert status == 200
+        return
+    assert status == 400
+    assert payload["error"] == {"type": "invalid_request_error", "message": (
+        f"Unexpected value(s) `{unexpected}` for the `anthropic-beta` header. "
+        "Please consult our documentation at docs.claude.com or try again without the header.")}
+
+
+# -- more of the real body ---------------------------------------------------
+
+
+async def test_newer_body_fields_are_accepted(mock, http):
+    body = {
+        "model": "m", "max_tokens": 5, "messages": MSGS,
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+        "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "example"}],
+        "container": "container_011CQ",
+        "inference_geo": "us",
+    }
+    status, payload = await post(http, f"{mock.url}/v1/messages", body)
+    assert status == 200 and payload["stop_reason"] == "end_turn"
+    assert mock.requests[-1].body == body
+
+
+async def test_max_tokens_zero_warms_the_cache_and_generates_nothing(client, mock):
+    system = [{"type": "text", "text": MANUAL, "cache_control": {"type": "ephemeral"}}]
+    mock.enqueue(Scenario(blocks=[TEXT], stop_reason="stop_sequence", stop_sequence="END"), Scenario(blocks=[TEXT]))
+    warm = await client.messages.create(model="m", max_tokens=0, system=system, messages=MSGS)
+    assert warm.content == [] and warm.stop_reason == "max_tokens" and warm.stop_sequence is None
+    assert warm.usage.output_tokens == 0
+    assert warm.usage.cache_creation_input_tokens == tokens(*system) and warm.usage.cache_read_input_tokens == 0
+    real = await client.messages.create(model="m", max_tokens=100, system=system, messages=MSGS)
+    assert real.content[0].text == TEXT["text"]  # the warm-up consumed the first scenario
+    assert (real.usage.cache_read_input_tokens, real.usage.cache_creation_input_tokens) == (tokens(*system), 0)
+
+
+async def test_max_tokens_zero_can_fail_by_scenario(client, mock):
+    mock.enqueue(Scenario(status=529))
+    with pytest.raises(anthropic.OverloadedError):
+        await client.messages.create(model="m", max_tokens=0, messages=MSGS)
+
+
+# -- the 1-hour cache ----------------------------------------------------------
+
+
+def marked(block: dict, ttl: str | None = None) -> dict:
+    return {**block, "cache_control": {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}}
+
+
+def split(usage) -> tuple[int, int]:
+    """cache_creation as (5-minute tokens, 1-hour tokens)."""
+    return usage.cache_creation.ephemeral_5m_input_tokens, usage.cache_creation.ephemeral_1h_input_tokens
+
+
+async def test_cache_writes_are_split_by_ttl(client):
+    """Tokens written up to the last 1-hour breakpoint are 1-hour ones; the rest 5-minute ones."""
+    tool = marked(LOOKUP, "1h")
+    system = [marked({"type": "text", "text": BRIEF})]
+    first = await client.messages.create(model="m", max_tokens=5, tools=[tool], system=system, messages=MSGS)
+    u = first.usage
+    assert split(u) == (tokens(*system), tokens(LOOKUP))
+    assert u.cache_creation_input_tokens == tokens(LOOKUP, *system) and u.cache_read_input_tokens == 0
+
+    again = await client.messages.create(model="m", max_tokens=5, tools=[tool], system=system, messages=MSGS)
+    assert again.usage.cache_read_input_tokens == tokens(LOOKUP, *system)
+    assert split(again.usage) == (0, 0)
+
+    # A new system prompt: the tools are read back (1 hour), the system prompt written (5 minutes).
+    other = [marked({"type": "text", "text": "Be thorough. " * 40})]
+    changed = await client.messages.create(model="m", max_tokens=5, tools=[tool], system=other, messages=MSGS)
+    assert changed.usage.cache_read_input_tokens == tokens(LOOKUP)
+    assert split(changed.usage) == (tokens(*other), 0)
+
+
+async def test_a_1h_breakpoint_too_short_to_cache_writes_nothing_for_an_hour(client):
+    tool = marked({"name": "get_weather", "input_schema": {"type": "object"}}, "1h")
+    system = [marked({"type": "text", "text": MANUAL})]
+    msg = await client.messages.create(model="m", max_tokens=5, tools=[tool], system=system, messages=MSGS)
+    assert split(msg.usage) == (tokens(tool, *system), 0)
+
+
+async def test_automatic_caching_marks_the_last_block(client):
+    history = [{"role": "user", "content": MANUAL}]
+    one_hour = {"type": "ephemeral", "ttl": "1h"}
+    first = await client.messages.create(model="m", max_tokens=5, messages=history, cache_control=one_hour)
+    size = tokens({"type": "text", "text": MANUAL})
+    u = first.usage
+    assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, split(u)) == (1, 0, size, (0, size))
+    history += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Which way does it open?"}]
+    second = await client.messages.create(model="m", max_tokens=5, messages=history, cache_control={"type": "ephemeral"})
+    written = tokens({"type": "text", "text": "Noted."}, {"type": "text", "text": "Which way does it open?"})
+    assert (second.usage.cache_read_input_tokens, second.usage.cache_creation_input_tokens) == (size, written)
+    assert split(second.usage) == (written, 0)
+
+
+@pytest.mark.parametrize("usage, written, split", [
+    ({"ephemeral_1h_input_tokens": 300, "ephemeral_5m_input_tokens": 200}, 500, (200, 300)),
+    ({"ephemeral_1h_input_tokens": 300}, 300, (0, 300)),
+    ({"cache_creation_input_tokens": 20}, 20, (20, 0)),
+    ({"cache_creation_input_tokens": 50, "ephemeral_1h_input_tokens": 30}, 50, (20, 30)),
+    ({"cache_creation_input_tokens": 9, "ephemeral_1h_input_tokens": 1, "ephemeral_5m_input_tokens": 2}, 9, (2, 1)),
+])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_cache_creation_overrides(mock, http, usage, written, split, stream):
+    mock.enqueue(Scenario(blocks=[TEXT], usage=usage))
+    async with http.post(f"{mock.url}/v1/messages", json=stream_body(stream=stream), headers=VERSION) as resp:
+        got = (await sse_events(resp))[0][1]["message"]["usage"] if stream else (await resp.json())["usage"]
+    assert got["cache_creation_input_tokens"] == written
+    assert got["cache_creation"] == {"ephemeral_5m_input_tokens": split[0], "ephemeral_1h_input_tokens": split[1]}
+
+
+async def test_stream_message_start_carries_the_cache_usage(mock, http):
+    body = stream_body(tools=[marked(LOOKUP, "1h")])
+    async with http.post(f"{mock.url}/v1/messages", json=body, headers=VERSION) as resp:
+        start = (await sse_events(resp))[0][1]["message"]["usage"]
+    assert start == {
+        "input_tokens": tokens({"type": "text", "text": MSGS[0]["content"]}),
+        "cache_creation_input_tokens": tokens(LOOKUP),
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": tokens(LOOKUP)},
+        "output_tokens": 1,
+        "service_tier": "standard",
+    }
 
 
 # -- disconnects -----------------------------------------------------------

@@ -82,3 +82,99 @@ async def test_a_well_formed_tool_loop_with_thinking_is_accepted(client):
                   {"role": "user", "content": [RESULT, {"type": "text", "text": "and tomorrow?"}]}],
     )
     assert reply.stop_reason == "end_turn"
+
+
+async def refusal(client, **fields) -> str:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(model="m", **{"messages": [USER], **fields})
+    return caught.value.body["error"]["message"]
+
+
+def marked(block: dict, ttl: str | None = None, kind: str = "ephemeral") -> dict:
+    return {**block, "cache_control": {"type": kind, **({"ttl": ttl} if ttl else {})}}
+
+
+TEXT = {"type": "text", "text": "Be brief."}
+MUST_PRECEDE = ("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
+                "Note that blocks are processed in the following order: `tools`, `system`, `messages`.")
+BUDGET_DOCS = ("`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at "
+               "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 1023}},
+         "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+        ({"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 2048}}, BUDGET_DOCS),
+        ({"max_tokens": 0, "thinking": {"type": "enabled", "budget_tokens": 1024}}, BUDGET_DOCS),
+        ({"max_tokens": 4000, "thinking": {"type": "enabled"}}, "thinking.enabled.budget_tokens: Field required"),
+        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": "2000"}},
+         "thinking.enabled.budget_tokens: Input should be a valid integer"),
+        ({"max_tokens": 100, "thinking": {"type": "on"}},
+         "thinking: Input tag 'on' found using 'type' does not match any of the expected tags: "
+         "'adaptive', 'disabled', 'enabled'"),
+        ({"max_tokens": 0, "stream": True}, "max_tokens: 0 (cache pre-warming) does not support `stream`"),
+        ({"max_tokens": 0, "thinking": {"type": "adaptive"}},
+         "max_tokens: 0 (cache pre-warming) does not support `thinking`"),
+        ({"max_tokens": 0, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+         "max_tokens: 0 (cache pre-warming) does not support `output_config.format`"),
+    ],
+)
+async def test_thinking_and_warming_refusals(client, fields, message):
+    assert await refusal(client, **fields) == message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 100, "thinking": {"type": "adaptive", "display": "omitted"}},
+        {"max_tokens": 1025, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"max_tokens": 100, "thinking": {"type": "disabled"}},
+        {"max_tokens": 0, "thinking": {"type": "disabled"}, "output_config": {"effort": "low"}},
+    ],
+)
+async def test_thinking_and_warming_accepted(client, fields):
+    reply = await client.messages.create(model="m", messages=[USER], **fields)
+    assert reply.stop_reason == ("max_tokens" if fields["max_tokens"] == 0 else "end_turn")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tools": [TOOLS[0], marked(TOOLS[0], "2h")]}, "tools.1.cache_control.ttl: Input should be '5m' or '1h'"),
+        ({"system": [marked(TEXT, kind="persistent")]}, "system.0.cache_control.type: Input should be 'ephemeral'"),
+        ({"messages": [{"role": "user", "content": [TEXT, marked(TEXT, "10m")]}]},
+         "messages.0.content.1.cache_control.ttl: Input should be '5m' or '1h'"),
+        ({"cache_control": {"type": "ephemeral", "ttl": "1d"}}, "cache_control.ttl: Input should be '5m' or '1h'"),
+        ({"tools": [marked(TOOLS[0])], "system": [marked(TEXT, "1h")]}, "system.0.cache_control.ttl: " + MUST_PRECEDE),
+        ({"system": [marked(TEXT, "5m")], "messages": [{"role": "user", "content": [marked(TEXT, "1h")]}]},
+         "messages.0.content.0.cache_control.ttl: " + MUST_PRECEDE),
+        ({"system": [marked(TEXT)], "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+         "cache_control.ttl: " + MUST_PRECEDE),
+        ({"system": [marked(TEXT)] * 3, "messages": [{"role": "user", "content": [marked(TEXT), marked(TEXT)]}]},
+         "A maximum of 4 blocks with cache_control may be provided. Found 5."),
+        ({"tools": [marked(TOOLS[0])], "system": [marked(TEXT)] * 3, "cache_control": {"type": "ephemeral"}},
+         "A maximum of 4 blocks with cache_control may be provided. Found 5."),
+        ({"messages": [USER, {"role": "assistant", "content": [marked(THINKING), {"type": "text", "text": "Sunny."}]},
+                       {"role": "user", "content": "Thanks"}]},
+         "messages.1.content.0.thinking.cache_control: Extra inputs are not permitted"),
+    ],
+)
+async def test_breakpoints_refused_like_the_real_api(client, fields, message):
+    fields = {"max_tokens": 100, **fields}
+    assert await refusal(client, **fields) == message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [marked(TOOLS[0], "1h")], "system": [marked(TEXT, "1h")],
+         "messages": [{"role": "user", "content": [marked(TEXT, "5m"), marked(TEXT)]}]},
+        {"system": [marked(TEXT, "1h")] * 3, "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+        {"system": [{**TEXT, "cache_control": None}], "cache_control": None},
+    ],
+)
+async def test_breakpoints_accepted(client, fields):
+    reply = await client.messages.create(model="m", max_tokens=100, **{"messages": [USER], **fields})
+    assert reply.stop_reason == "end_turn"
