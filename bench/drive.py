@@ -105,7 +105,7 @@ def driver(args, wrk: str | None, system: System, scenario: Scenario, body: Path
     use_wrk = wrk and (args.client == "wrk" or (args.client == "auto" and not scenario.stream))
     if use_wrk:
         return lambda: drive_wrk(wrk, system, body, concurrency, duration)
-    expect = closing_marker(system.kind, scenario)
+    expect = closing_marker(system.api, scenario)
     if scenario.stream:
         return lambda: drive_asyncio(system, body, expect, concurrency, duration)
     return lambda: drive_asyncio(system, body, expect, concurrency, duration) | {"first_token_p50_ms": None}
@@ -119,11 +119,11 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
     with urllib.request.urlopen(request, timeout=30) as response:
         status, data = response.status, response.read()
     expected = {
-        ("gateway", False): b'"chat.completion"',
-        ("gateway", True): b"data: [DONE]",
-        ("floor", False): b'"type":"message"',
-        ("floor", True): b'"type":"message_stop"',
-    }[(system.kind, scenario.stream)]
+        ("openai", False): b'"chat.completion"',
+        ("openai", True): b"data: [DONE]",
+        ("anthropic", False): b'"type":"message"',
+        ("anthropic", True): b'"type":"message_stop"',
+    }[(system.api, scenario.stream)]
     needs = [expected] + ([b"get_weather"] if scenario.tools else [b"Tokens a"])
     if status != 200 or not all(n in data for n in needs):
         raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")

@@ -93,7 +93,7 @@ def bench_slow(args, mock, systems, bodies) -> dict:
     runs = {s.name: [] for s in systems}
     for round_ in range(args.slow_rounds):
         for system in systems:
-            expect = closing_marker(system.kind, SLOW)
+            expect = closing_marker(system.api, SLOW)
             body = bodies[(system.name, SLOW.name)]
             run = measure(system, mock, lambda: drive_asyncio(system, body, expect, 0, 15, streams=args.slow_streams))
             run["completed"] = run["requests"]

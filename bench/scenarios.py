@@ -114,8 +114,9 @@ async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> l
     return differences
 
 
-def closing_marker(system: str, s: Scenario) -> str:
-    """What the end of a complete response body contains (checked by the asyncio client)."""
+def closing_marker(api: str, s: Scenario) -> str:
+    """What the end of a complete response body contains (checked by the asyncio client), for
+    a system whose clients speak `api` ("openai" or "anthropic")."""
     if not s.stream:
         return ""
-    return "[DONE]" if system == "gateway" else "message_stop"
+    return "[DONE]" if api == "openai" else "message_stop"

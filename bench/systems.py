@@ -109,6 +109,7 @@ class System:
     proc: subprocess.Popen | None = None
     log: Path | None = None
     extra: dict = field(default_factory=dict)
+    api: str = "anthropic"  # what its clients speak: "anthropic" (Messages) or "openai" (Chat Completions)
 
     @property
     def pid(self) -> int:
@@ -211,12 +212,13 @@ def floor_system(upstream_url: str) -> System:
 
 
 def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
-                   name: str | None = None, limits: bool = True) -> System:
+                   name: str | None = None, limits: bool = True, native: bool = False) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
     each gateway started in one work directory starts afresh. `limits=False`: the key has no
-    spend limit, rpm or tpm (bench/limits.py)."""
+    spend limit, rpm or tpm (bench/limits.py). `native`: its clients speak Anthropic's Messages
+    API to it (bench/native.py), not Chat Completions."""
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
@@ -224,12 +226,13 @@ def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers:
     return System(
         name,
         port,
-        "/v1/chat/completions",
-        [f"Authorization: Bearer {GATEWAY_KEY}"],
+        "/v1/messages" if native else "/v1/chat/completions",
+        [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"] if native else [f"Authorization: Bearer {GATEWAY_KEY}"],
         [EZAT_GATEWAY, "serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
         ready_path="/healthz",
         workers=workers,
         extra={"config": str(config), "db": str(workdir / f"{name}.db")},
+        api="anthropic" if native else "openai",
     )
 
 
