@@ -201,8 +201,7 @@ class MockUpstream:
         if body is None:
             return self._error(400, "There was an error parsing the body of your request as JSON")
         try:
-            validate_betas(headers.get("anthropic-beta", ""))
-            validate(body, fields)
+            validate(body, fields, validate_betas(headers.get("anthropic-beta", "")))
         except Invalid as exc:
             return self._error(400, str(exc))
         return body

@@ -33,7 +33,7 @@ class Invalid(Exception):
     """A request the real API would reject with 400 invalid_request_error."""
 
 
-def validate_betas(header: str) -> None:
+def validate_betas(header: str) -> frozenset[str]:
     """The `anthropic-beta` header: beta names, comma-separated (empty names are skipped)."""
     names = [name.strip() for name in header.split(",")]
     unexpected = [name for name in names if name and not _BETA.fullmatch(name)]
@@ -42,11 +42,19 @@ def validate_betas(header: str) -> None:
             f"Unexpected value(s) `{', '.join(unexpected)}` for the `anthropic-beta` header. "
             "Please consult our documentation at docs.claude.com or try again without the header."
         )
+    return frozenset(name for name in names if name)
 
 
-def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS) -> None:
+# The beta under which a message may have the role "system" (Claude Code sends such messages).
+MID_CONVERSATION_SYSTEM = "mid-conversation-system-2026-04-07"
+# What the API answers without it: Claude Code reads it, and sends no such message again.
+UNEXPECTED_SYSTEM_ROLE = ('messages: Unexpected role "system". The Messages API accepts a top-level `system` '
+                          'parameter, not "system" as an input message role.')
+
+
+def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS, betas: frozenset[str] = frozenset()) -> None:
     """A request body for /v1/messages, or with fields=COUNT_TOKENS_FIELDS for count_tokens,
-    which takes (and so requires) no max_tokens."""
+    which takes (and so requires) no max_tokens; `betas`, the request's beta names."""
     if not isinstance(body, dict):
         raise Invalid("Input should be a valid dictionary")
     for key in body:
@@ -70,8 +78,10 @@ def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS) -> None:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise Invalid(f"messages.{i}: Input should be a valid dictionary")
-        if msg.get("role") not in ("user", "assistant"):
-            raise Invalid(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        if msg.get("role") == "system" and MID_CONVERSATION_SYSTEM not in betas:
+            raise Invalid(UNEXPECTED_SYSTEM_ROLE)
+        if msg.get("role") not in ("user", "assistant", "system"):
+            raise Invalid(f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'")
         content = msg.get("content")
         if not isinstance(content, (str, list)):
             raise Invalid(f"messages.{i}.content: Input should be a valid string or list")

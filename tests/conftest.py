@@ -96,7 +96,8 @@ async def redis_url():
     await client.aclose()
 
 
-# --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py.
+# --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py,
+# and Claude Code.
 
 # The version the tests (and the product page's examples) were last run with.
 NODE_SDK = "openai@7.59.0"
@@ -108,19 +109,40 @@ def node_sdk() -> Path:
     clean removes it). Without Node.js or the npm registry these tests skip, except in CI
     (EZAT_REQUIRE_SERVICES=1), where they fail."""
     where = Path(sys.prefix) / "node-sdk"
-    if not (where / "node_modules" / "openai" / "package.json").exists():
-        try:
-            if shutil.which("node") is None or shutil.which("npm") is None:
-                raise FileNotFoundError("node and npm are not both installed")
-            subprocess.run(
-                ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", NODE_SDK],
-                check=True, capture_output=True, timeout=300,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
-                pytest.fail(f"Node.js and {NODE_SDK} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
-            pytest.skip(f"Node.js with {NODE_SDK} is not available here ({exc!r}); CI runs these tests")
+    _npm_install(NODE_SDK, where, where / "node_modules" / "openai" / "package.json")
     return where
+
+
+# Claude Code, whose npm package ships a native `claude` binary (test_claude_code.py); the version
+# the tests were last run with.
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
+
+
+@pytest.fixture(scope="session")
+def claude_code() -> Path:
+    """The `claude` binary of CLAUDE_CODE, installed once into the virtualenv as NODE_SDK is."""
+    where = Path(sys.prefix) / "claude-code"
+    binary = where / "node_modules" / ".bin" / "claude"
+    _npm_install(CLAUDE_CODE, where, binary)
+    return binary
+
+
+def _npm_install(package: str, where: Path, installed: Path) -> None:
+    """`npm install` `package` under `where`, unless `installed` is there already; skips the
+    test without Node.js or the npm registry, or fails it in CI (EZAT_REQUIRE_SERVICES=1)."""
+    if installed.exists():
+        return
+    try:
+        if shutil.which("node") is None or shutil.which("npm") is None:
+            raise FileNotFoundError("node and npm are not both installed")
+        subprocess.run(
+            ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", package],
+            check=True, capture_output=True, timeout=600,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"Node.js and {package} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
+        pytest.skip(f"Node.js with {package} is not available here ({exc!r}); CI runs these tests")
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -241,7 +241,10 @@ async def test_unknown_field_rejected_and_recorded(client, mock):
     (VERSION, {"model": "m", "max_tokens": 5}, "messages: Field required"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": []}, "messages: at least one message is required"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
-     "messages.0.role: Input should be 'user' or 'assistant'"),
+     'messages: Unexpected role "system". The Messages API accepts a top-level `system` parameter, not "system" as an '
+     "input message role."),
+    (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+     "messages.0.role: Input should be 'user', 'assistant' or 'system'"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
      "messages: text content blocks must be non-empty"),
     (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]},

@@ -178,3 +178,13 @@ async def test_breakpoints_refused_like_the_real_api(client, fields, message):
 async def test_breakpoints_accepted(client, fields):
     reply = await client.messages.create(model="m", max_tokens=100, **{"messages": [USER], **fields})
     assert reply.stop_reason == "end_turn"
+
+
+async def test_a_system_message_needs_the_mid_conversation_system_beta(client):
+    """As newer models take it, under its beta (Claude Code sends one); refused without it."""
+    messages = [USER, {"role": "system", "content": "Prefer short answers."}]
+    reply = await create(client, messages=messages, extra_headers={"anthropic-beta": "mid-conversation-system-2026-04-07"})
+    assert reply.stop_reason == "end_turn"
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await create(client, messages=messages)
+    assert 'Unexpected role "system"' in caught.value.body["error"]["message"]
