@@ -71,15 +71,7 @@ def proxy_handler(
         return EventStreamReply(events, streams=streams)
 
     async def message(deployment: Deployment, body: dict[str, Any], forward: Forward) -> MessageReply:
-        try:
-            async with await upstream.post(deployment, body, **forward) as response:
-                raw = await response.read()
-        except (aiohttp.ClientError, OSError):
-            raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
-        try:
-            message = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            message = None
+        message = await _json_answer(upstream, deployment, body, **forward)
         if not readable_message(message):
             raise GatewayError(500, "The upstream sent a reply the gateway cannot read.", type="server_error")
         return MessageReply(message)
@@ -125,19 +117,11 @@ def count_tokens_handler(config: Config, upstream: UpstreamClient, *, health: He
     no fallback model stands in (its count would be another model's)."""
 
     async def count(deployment: Deployment, body: dict[str, Any], forward: Forward) -> web.Response:
-        try:
-            async with await upstream.post(deployment, body, path=COUNT_TOKENS, **forward) as response:
-                raw = await response.read()
-        except (aiohttp.ClientError, OSError):
-            raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
-        try:
-            counted = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            counted = None
+        counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
         tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
         if type(tokens) is not int or tokens < 0:
             raise GatewayError(500, "The upstream sent a count the gateway cannot read.", type="server_error")
-        return web.Response(body=raw, content_type="application/json")
+        return web.Response(body=orjson.dumps(counted), content_type="application/json")
 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
@@ -173,6 +157,19 @@ async def first_of(config: Config, health: Health, tries, attempt, stick_by: str
             health.succeeded(name)
             return reply, name, model
     raise error
+
+
+async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any], **options) -> Any:
+    """The deployment's whole answer, parsed: None when it is not JSON."""
+    try:
+        async with await upstream.post(deployment, body, **options) as response:
+            raw = await response.read()
+    except (aiohttp.ClientError, OSError):
+        raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 # What a client of Anthropic's API sends that goes upstream with its request, as sent.

@@ -138,6 +138,35 @@ async def test_message_stop_is_sent_only_after_the_row_is_committed(start_gatewa
     assert (row.request_id, row.input_tokens, row.output_tokens) == (response.headers["request-id"], 7, 3)
 
 
+async def test_a_long_pause_gets_anthropics_ping_event(start_gateway, upstream):
+    gateway = await start_gateway(ping_interval=0.2)
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Slow."}], chunk_size=2, event_delay=0.5, pings=0))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+            text = (await response.read()).decode()
+    assert 'event: ping\ndata: {"type":"ping"}\n\n' in text  # the gateway's own: the upstream sent none
+    assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
+
+
+async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, client_of):
+    second = MockUpstream(api_key=UPSTREAM_KEY)
+    await second.start()
+    try:
+        claude = client_of(await start_gateway(two_deployments(upstream.url, second.url)))
+        sessions = [f"conversation {n}" for n in range(8)]
+        for _ in range(3):
+            for session in sessions:  # each one's text says which it is
+                await claude.messages.create(model=MODEL, max_tokens=10, extra_headers={"x-ezat-session": session},
+                                             messages=[{"role": "user", "content": session}])
+        got = [[r.body["messages"][0]["content"] for r in mock.requests] for mock in (upstream, second)]
+        assert sorted(got[0] + got[1]) == sorted(sessions * 3)
+        assert not set(got[0]) & set(got[1])  # no conversation on both
+        assert got[0] and got[1]  # and the conversations spread over both
+    finally:
+        await second.close()
+
+
 async def test_a_tool_use_round_trip(gateway, upstream, claude):
     call = {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}}
     upstream.enqueue(Scenario(blocks=[call]))
