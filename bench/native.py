@@ -8,7 +8,7 @@ all with the same upstream work. Prints each one's CPU per request and its ratio
 with the rounds' range; target: the native route within 1.3× the floor. Writes every run to
 bench/results/native-<timestamp>.json.
 
-    python bench/native.py [--rounds 4] [--duration 2] [--concurrency 1,64] [--scenarios nonstream,stream50]
+    python bench/native.py [--rounds 4] [--duration 2] [--concurrency 1,64] [--scenarios nonstream,stream50] [--no-limits]
 """
 
 from __future__ import annotations
@@ -32,17 +32,19 @@ RESULTS = BENCH / "results"
 ENCODERS = {"anthropic": anthropic_request, "openai": openai_request}
 
 
-def compare(rounds: int, duration: float, levels: list[int], names: list[str]) -> tuple[str, dict]:
+def compare(rounds: int, duration: float, levels: list[int], names: list[str], limits: bool) -> tuple[str, dict]:
     wrk = ensure_wrk()
     workdir = Path(tempfile.mkdtemp(prefix="ezat-native-"))
     scenarios = [SCENARIOS[name] for name in names]
     models = [s.model for s in scenarios]
     mock = mock_system().start(workdir)
     upstream = f"http://127.0.0.1:{mock.port}"
-    systems = [floor_system(upstream), gateway_system(upstream, workdir, models, name="gateway-native", native=True),
-               gateway_system(upstream, workdir, models, name="gateway-openai")]
+    systems = [floor_system(upstream),
+               gateway_system(upstream, workdir, models, name="gateway-native", native=True, limits=limits),
+               gateway_system(upstream, workdir, models, name="gateway-openai", limits=limits)]
     started = [mock]
-    result = {"meta": machine(wrk) | {"rounds": rounds, "duration_s": duration, "concurrency": levels}, "cells": []}
+    result = {"meta": machine(wrk) | {"rounds": rounds, "duration_s": duration, "concurrency": levels,
+                                      "limits": limits}, "cells": []}
     lines = ["| scenario | conc. | floor CPU µs/req | native | native ÷ floor | rounds' range | OpenAI route ÷ floor "
              f"| native ≤ {TARGET}× |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     options = SimpleNamespace(client="auto")  # wrk for plain answers, the asyncio client for streams
@@ -91,9 +93,11 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--scenarios", default="nonstream,stream50")
+    parser.add_argument("--no-limits", action="store_true",
+                        help="the gateways' key without a spend limit, rpm or tpm (they have them, too high to bite, by default)")
     args = parser.parse_args()
     table, result = compare(args.rounds, args.duration, [int(c) for c in args.concurrency.split(",")],
-                            args.scenarios.split(","))
+                            args.scenarios.split(","), not args.no_limits)
     print(table)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"native-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
