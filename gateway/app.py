@@ -6,7 +6,7 @@ from functools import partial, update_wrapper
 
 from aiohttp import web
 
-from gateway.catalog import catalog_handlers
+from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
 from gateway.health import Health
@@ -84,13 +84,14 @@ def build_app(
     ]
     # Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md).
     anthropic_images = images.for_api("anthropic")
+    native = native_middleware()
     messages_chain = [
-        anthropic_error_envelope, auth, size_limit, bounds, limits, anthropic_images,
-        cache_breakpoints_middleware(api="anthropic"), native_middleware(), billing,
+        auth, size_limit, bounds, limits, anthropic_images, cache_breakpoints_middleware(api="anthropic"), native,
+        billing,
     ]
     count_tokens_chain = [
-        anthropic_error_envelope, auth, size_limit, bounds,
-        limits_middleware(find_model=config.model, limiter=limiter, reserve=False), anthropic_images,
+        auth, size_limit, bounds, limits_middleware(find_model=config.model, limiter=limiter, reserve=False),
+        anthropic_images, native,
     ]
     streams = OpenStreams(ping_interval, config.server.write_timeout_seconds)
     health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
@@ -101,9 +102,7 @@ def build_app(
     messages = chain(messages_chain, proxy(native=True))
     count_tokens = chain(count_tokens_chain, count_tokens_handler(config, upstream, health=health))
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
-    # The model list and a model speak the API of whoever asks: errors too.
-    list_models = chain([errors_as_the_client_speaks, auth], list_models)
-    one_model = chain([errors_as_the_client_speaks, auth], one_model)
+    list_models, one_model = chain([auth], list_models), chain([auth], one_model)
 
     async def storage(app: web.Application):
         await store.open()
@@ -123,7 +122,7 @@ def build_app(
         timeout = config.server.shutdown_timeout_seconds
         streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
 
-    app = web.Application(middlewares=[error_envelope])
+    app = web.Application(middlewares=[errors_as_the_client_speaks])
     app[STORE] = store
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
@@ -140,7 +139,6 @@ def build_app(
     for prefix in ("", "/openai", "/anthropic"):
         app.router.add_get(prefix + "/v1/models", list_models)
         app.router.add_get(prefix + "/v1/models/{model:.+}", one_model)  # ids hold a slash
-    app.router.add_route("*", "/anthropic/{path:.*}", chain([anthropic_error_envelope], _not_found))
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
     return app
@@ -152,15 +150,10 @@ SHUTTING_DOWN = error_event("The gateway is shutting down; send the request agai
 
 @web.middleware
 async def errors_as_the_client_speaks(request: web.Request, handler) -> web.StreamResponse:
-    """Anthropic's error envelope for a client of Anthropic's API (it sends `anthropic-version`,
-    or asks under /anthropic), OpenAI's for the others."""
-    if "anthropic-version" in request.headers or request.path.startswith("/anthropic/"):
-        return await anthropic_error_envelope(request, handler)
-    return await handler(request)
-
-
-async def _not_found(request: web.Request) -> web.StreamResponse:
-    raise web.HTTPNotFound()
+    """The outermost guard: every error, aiohttp's own (404, 405) and anything unexpected too, in
+    the envelope of the API the request speaks, Anthropic's or OpenAI's."""
+    envelope = anthropic_error_envelope if speaks_anthropic(request) else error_envelope
+    return await envelope(request, handler)
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

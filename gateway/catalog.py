@@ -52,8 +52,15 @@ def _anthropic_entry(model: Model) -> dict[str, Any]:
             "max_tokens": model.max_output_tokens}
 
 
-def _speaks_anthropic(request: web.Request) -> bool:
-    return "anthropic-version" in request.headers or request.path.startswith("/anthropic/")
+def speaks_anthropic(request: web.Request) -> bool:
+    """Whether a request speaks Anthropic's API: by its route, or, on a route both APIs share
+    (the models), by the `anthropic-version` header Anthropic's clients always send."""
+    path = request.path
+    if path.startswith(("/anthropic/", "/v1/messages")):
+        return True
+    if path.startswith(("/openai/", "/v1/chat/")):
+        return False
+    return "anthropic-version" in request.headers
 
 
 def catalog_handlers(config: Config):
@@ -67,7 +74,7 @@ def catalog_handlers(config: Config):
     async def list_models(request: web.Request) -> web.Response:
         key = request[API_KEY]
         models = [m for m in config.models if key.allows(m.id)]
-        if _speaks_anthropic(request):
+        if speaks_anthropic(request):
             return web.json_response(_anthropic_page(models, request.query))
         return web.json_response({"object": "list", "data": [_openai_entry(m) for m in models]})
 
@@ -76,7 +83,7 @@ def catalog_handlers(config: Config):
         model = config.model(name)
         if model is None or not request[API_KEY].allows(model.id):
             raise model_not_found(name)
-        return web.json_response(_anthropic_entry(model) if _speaks_anthropic(request) else _openai_entry(model))
+        return web.json_response(_anthropic_entry(model) if speaks_anthropic(request) else _openai_entry(model))
 
     async def model_catalog(request: web.Request) -> web.Response:
         return web.json_response(catalog)
@@ -88,7 +95,7 @@ def _anthropic_page(models: list[Model], query) -> dict[str, Any]:
     """One page of Anthropic's model list: `limit` models (20 unless it says), after `after_id`
     or before `before_id` when it names one."""
     raw = query.get("limit", "20")
-    limit = int(raw) if raw.isdigit() else 0
+    limit = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 4 else 0
     if not 1 <= limit <= MAX_PAGE:
         raise invalid_request(f"limit: Input should be a whole number from 1 to {MAX_PAGE}", "limit")
     ids = [m.id for m in models]
@@ -106,7 +113,8 @@ def _anthropic_page(models: list[Model], query) -> dict[str, Any]:
     page = models[start:end][:limit]
     return {
         "data": [_anthropic_entry(m) for m in page],
-        "has_more": start + len(page) < end or ("before_id" in query and start > 0),
+        # Paging back from before_id, more lie before the page; else, after it.
+        "has_more": start > 0 if "before_id" in query and "after_id" not in query else start + len(page) < end,
         "first_id": page[0].id if page else None,
         "last_id": page[-1].id if page else None,
     }

@@ -90,6 +90,7 @@ def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS, betas: froze
             if not isinstance(block, dict):
                 raise Invalid(f"messages.{i}.content.{j}: Input should be a valid dictionary")
             _validate_block(block, f"messages.{i}.content.{j}")
+    _validate_system(body.get("system"))
     _validate_tool_pairs(messages)
     _validate_tools(body)
     _validate_thinking(body)
@@ -98,8 +99,21 @@ def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS, betas: froze
         _validate_warming(body)
 
 
+def _validate_system(system: object) -> None:
+    """A string, or a list of text blocks."""
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise Invalid("system: Input should be a valid string or list")
+    for i, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise Invalid(f"system.{i}: Input should be a valid text block")
+
+
 def _validate_block(block: dict, path: str) -> None:
     kind = block.get("type")
+    if not isinstance(kind, str):
+        raise Invalid(f"{path}.type: Input should be a valid string")
     if kind == "text" and not block.get("text"):
         raise Invalid("messages: text content blocks must be non-empty")
     if kind == "tool_use":
@@ -110,7 +124,9 @@ def _validate_block(block: dict, path: str) -> None:
     if kind == "tool_result" and not _ID.fullmatch(str(block.get("tool_use_id", ""))):
         raise Invalid(f"{path}.tool_use_id: String should match pattern '^[a-zA-Z0-9_-]+$'")
     if kind in ("image", "document"):
-        source = block.get("source") or {}
+        source = block.get("source")
+        if not isinstance(source, dict):
+            raise Invalid(f"{path}.source: Input should be a valid dictionary")
         if source.get("type") == "base64" and (kind == "image") != (source.get("media_type") in IMAGE_TYPES):
             raise Invalid(f"{path}.source.media_type: Input should be a supported media type")
 
@@ -138,7 +154,12 @@ def _validate_tool_pairs(messages: list) -> None:
 
 
 def _validate_tools(body: dict) -> None:
-    for i, tool in enumerate(body.get("tools") or []):
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise Invalid("tools: Input should be a valid list")
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict):
+            raise Invalid(f"tools.{i}: Input should be a valid dictionary")
         if not _NAME.fullmatch(str(tool.get("name", ""))):
             raise Invalid(f"tools.{i}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'")
         if (tool.get("input_schema") or {}).get("type") != "object":

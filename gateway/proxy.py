@@ -178,7 +178,8 @@ Forward = dict[str, dict[str, str]]  # upstream.post's `headers` and `query`
 
 
 def _forwarded(request: web.Request) -> Forward:
-    headers = {name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))}
+    # A header sent on several lines is one list (RFC 9110): all of it goes on.
+    headers = {name: ", ".join(values) for name in FORWARDED_HEADERS if (values := request.headers.getall(name, ()))}
     beta = request.query.get("beta")
     return {"headers": headers, "query": {"beta": beta} if beta is not None else {}}
 
@@ -191,6 +192,7 @@ def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, An
     asked_tokens = body.get("max_tokens")
     if type(asked_tokens) is int:  # else the upstream says what is wrong with it
         upstream_body["max_tokens"] = min(asked_tokens, model.max_output_tokens)
+        _fit_thinking(upstream_body)
     output_config = body.get("output_config")
     effort = output_config.get("effort") if isinstance(output_config, dict) else None
     if effort is not None and effort not in model.efforts:
@@ -203,6 +205,25 @@ def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, An
         for field in ("temperature", "top_p"):
             upstream_body.pop(field, None)
     return upstream_body
+
+
+# The least thinking budget the upstream takes.
+MIN_THINKING_BUDGET = 1024
+
+
+def _fit_thinking(body: dict[str, Any]) -> None:
+    """A thinking budget (Anthropic's route sends it as the client wrote it) kept below a
+    fallback's lower max_tokens, as the upstream requires; thinking is left out when no budget
+    the upstream takes fits."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or type(thinking.get("budget_tokens")) is not int:
+        return
+    if thinking["budget_tokens"] < body["max_tokens"]:
+        return
+    if body["max_tokens"] <= MIN_THINKING_BUDGET:
+        del body["thinking"]
+    else:
+        body["thinking"] = {**thinking, "budget_tokens": body["max_tokens"] - 1}
 
 
 def _all_cooling(seconds: float) -> GatewayError:

@@ -50,7 +50,8 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "op
         body = request[BODY]
         request[SESSION] = session(request, body)
         placed, media = scan(body)
-        if placed > MAX_BREAKPOINTS:
+        # (On Anthropic's API the upstream refuses too many in its own words, which its clients read.)
+        if api == "openai" and placed > MAX_BREAKPOINTS:
             raise invalid_request(
                 f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
                 "messages",

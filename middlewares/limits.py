@@ -9,6 +9,7 @@ more."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -51,7 +52,8 @@ def limits_middleware(
       naming the organization).
     Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
     requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
-    key's rate: no tokens, place among its running requests or spend are reserved.
+    key's rpm: nothing is taken from or checked against its tpm, and no place among its running
+    requests or spend is reserved.
 
     `request[SETTLE](usage)`, which billing calls once the row is recorded (the row's commit ends
     the spend reservation), settles the tokens to those used; `SETTLE(None)` gives back both, for
@@ -86,7 +88,8 @@ def limits_middleware(
         rid = request_id(request)
         reservation = Reservation(limiter, key, rid, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
-            wait = await limiter.admit(key, reservation.tokens)
+            # A request that reserves nothing is held to the key's rpm alone, not its tpm.
+            wait = await limiter.admit(key if reserve else replace(key, tpm=None), reservation.tokens)
             if wait:
                 raise GatewayError(
                     429,

@@ -424,6 +424,27 @@ async def test_a_request_with_its_own_breakpoints_keeps_them(gateway, upstream, 
     assert (sent["system"], sent["messages"]) == (system, HELLO)
 
 
+async def test_without_a_system_prompt_the_last_tool_takes_the_prefix_breakpoint(gateway, upstream, claude):
+    tools = [{"name": f"tool_{n}", "description": "A tool. " * 40, "input_schema": {"type": "object"}} for n in range(2)]
+    await claude.messages.create(model=MODEL, max_tokens=10, tools=tools, messages=HELLO)
+    sent = upstream.requests[0].body
+    assert [tool.get("cache_control") for tool in sent["tools"]] == [None, {"type": "ephemeral"}]
+    assert sent["messages"][0]["content"][0]["cache_control"] == {"type": "ephemeral"}
+
+
+async def test_a_mark_inside_a_tool_result_or_at_the_top_counts_as_the_clients_own(gateway, upstream, claude):
+    system = "You are a careful assistant. " * 60
+    result = {"type": "tool_result", "tool_use_id": "t1",
+              "content": [{"type": "text", "text": "Sunny.", "cache_control": {"type": "ephemeral"}}]}
+    turns = [*HELLO, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}]},
+             {"role": "user", "content": [result]}]
+    await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=turns)
+    await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO,
+                                 extra_body={"cache_control": {"type": "ephemeral"}})
+    assert [r.body["system"] for r in upstream.requests] == [system, system]  # no breakpoint added to either
+    assert upstream.requests[0].body["messages"] == turns
+
+
 async def test_the_1_hour_cache_is_priced_apart(gateway, upstream, claude):
     usage = {"input_tokens": 10, "ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 2000, "output_tokens": 20}
     upstream.enqueue(Scenario(usage=usage), Scenario(usage=usage))
@@ -463,7 +484,7 @@ async def test_image_and_document_urls_are_sent_inline(start_gateway, upstream, 
     assert len(upstream.requests) == 1
 
 
-async def test_the_native_route_serves_other_pricing_and_fields_as_configured(start_gateway, upstream, client_of):
+async def test_a_configured_1_hour_cache_price(start_gateway, upstream, client_of):
     """A configured cache_write_1h replaces the default (twice input)."""
     config = make_config(upstream.url)
     model = dataclasses.replace(config.models[0], pricing=Pricing(Decimal(3), Decimal(15), Decimal("3.75"),
@@ -496,3 +517,97 @@ free = true
         parse_config(text)
     assert caught.value.problems == ['models[0].aliases[1]: "a/two" already names a model',
                                      'models[1].aliases[0]: "one" already names a model']
+
+
+# --- Edges of the routes -----------------------------------------------------------------------
+
+
+async def test_count_tokens_under_anthropic_takes_no_fallbacks_upstream_and_no_tokens(start_gateway, upstream, client_of):
+    # tpm 10: a message's estimate would use it all; counts are held to rpm alone.
+    gateway = await start_gateway(with_key(make_config(upstream.url), tpm=10))
+    claude = client_of(gateway, "/anthropic")
+    for _ in range(3):
+        counted = await claude.messages.count_tokens(model=MODEL, messages=HELLO, extra_body={"models": ["test/small"]})
+        assert counted.input_tokens > 0
+    assert [r.body for r in upstream.requests] == [{"model": UPSTREAM_MODEL, "messages": HELLO}] * 3
+
+
+@pytest.mark.parametrize("method, path, status, kind", [
+    ("GET", "/v1/messages", 405, "invalid_request_error"),
+    ("GET", "/anthropic/v1/messages", 405, "invalid_request_error"),
+    ("POST", "/anthropic/v1/nothing", 404, "not_found_error"),
+])
+async def test_aiohttps_own_errors_in_anthropics_envelope(gateway, method, path, status, kind):
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, gateway.url + path, headers={"x-api-key": KEY}) as response:
+            answer = await response.json()
+    assert (response.status, answer["type"], answer["error"]["type"]) == (status, "error", kind)
+
+
+async def test_a_stream_field_that_is_no_boolean_is_refused(gateway, upstream):
+    response, answer = await post_raw(gateway, {"model": MODEL, "max_tokens": 5, "messages": HELLO, "stream": "yes"})
+    assert response.status == 400
+    envelope(answer, "invalid_request_error", "stream: Input should be a valid boolean", response)
+    assert upstream.requests == []
+
+
+async def test_models_under_anthropic_paging_back_and_by_alias(start_gateway, upstream):
+    config = make_config(upstream.url)
+    model = dataclasses.replace(config.models[0], aliases=(UPSTREAM_MODEL,))
+    gateway = await start_gateway(dataclasses.replace(config, models=(model, *config.models[1:])))
+    async with aiohttp.ClientSession(headers={"x-api-key": KEY}) as http:  # no anthropic-version
+        async with http.get(gateway.url + "/anthropic/v1/models?limit=1&before_id=test/small") as response:
+            page = await response.json()
+        async with http.get(gateway.url + f"/anthropic/v1/models/{UPSTREAM_MODEL}") as response:
+            one = await response.json()
+    assert (page["data"][0]["id"], page["has_more"], page["first_id"]) == (MODEL, False, MODEL)
+    assert (one["type"], one["id"]) == ("model", MODEL)  # an alias finds its model
+
+
+async def test_private_hosts_and_files_that_are_no_pdf_are_refused(start_gateway, upstream, client_of):
+    claude = client_of(await start_gateway())  # the default: public addresses only
+    private = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:9/cat.png"}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [private]}]}])
+    assert caught.value.body["error"]["message"] == (
+        "messages[0].content[0].content[0].source.url: the host is not a public address")
+    config = dataclasses.replace(make_config(upstream.url), images=ImagesConfig(allow_private_hosts=True))
+    claude = client_of(await start_gateway(config))
+    with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
+        fake_get(outside, "https://docs.example.com/paper.pdf", body=PNG)
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
+                {"type": "document", "source": {"type": "url", "url": "https://docs.example.com/paper.pdf"}}]}])
+    assert caught.value.body["error"]["message"] == "messages[0].content[0].source.url: the file is not a PDF document"
+    assert upstream.requests == []
+
+
+async def test_an_unreachable_deployment_is_passed_over(start_gateway, upstream, client_of):
+    config = two_deployments(upstream.url, upstream.url)
+    closed = Deployment(name="primary", base_url="http://127.0.0.1:9", api_key=UPSTREAM_KEY, connect_timeout_seconds=2)
+    claude = client_of(await start_gateway(dataclasses.replace(config, deployments=(closed, config.deployments[1]))))
+    message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    assert message.content[0].text.endswith("Hello") and len(upstream.requests) == 1
+
+
+async def test_a_fallback_keeps_a_thinking_budget_below_its_own_limit(start_gateway, upstream, client_of):
+    upstream.enqueue(Scenario(status=529, error_message="Overloaded"))  # the asked model's one deployment
+    claude = client_of(await start_gateway())
+    await claude.messages.create(model=MODEL, max_tokens=32_000, thinking={"type": "enabled", "budget_tokens": 16_000},
+                                 messages=HELLO, extra_body={"models": ["test/small"]}, timeout=30)
+    first, fallback = upstream.requests
+    assert (first.body["max_tokens"], first.body["thinking"]["budget_tokens"]) == (32_000, 16_000)
+    assert (fallback.body["model"], fallback.body["max_tokens"]) == ("small-1", 4096)  # test/small's most
+    assert fallback.body["thinking"] == {"type": "enabled", "budget_tokens": 4095}
+    assert "models" not in fallback.body
+
+
+async def test_every_anthropic_beta_line_goes_upstream(gateway, upstream):
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": HELLO},
+                             headers=[("x-api-key", KEY), ("anthropic-version", "2023-06-01"),
+                                      ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+                                      ("anthropic-beta", "effort-2025-11-24")]) as response:
+            assert response.status == 200
+    assert upstream.requests[0].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14, effort-2025-11-24"

@@ -53,12 +53,11 @@ class GatewayError(web.HTTPException):
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
 
     def anthropic_status_and_type(self) -> tuple[int, str]:
-        """How Anthropic's API says this error: its type, and the status that goes with it (an
-        overload is 529 there, which Anthropic's clients know and retry)."""
+        """How Anthropic's API says this error: (its status there, its type)."""
         if self.anthropic is not None:
             return self.anthropic
         kind = anthropic_type(self.status)
-        return (529 if kind == "overloaded_error" else self.status), kind
+        return anthropic_status(kind, self.status), kind
 
     def as_anthropic(self, request_id: str) -> GatewayError:
         """This error in Anthropic's envelope, `request_id` in it as Anthropic's API puts it."""
@@ -129,6 +128,12 @@ def anthropic_type(status: int) -> str:
     return ANTHROPIC_TYPE_BY_STATUS.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
 
 
+def anthropic_status(kind: str, status: int) -> int:
+    """The status an error of Anthropic's type `kind` has there: an overload is 529 (which
+    Anthropic's clients know and retry), the rest keep `status`."""
+    return 529 if kind == "overloaded_error" else status
+
+
 # Anthropic error type → (status the client gets, OpenAI type, OpenAI code). The status is the
 # Anthropic API's own, except 529 → 503 (OpenAI's clients know no 529).
 BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
@@ -152,18 +157,34 @@ def stream_error(event: Mapping[str, Any]) -> GatewayError:
     kind = kind if isinstance(kind, str) and kind else "api_error"
     status, type_, code = BY_ANTHROPIC_TYPE.get(kind, BY_ANTHROPIC_TYPE["api_error"])
     return GatewayError(status, cut(str(error.get("message") or "upstream error")), type=type_, code=code,
-                        anthropic=(529 if kind == "overloaded_error" else status, kind))
+                        anthropic=(anthropic_status(kind, status), kind))
 
 
 @web.middleware
 async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
     """Outermost guard: aiohttp's own errors (404, 405) and anything unexpected leave in the
     OpenAI envelope, never as an HTML page or a traceback."""
+    return await _guarded(request, handler)
+
+
+@web.middleware
+async def anthropic_error_envelope(request: web.Request, handler) -> web.StreamResponse:
+    """The guard for a route that speaks Anthropic's API: every error, aiohttp's own and anything
+    unexpected too, leaves in Anthropic's envelope, `{"type": "error", "error": {"type",
+    "message"}, "request_id"}`, with Anthropic's status for it."""
+    try:
+        return await _guarded(request, handler)
+    except GatewayError as exc:
+        raise exc.as_anthropic(request_id(request)) from None
+
+
+async def _guarded(request: web.Request, handler) -> web.StreamResponse:
+    """The handler's answer; whatever it raises, a GatewayError (a redirect aside)."""
     try:
         return await handler(request)
     except GatewayError as exc:
         if exc.status in (429, 503, 529) and "retry-after" not in exc.headers:
-            # docs/api.md, "Errors": both say to wait for retry-after seconds, so there always is one.
+            # docs/api.md, "Errors": each says to wait for retry-after seconds, so there always is one.
             # (Added here, not when the error is made: routing cools a deployment down for
             # what the upstream itself said.)
             exc.headers.update(retry_after(DEFAULT_RETRY_AFTER))
@@ -175,26 +196,6 @@ async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         raise GatewayError(500, "The gateway failed to handle the request.", type="server_error") from None
-
-
-@web.middleware
-async def anthropic_error_envelope(request: web.Request, handler) -> web.StreamResponse:
-    """For a route that speaks Anthropic's API: every error leaves in Anthropic's envelope,
-    `{"type": "error", "error": {"type", "message"}, "request_id"}`, with Anthropic's status for
-    it; aiohttp's own (404, 405) and anything unexpected too, never as an HTML page or a traceback."""
-    try:
-        return await handler(request)
-    except GatewayError as exc:
-        raise exc.as_anthropic(request_id(request)) from None
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = GatewayError(exc.status, exc.reason, type=_type_for(exc.status), headers=_allow(exc))
-        raise error.as_anthropic(request_id(request)) from None
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        error = GatewayError(500, "The gateway failed to handle the request.", type="server_error")
-        raise error.as_anthropic(request_id(request)) from None
 
 
 def _type_for(status: int) -> str:

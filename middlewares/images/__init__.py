@@ -213,6 +213,7 @@ async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int,
             which = (part.url, part.pdf)
             if which not in downloads:
                 if len(downloads) == limits.urls:
+                    # (On Anthropic's route a PDF's URL counts among them.)
                     raise invalid_request(f"{part.path}: more than {limits.urls} image URLs in one request", "messages")
                 downloads[which] = asyncio.create_task(download(*which))
             waiting.append((part, downloads[which]))
