@@ -9,7 +9,7 @@ READY  := $(VENV)/.ready
 $(READY): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,fast]'
+	$(BIN)/pip install --quiet -e '.[test,fast,otel]'
 	touch $(READY)
 
 # `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).

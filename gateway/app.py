@@ -9,8 +9,11 @@ from aiohttp import web
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
-from gateway.health import Health
-from gateway.proxy import NON_STREAMING_DEADLINE, count_tokens_handler, proxy_handler
+from gateway.metrics import Metrics, metrics_handler
+from gateway.observe import observe_middleware
+from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
+from gateway.readiness import Readiness
+from gateway.tracing import Tracing
 from gateway.ratelimit import rate_limiter
 from gateway.server import server_header
 from gateway.storage import Store, open_store
@@ -48,10 +51,14 @@ def build_app(
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     ping_interval: float = 15.0,
     key_cache_seconds: float = 5.0,
+    tracing: Tracing | None = None,
 ) -> web.Application:
+    """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one)."""
+    metrics = Metrics() if config.metrics.enabled else None
+    tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
     store = open_store(config.storage.url)
-    ledger = Ledger(store)
+    ledger = Ledger(store, metrics=metrics)
     spending = SpendReservations(store)
     limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
     auth = auth_middleware(find_key=store.find_key, cache_seconds=key_cache_seconds)
@@ -66,6 +73,7 @@ def build_app(
         allow_private_hosts=settings.allow_private_hosts,
         downloads_per_key=settings.downloads_per_key,
         connections_per_host=settings.connections_per_host,
+        on_download=metrics.image_download if metrics is not None else None,
     )
 
     size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
@@ -93,16 +101,21 @@ def build_app(
         auth, size_limit, bounds, limits_middleware(find_model=config.model, limiter=limiter, reserve=False),
         anthropic_images, native,
     ]
-    streams = OpenStreams(ping_interval, config.server.write_timeout_seconds)
-    health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
-                    cooldown=config.routing.cooldown_seconds)  # one for every route: the deployments are the same
-    proxy = partial(proxy_handler, config, upstream, health=health, non_streaming_deadline=non_streaming_deadline,
+    streams = OpenStreams(ping_interval, config.server.write_timeout_seconds, metrics)
+    attempts = Attempts(config, metrics=metrics, tracing=tracing)  # one for every route: the deployments are the same
+    proxy = partial(proxy_handler, config, upstream, attempts=attempts, non_streaming_deadline=non_streaming_deadline,
                     streams=streams)
-    chat_completions = chain(openai_chain, proxy())
-    messages = chain(messages_chain, proxy(native=True))
-    count_tokens = chain(count_tokens_chain, count_tokens_handler(config, upstream, health=health))
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
-    list_models, one_model = chain([auth], list_models), chain([auth], one_model)
+    routes = {  # what the metrics and the access log call each API route
+        "chat_completions": chain(openai_chain, proxy()),
+        "messages": chain(messages_chain, proxy(native=True)),
+        "count_tokens": chain(count_tokens_chain, count_tokens_handler(config, upstream, attempts=attempts)),
+        "models": chain([auth], list_models),
+        "model": chain([auth], one_model),
+    }
+    for name, handler in routes.items():
+        handler.api_route = "models" if name == "model" else name
+    readiness = Readiness(store, limiter)
 
     async def storage(app: web.Application):
         await store.open()
@@ -122,29 +135,36 @@ def build_app(
         timeout = config.server.shutdown_timeout_seconds
         streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
 
-    app = web.Application(middlewares=[errors_as_the_client_speaks])
+    app = web.Application(middlewares=[observe_middleware(metrics=metrics, tracing=tracing), errors_as_the_client_speaks])
     app[STORE] = store
+    app[READINESS] = readiness
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(upstream.lifespan)
     app.cleanup_ctx.append(images.cleanup_ctx)
     app.cleanup_ctx.append(streams.lifespan)
+    if tracing is not None:
+        app.cleanup_ctx.append(tracing.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)
     for prefix in ("", "/openai"):
-        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/v1/chat/completions", routes["chat_completions"])
     for prefix in ("", "/anthropic"):
-        app.router.add_post(prefix + "/v1/messages", messages)
-        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
+        app.router.add_post(prefix + "/v1/messages", routes["messages"])
+        app.router.add_post(prefix + "/v1/messages/count_tokens", routes["count_tokens"])
     for prefix in ("", "/openai", "/anthropic"):
-        app.router.add_get(prefix + "/v1/models", list_models)
-        app.router.add_get(prefix + "/v1/models/{model:.+}", one_model)  # ids hold a slash
+        app.router.add_get(prefix + "/v1/models", routes["models"])
+        app.router.add_get(prefix + "/v1/models/{model:.+}", routes["model"])  # ids hold a slash
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readiness.readyz)
+    if metrics is not None:
+        app.router.add_get("/metrics", metrics_handler(metrics, config.metrics.token))
     return app
 
 
 STORE = web.AppKey("ezat.store", Store)
+READINESS = web.AppKey("ezat.readiness", Readiness)
 SHUTTING_DOWN = error_event("The gateway is shutting down; send the request again.")
 
 

@@ -9,9 +9,11 @@ import logging
 import multiprocessing
 import os
 import secrets
+import shutil
 import signal
 import sqlite3
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from decimal import Decimal
@@ -19,7 +21,10 @@ from decimal import Decimal
 from aiohttp import web
 
 from gateway import admin
-from gateway.app import build_app
+from gateway.app import READINESS, build_app
+from gateway.logs import configure_logging
+from gateway.metrics import MULTIPROCESS_DIR
+from gateway.tracing import TracingUnavailable
 from gateway.server import app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     admin.add_commands(commands, storage_options)
 
     args = parser.parse_args(argv)
-    _configure_logging()
+    configure_logging()  # serve's config may say otherwise
     try:
         if args.command == "check-config":
             return check_config(args.file)
@@ -89,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
+    except TracingUnavailable as exc:
+        print(f"ezat-gateway serve: {exc}", file=sys.stderr)
+        return 1
     except (OSError, sqlite3.Error) as exc:  # a port taken, a database out of reach
         print(f"ezat-gateway {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -97,10 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 
 _port = admin.whole_number(1, 65535)
 _workers = admin.whole_number(1, 1024)
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
 
 
 def check_config(path: str) -> int:
@@ -136,6 +140,9 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
             f"--workers {workers} needs [ratelimit] url (Redis) for keys with rpm, tpm or max_concurrent ({', '.join(limited)}): "
             "each worker's own buckets would let through N times their limits"
         )
+    # The workers' metrics go to one directory, so that a scrape of any of them counts all.
+    metrics_dir = tempfile.mkdtemp(prefix="ezat-metrics-")
+    os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
     spawn = multiprocessing.get_context("spawn")
     processes = [spawn.Process(target=_worker, args=(config_path, host, port, workers)) for _ in range(workers)]
     for process in processes:
@@ -148,11 +155,14 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    while any(process.is_alive() for process in processes):
-        for process in processes:
-            process.join(timeout=0.5)
-            if process.exitcode not in (None, 0):  # a worker that died takes the others down: fail loudly
-                stop(None, None)
+    try:
+        while any(process.is_alive() for process in processes):
+            for process in processes:
+                process.join(timeout=0.5)
+                if process.exitcode not in (None, 0):  # a worker that died takes the others down: fail loudly
+                    stop(None, None)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(process.exitcode != 0 for process in processes):
         raise SystemExit(1)
 
@@ -165,7 +175,6 @@ def _rate_limited_keys(config: Config) -> list[str]:
 
 def _worker(config_path: str, host: str | None, port: int | None, workers: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
-    _configure_logging()  # a spawned process starts with none
     run(serve_forever(config_path, host, port, reuse_port=True, workers=workers))
 
 
@@ -180,6 +189,7 @@ async def serve_forever(
         config, demo_key, mock = await embedded_config()
     server = replace(config.server, host=host or config.server.host, port=port or config.server.port, workers=workers)
     config = replace(config, server=server)
+    configure_logging(config.logging)
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
     # timeout), then close; the app's cleanup writes every ledger row still pending.
@@ -192,6 +202,10 @@ async def serve_forever(
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
 
     await until_stopped()
+    runner.app[READINESS].draining = True  # /readyz is 503 from now on
+    if server.drain_seconds:
+        log.info("shutting down: serving on for %g s while load balancers see /readyz fail", server.drain_seconds)
+        await asyncio.sleep(server.drain_seconds)
     log.info("shutting down: finishing open requests (up to %g s)", server.shutdown_timeout_seconds)
     await runner.cleanup()
     if mock is not None:

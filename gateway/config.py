@@ -102,6 +102,9 @@ class ServerConfig:
     write_timeout_seconds: float = _field(30.0, check=_positive_number)  # a stream's client not reading
     body_timeout_seconds: float = _field(60.0, check=_positive_number)  # for a request's whole body, else 408
     keepalive_timeout_seconds: float = _field(75.0, check=_positive_number)  # an idle connection's; a request's headers' too
+    # On SIGTERM: /readyz answers 503 at once, and the gateway serves on this long before it stops
+    # listening and drains (so a load balancer that probes readiness stops sending first).
+    drain_seconds: float = _field(0.0, check=_non_negative)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,32 @@ class BoundsConfig:
     max_tools: int = _field(1_000, check=_positive)
     max_stop: int = _field(100, check=_positive)  # stop sequences
     max_schema_depth: int = _field(100, check=_positive)  # levels of JSON in a tool's or the output's schema
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = True  # GET /metrics, in Prometheus' text format
+    token: str = field(default="", repr=False)  # if set, /metrics wants `Authorization: Bearer <token>`
+
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = _field("text", check=_rule(lambda v: v in LOG_FORMATS, "expected \"text\" or \"json\""))
+    level: str = _field("INFO", check=_rule(lambda v: v.upper() in LOG_LEVELS, f"expected one of {', '.join(LOG_LEVELS)}"),
+                        clean=str.upper)
+    access_log: bool = True  # one line per request, when it ends
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces, sent over OTLP/HTTP (`pip install 'ezat-gateway[otel]'`)."""
+
+    endpoint: str = _field("", check=_rule(lambda v: v == "" or _http_url(v) is None, "expected an http(s) URL"))
+    service_name: str = _field("ezat-gateway", check=_non_empty)
 
 
 @dataclass(frozen=True)
@@ -222,6 +251,9 @@ class Config:
     bounds: BoundsConfig = BoundsConfig()
     ratelimit: RateLimitConfig = RateLimitConfig()
     routing: RoutingConfig = RoutingConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
+    tracing: TracingConfig = TracingConfig()
     deployments: tuple[Deployment, ...] = ()
     models: tuple[Model, ...] = ()
     organizations: tuple[OrganizationConfig, ...] = ()

@@ -7,17 +7,27 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from gateway.metrics import Metrics
+
 
 class Health:
-    def __init__(self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0) -> None:
+    def __init__(self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0, metrics: Metrics | None = None) -> None:
         self._threshold = failures_before_cooldown
         self._cooldown = cooldown
+        self._metrics = metrics
         self._failures: dict[str, int] = {}
         self._cooled_until: dict[str, float] = {}
 
     def available(self, names: Iterable[str]) -> list[str]:
         now = time.monotonic()
-        return [name for name in names if self._cooled_until.get(name, 0.0) <= now]
+        usable = []
+        for name in names:
+            until = self._cooled_until.get(name)
+            if until is None or until <= now:
+                usable.append(name)
+                if until is not None:  # cooled down, and tried again from now
+                    self._warm(name)
+        return usable
 
     def cooling_ends(self, names: Iterable[str]) -> float:
         """Seconds until the first of `names` may be tried again."""
@@ -26,11 +36,15 @@ class Health:
 
     def failed(self, name: str, retry_after: float | None = None) -> None:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
-        if retry_after:
-            self._cooled_until[name] = time.monotonic() + retry_after
-        elif failures >= self._threshold:
-            self._cooled_until[name] = time.monotonic() + self._cooldown
+        if retry_after or failures >= self._threshold:
+            self._cooled_until[name] = time.monotonic() + (retry_after or self._cooldown)
+            if self._metrics is not None:
+                self._metrics.cooling(name, True)
 
     def succeeded(self, name: str) -> None:
         self._failures.pop(name, None)
-        self._cooled_until.pop(name, None)
+        self._warm(name)
+
+    def _warm(self, name: str) -> None:
+        if self._cooled_until.pop(name, None) is not None and self._metrics is not None:
+            self._metrics.cooling(name, False)

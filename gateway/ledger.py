@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from gateway.metrics import Metrics
 from gateway.storage import LedgerRow, Store
 from middlewares.core.errors import GatewayError
 
@@ -33,8 +34,9 @@ class LedgerError(GatewayError):
 
 
 class Ledger:
-    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3) -> None:
+    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3, metrics: Metrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics
         self._max_batch = max_batch
         self._attempts = attempts
         self._pending: list[tuple[LedgerRow, asyncio.Future[None]]] = []
@@ -56,11 +58,14 @@ class Ledger:
                     # From the commit's end: a row right behind it (of the same burst, say) is
                     # not alone, however long the commit took.
                     self._last_record = time.monotonic()
+                    self._committed([row], now)
                     return
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, done))
+        if self._metrics is not None:
+            self._metrics.pending(len(self._pending))
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_batches())
         await done  # cancelling the caller cancels only this future; _settle skips it
@@ -82,14 +87,18 @@ class Ledger:
                 del self._pending[: self._max_batch]
                 self._last_shared = len(batch) > 1
                 await self._write(batch)
+                if self._metrics is not None:
+                    self._metrics.pending(len(self._pending))
         finally:
             self._writer = None
 
     async def _write(self, batch: list[tuple[LedgerRow, asyncio.Future[None]]]) -> None:
         rows = [row for row, _ in batch]
         for attempt in range(1, self._attempts + 1):
+            started = time.monotonic()
             try:
                 await self._store.write_ledger(rows)
+                self._committed(rows, started)
                 return _settle(batch, failed=False)
             except Exception as exc:  # the database may be briefly unavailable: try again
                 log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
@@ -99,12 +108,19 @@ class Ledger:
                     return _settle(batch, failed=True)
         # A batch that keeps failing may hold one bad row: it must not take its neighbours down.
         for entry in batch:
+            started = time.monotonic()
             try:
                 await self._store.write_ledger([entry[0]])
+                self._committed([entry[0]], started)
                 _settle([entry], failed=False)
             except Exception as exc:
                 log.error("ledger row %s could not be written: %r", entry[0].request_id, exc)
                 _settle([entry], failed=True)
+
+
+    def _committed(self, rows: list[LedgerRow], started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.committed(rows, time.monotonic() - started)
 
 
 def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:

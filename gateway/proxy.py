@@ -25,7 +25,9 @@ from gateway.config import Config, Deployment, Model
 from gateway.health import Health
 from gateway.routing import affinity, ranked
 from gateway.streams import OpenStreams
-from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents
+from gateway.metrics import Metrics
+from gateway.tracing import Tracing
+from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message
 from middlewares.core.chain import Stage
@@ -39,18 +41,37 @@ NON_STREAMING_DEADLINE = 590.0
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 
 
+class FirstTokenTimeout(GatewayError):
+    """A stream's deployment produced nothing in time. A 500, not the 504 `timeout`: that one
+    tells a non-streaming request to stream."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(500, f"The upstream produced nothing within {seconds:g} seconds.", type="server_error")
+
+
+def attempt_outcome(failure: GatewayError | None) -> str:
+    """What came of an attempt, as ezat_upstream_attempts_total counts it."""
+    if failure is None:
+        return "ok"
+    if isinstance(failure, UpstreamUnreachable):
+        return "connect_error"
+    if isinstance(failure, FirstTokenTimeout):
+        return "timeout"
+    status = failure.anthropic_status_and_type()[0]  # the upstream's own: 529 stays 529
+    return str(status) if status in (429, 529) else "5xx" if status >= 500 else "4xx"
+
+
 def proxy_handler(
     config: Config,
     upstream: UpstreamClient,
     *,
-    health: Health | None = None,
+    attempts: Attempts | None = None,
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     streams: OpenStreams | None = None,
     native: bool = False,
 ):
-    health = health or Health(
-        failures_before_cooldown=config.routing.failures_before_cooldown, cooldown=config.routing.cooldown_seconds
-    )
+    attempts = attempts or Attempts(config)
+    metrics = attempts.metrics
 
     async def stream(deployment: Deployment, body: dict[str, Any], forward: Forward) -> EventStreamReply:
         try:
@@ -62,12 +83,7 @@ def proxy_handler(
                 )
                 await events.first_output()
         except TimeoutError:
-            # A 500, not the 504 `timeout`: that one tells a non-streaming request to stream.
-            raise GatewayError(
-                500,
-                f"The upstream produced nothing within {deployment.first_token_timeout_seconds:g} seconds.",
-                type="server_error",
-            ) from None
+            raise FirstTokenTimeout(deployment.first_token_timeout_seconds) from None
         return EventStreamReply(events, streams=streams)
 
     async def message(deployment: Deployment, body: dict[str, Any], forward: Forward) -> MessageReply:
@@ -84,12 +100,14 @@ def proxy_handler(
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
         tries = ((model, _for_model(body, model, asked)) for model in models)
-        reply, name, model = await first_of(config, health, tries, stream if body.get("stream") else message,
-                                            stick_by, _forwarded(request) if native else {})
+        reply, name, model = await attempts.first(tries, stream if body.get("stream") else message, stick_by,
+                                                  _forwarded(request) if native else {})
         request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
         reply.headers["x-ezat-model"] = model.id
         if model is not asked:
             reply.headers["x-ezat-routed-from"] = asked.id
+            if metrics is not None:
+                metrics.fallback(asked.id, model.id)
         return reply
 
     async def proxy(request: web.Request) -> web.StreamResponse:
@@ -111,7 +129,7 @@ def proxy_handler(
     return proxy
 
 
-def count_tokens_handler(config: Config, upstream: UpstreamClient, *, health: Health):
+def count_tokens_handler(config: Config, upstream: UpstreamClient, *, attempts: Attempts):
     """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
     the first of its deployments that answers, as it answers: never a count made up here, and
     no fallback model stands in (its count would be another model's)."""
@@ -126,37 +144,60 @@ def count_tokens_handler(config: Config, upstream: UpstreamClient, *, health: He
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
         body = {**request[BODY], "model": model.upstream_model}
-        answer, _, _ = await first_of(config, health, [(model, body)], count, None, _forwarded(request))
+        answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request))
         return answer
 
     count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}))
     return count_tokens
 
 
-async def first_of(config: Config, health: Health, tries, attempt, stick_by: str | None, forward: Forward):
-    """The first answer of `attempt` over each (model, upstream body) of `tries` in turn and
-    that model's usable deployments, within max_attempts: (reply, deployment, model)."""
-    attempts, error = config.routing.max_attempts, None
-    for model, upstream_body in tries:
-        deployments = ranked(model.deployments, stick_by)
-        usable = health.available(deployments)
-        if not usable:
-            error = error or _all_cooling(health.cooling_ends(deployments))
-        for name in usable:
-            if attempts == 0:
-                raise error
-            attempts -= 1
-            try:
-                reply = await attempt(config.deployment(name), upstream_body, forward)
-            except GatewayError as failure:
-                if failure.status not in RETRYABLE:
-                    raise
-                health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
-                error = failure
-                continue
-            health.succeeded(name)
-            return reply, name, model
-    raise error
+class Attempts:
+    """Trying deployments in turn: their health (shared by every route, since the deployments
+    are), and what each attempt leaves in the metrics and the trace."""
+
+    def __init__(self, config: Config, *, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
+        self.config, self.metrics, self.tracing = config, metrics, tracing
+        self.health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
+                             cooldown=config.routing.cooldown_seconds, metrics=metrics)
+
+    async def first(self, tries, attempt, stick_by: str | None, forward: Forward):
+        """The first answer of `attempt` over each (model, upstream body) of `tries` in turn and
+        that model's usable deployments, within max_attempts: (reply, deployment, model)."""
+        health, metrics = self.health, self.metrics
+        attempts, error = self.config.routing.max_attempts, None
+        for model, upstream_body in tries:
+            deployments = ranked(model.deployments, stick_by)
+            usable = health.available(deployments)
+            if not usable:
+                error = error or _all_cooling(health.cooling_ends(deployments))
+            for name in usable:
+                if attempts == 0:
+                    raise error
+                attempts -= 1
+                try:
+                    reply = await self._try(attempt, self.config.deployment(name), upstream_body, forward)
+                except GatewayError as failure:
+                    if metrics is not None:
+                        metrics.attempt(name, attempt_outcome(failure))
+                    if failure.status not in RETRYABLE:
+                        raise
+                    health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
+                    error = failure
+                    continue
+                health.succeeded(name)
+                if metrics is not None:
+                    metrics.attempt(name, "ok")
+                return reply, name, model
+        raise error
+
+    async def _try(self, attempt, deployment: Deployment, body: dict[str, Any], forward: Forward):
+        if self.tracing is None:
+            return await attempt(deployment, body, forward)
+        headers = dict(forward.get("headers") or {})
+        with self.tracing.attempt(body.get("model"), deployment, headers) as span:
+            reply = await attempt(deployment, body, {**forward, "headers": headers})
+            self.tracing.attempt_answered(span, reply)
+            return reply
 
 
 async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any], **options) -> Any:
@@ -165,7 +206,7 @@ async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: d
         async with await upstream.post(deployment, body, **options) as response:
             raw = await response.read()
     except (aiohttp.ClientError, OSError):
-        raise GatewayError(500, "The upstream connection broke.", type="server_error") from None
+        raise UpstreamUnreachable("The upstream connection broke.") from None
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:

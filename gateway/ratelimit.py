@@ -19,6 +19,7 @@ import time
 from typing import Protocol
 
 from middlewares.core import protocols
+from middlewares.core.protocols import Wait
 from middlewares.core.errors import GatewayError
 from middlewares.core.records import KeyRecord
 
@@ -30,6 +31,9 @@ RUNNING_TTL = 3600
 
 
 class RateLimiter(protocols.RateLimiter, Protocol):
+    async def ping(self) -> None:
+        """Raise unless the limiter's shared state answers now (in memory, it always does)."""
+
     async def close(self) -> None: ...
 
 
@@ -46,6 +50,10 @@ def _buckets(key: KeyRecord, tokens: int) -> list[tuple[str, int, int, int]]:
 
 def _bucket(key: KeyRecord, limit: str) -> str:
     return f"ezat:rl:{key.id}:{limit}"
+
+
+def _limit_of(bucket: str) -> str:
+    return bucket.rpartition(":")[2]
 
 
 class MemoryRateLimiter:
@@ -66,11 +74,11 @@ class MemoryRateLimiter:
         if self._workers > 1 and (buckets or key.max_concurrent):
             raise unshared_limits()
         now = time.monotonic()
-        wait = 0.0
+        wait = Wait(0)
         balances = [self._balance(name, limit, now) for name, limit, _, _ in buckets]
         for (name, limit, _, need), balance in zip(buckets, balances):
-            if balance < need:
-                wait = max(wait, (need - balance) * 60 / limit)
+            if balance < need and (need - balance) * 60 / limit > wait:
+                wait = Wait((need - balance) * 60 / limit, _limit_of(name))
         if wait:
             return wait
         for (name, _, take, _), balance in zip(buckets, balances):
@@ -96,17 +104,21 @@ class MemoryRateLimiter:
             if not running:
                 del self._running[key.id]
 
+    async def ping(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 
 
 # KEYS: bucket names. ARGV: per bucket, its per-minute limit, the tokens to take and the balance
 # needed. Checks every bucket and takes from them only if all hold what is needed, atomically.
-# Returns the milliseconds to wait (0 when admitted). Redis's clock serves every replica.
+# Returns the milliseconds to wait (0 when admitted) and which bucket asks for the longest wait
+# (its place in KEYS). Redis's clock serves every replica.
 _ADMIT = """
 local now_s, now_us = unpack(redis.call('TIME'))
 local now = tonumber(now_s) + tonumber(now_us) / 1e6
-local balances, wait = {}, 0
+local balances, wait, which = {}, 0, 0
 for i, name in ipairs(KEYS) do
   local limit, need = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i])
   local state = redis.call('HMGET', name, 'balance', 'at')
@@ -114,14 +126,16 @@ for i, name in ipairs(KEYS) do
   local at = tonumber(state[2]) or now
   balance = math.min(limit, balance + (now - at) * limit / 60)
   balances[i] = balance
-  if balance < need then wait = math.max(wait, (need - balance) * 60 / limit) end
+  if balance < need and (need - balance) * 60 / limit > wait then
+    wait, which = (need - balance) * 60 / limit, i
+  end
 end
-if wait > 0 then return math.ceil(wait * 1000) end
+if wait > 0 then return {math.ceil(wait * 1000), which} end
 for i, name in ipairs(KEYS) do
   redis.call('HSET', name, 'balance', balances[i] - tonumber(ARGV[3 * i - 1]), 'at', now)
   redis.call('EXPIRE', name, 120)  -- idle that long, a bucket is full again anyway
 end
-return 0
+return {0, 0}
 """
 
 
@@ -174,10 +188,11 @@ class RedisRateLimiter:
             return 0.0
         args = [value for _, limit, take, need in buckets for value in (limit, take, need)]
         try:
-            return await self._admit(keys=[name for name, _, _, _ in buckets], args=args) / 1000
+            milliseconds, which = await self._admit(keys=[name for name, _, _, _ in buckets], args=args)
         except Exception as exc:
             self._fail_open(exc)
             return 0.0
+        return Wait(milliseconds / 1000, _limit_of(buckets[which - 1][0])) if milliseconds else 0.0
 
     async def charge_tokens(self, key: KeyRecord, tokens: int) -> None:
         if not key.tpm:
@@ -206,6 +221,9 @@ class RedisRateLimiter:
         if now - self._warned_at >= 30:
             self._warned_at = now
             log.warning("rate limits not enforced: Redis unavailable (%r)", exc)
+
+    async def ping(self) -> None:
+        await self._redis.ping()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -40,6 +40,13 @@ _CUT_SHORT = error_event("The upstream stream ended early.")
 _UNREADABLE = error_event("The upstream sent an event the gateway cannot read.")
 
 
+class UpstreamUnreachable(GatewayError):
+    """The upstream could not be reached, or its connection broke before its answer was whole."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(500, message, type="server_error")
+
+
 class UpstreamClient:
     """Sends Anthropic Messages requests to deployments over one shared connection pool."""
 
@@ -93,7 +100,7 @@ class UpstreamClient:
             response = await self._session.post(url, data=data, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
-            raise GatewayError(500, "Could not reach the upstream.", type="server_error") from None
+            raise UpstreamUnreachable("Could not reach the upstream.") from None
         if response.status >= 300:
             try:
                 error_body = await response.content.read(65536)

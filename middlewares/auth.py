@@ -73,4 +73,4 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
 
 
 def _unauthorized(message: str) -> GatewayError:
-    return GatewayError(401, message, code="invalid_api_key")
+    return GatewayError(401, message, code="invalid_api_key", refusal="auth")

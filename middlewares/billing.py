@@ -12,9 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, MODEL, SETTLE, request_id
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SETTLE, request_id
 from middlewares.core.protocols import ModelSpec, RecordRow
-from middlewares.core.records import KeyRecord, LedgerRow
+from middlewares.core.records import LedgerRow
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import StreamUsage, Usage
 
@@ -30,15 +30,12 @@ def billing_middleware(*, record: RecordRow):
     if not callable(record):
         raise TypeError("billing_middleware: record must be an async callable")
 
-    @stage("billing", requires=(API_KEY, MODEL))
+    @stage("billing", requires=(API_KEY, MODEL), provides=(LEDGER_ROW,))
     async def billing(request: web.Request, handler) -> web.StreamResponse:
         started = datetime.now(timezone.utc)
         reply = await handler(request)
         asked = request[MODEL]
-        bill = Bill(
-            request_id(request), request[API_KEY], asked, request.get(ANSWERED_MODEL, asked),
-            request.get(DEPLOYMENT, ""), started, record, request.get(SETTLE),
-        )
+        bill = Bill(request, asked, started, record)
         if isinstance(reply, MessageReply):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
@@ -51,13 +48,13 @@ def billing_middleware(*, record: RecordRow):
 
 
 class Bill:
-    """What one request's ledger row needs, and recording it."""
+    """What one request's ledger row needs, and recording it (the row is then `request[LEDGER_ROW]`)."""
 
-    def __init__(self, rid: str, key: KeyRecord, asked: ModelSpec, answered: ModelSpec, deployment: str,
-                 started: datetime, record: RecordRow, settle) -> None:
-        self.rid, self.key, self.asked, self.answered = rid, key, asked, answered
-        self.deployment, self.started = deployment, started
-        self._record, self._settle = record, settle
+    def __init__(self, request: web.Request, asked: ModelSpec, started: datetime, record: RecordRow) -> None:
+        self.rid, self.key, self.asked = request_id(request), request[API_KEY], asked
+        self.answered = request.get(ANSWERED_MODEL, asked)
+        self.deployment, self.started = request.get(DEPLOYMENT, ""), started
+        self._request, self._record, self._settle = request, record, request.get(SETTLE)
 
     async def record(self, usage: Usage, outcome: str = "complete") -> None:
         row = LedgerRow(
@@ -82,6 +79,7 @@ class Bill:
         except BaseException:
             await self.release()  # not recorded, so not billed
             raise
+        self._request[LEDGER_ROW] = row
         if self._settle is not None:
             await self._settle(usage)
 

@@ -66,7 +66,8 @@ def limits_middleware(
     async def limits(request: web.Request, handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
         if key.organization_suspended:
-            raise GatewayError(403, f"This key's organization `{key.organization}` is suspended.", type="permission_error")
+            raise GatewayError(403, f"This key's organization `{key.organization}` is suspended.", type="permission_error",
+                               refusal="auth")
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise invalid_request("model: required", "model")
@@ -77,7 +78,8 @@ def limits_middleware(
         models = (model, *fallbacks)
         for allowed in models:
             if not key.allows(allowed.id):
-                raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error")
+                raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error",
+                                   refusal="model")
         spends = reserve and spending is not None
         limit = key.spend_limit_usd if spends else None
         balance = key.organization_balance_usd if spends else None
@@ -97,6 +99,7 @@ def limits_middleware(
                     type="rate_limit_error",
                     code="rate_limit_exceeded",
                     headers=retry_after(wait),
+                    refusal=getattr(wait, "limit", None) or ("rpm" if key.rpm else "tpm"),
                 )
         # From here on the request holds something: whatever ends it (a refusal below, the
         # store failing, a cancellation, an error in a later stage) gives back what it holds.
@@ -111,6 +114,7 @@ def limits_middleware(
                         type="rate_limit_error",
                         code="rate_limit_exceeded",
                         headers=retry_after(wait),
+                        refusal="concurrency",
                     )
                 reservation.running = True
             if limit is not None or balance is not None:
@@ -183,7 +187,7 @@ def _over_limit(who: str, limit: str, exhausted: str, total: Decimal, left: Deci
             f"{who} has ${_usd(left)} left of its {limit} of ${total}, less than this request may cost "
             f"(${_usd(cost)})" + ("; a lower max_tokens would fit." if input_cost < left else ".")
         )
-    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota")
+    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota", refusal="spend")
 
 
 def _usd(amount: Decimal) -> str:

@@ -46,7 +46,7 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
     too_slow = f"The request body did not arrive within {seconds}."
 
     def refuse() -> GatewayError:
-        return GatewayError(413, too_large, code="request_too_large")
+        return GatewayError(413, too_large, code="request_too_large", refusal="field")
 
     async def read(request: web.Request, encoding: str) -> bytes:
         length = request.content_length  # as sent: before decoding
@@ -80,7 +80,7 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
                 async with asyncio.timeout(body_timeout):  # the whole body, not each read
                     raw = await read(request, encoding)
             except TimeoutError:
-                raise _leave_unread(request, GatewayError(408, too_slow, code="timeout")) from None
+                raise _leave_unread(request, GatewayError(408, too_slow, code="timeout", refusal="field")) from None
             except (zlib.error, web.RequestPayloadError):  # aiohttp raises the latter when it decodes
                 what = "could not be read" if encoding == "identity" else f"is not valid {encoding}"
                 raise _leave_unread(request, invalid_request(f"The request body {what}.")) from None
@@ -113,6 +113,7 @@ def _encoding(request: web.Request) -> str:
         415,
         f"Content-Encoding: {sent.strip()} is not supported; send the body as gzip, deflate or uncompressed",
         code="unsupported_media_type",
+        refusal="field",
     )
 
 

@@ -37,8 +37,10 @@ def test_the_optional_settings_the_example_shows_are_valid_too():
     lines = EXAMPLE.read_text().splitlines()
     uncommented = [re.sub(r"^# (?=\[|\w+ = )", "", line) for line in lines]
     assert uncommented != lines
-    config = parse_config("\n".join(uncommented), env={"ANTHROPIC_API_KEY": "sk-ant-example"})
+    config = parse_config("\n".join(uncommented),
+                          env={"ANTHROPIC_API_KEY": "sk-ant-example", "EZAT_METRICS_TOKEN": "example"})
     assert config.ratelimit.url and config.images.ports and config.keys[0].expires_at  # they were read
+    assert config.metrics.token and config.tracing.endpoint
 
 
 def config_keys(cls: type = Config, path: str = "") -> list[str]:

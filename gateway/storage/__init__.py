@@ -20,6 +20,9 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
+    async def ping(self) -> None:
+        """Raise unless the database answers a query now."""
+
     async def find_key(self, key_sha256: str) -> KeyRecord | None: ...
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:

@@ -62,6 +62,9 @@ class PostgresStore:
                 await db.execute(script)
                 await db.execute("INSERT INTO schema_version VALUES ($1)", number)
 
+    async def ping(self) -> None:
+        await self._pool.fetchval("SELECT 1")
+
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:

@@ -132,6 +132,9 @@ class SQLiteStore:
         if self._reader is not self._writer:
             await self._reader.close()
 
+    async def ping(self) -> None:
+        await self._reader.call(lambda db: db.execute("SELECT 1").fetchone())
+
     # --- keys
 
     async def find_key(self, key_sha256: str) -> KeyRecord | None:

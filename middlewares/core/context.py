@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.protocols import ModelSpec
-from middlewares.core.records import KeyRecord
+from middlewares.core.records import KeyRecord, LedgerRow
 from middlewares.core.usage import Usage
 
 _NAMES: dict[web.RequestKey, str] = {}
@@ -55,6 +55,8 @@ REQUEST_ID = _key("request_id", str)
 ANSWERED_MODEL = _key("answered_model", ModelSpec)
 # The deployment the proxy handler sent the request to.
 DEPLOYMENT = _key("deployment", str)
+# The request's ledger row, set by billing once it is recorded (for the app's logs and metrics).
+LEDGER_ROW = _key("ledger_row", LedgerRow)
 
 
 def request_id(request: web.Request) -> str:

@@ -40,6 +40,7 @@ class GatewayError(web.HTTPException):
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
         anthropic: tuple[int, str] | None = None,
+        refusal: str | None = None,
     ) -> None:
         self.status_code = status  # per instance: one class serves every status
         super().__init__(headers=headers, content_type="application/json")
@@ -47,6 +48,9 @@ class GatewayError(web.HTTPException):
         # The status and error type on Anthropic's API, where they are not the ones for `status`
         # (an upstream's own, passed on unchanged).
         self.anthropic = anthropic
+        # Why the gateway refused the request before any upstream saw it, for its metrics and
+        # logs: auth, model, spend, rpm, tpm, concurrency or field (what the request holds).
+        self.refusal = refusal
         self.body = orjson.dumps({"error": self.payload()})
 
     def payload(self) -> dict[str, Any]:
@@ -64,7 +68,7 @@ class GatewayError(web.HTTPException):
         status, kind = self.anthropic_status_and_type()
         headers = {name: value for name, value in self.headers.items() if name.lower() not in _BODY_HEADERS}
         error = GatewayError(status, self.message, type=self.type, code=self.code, param=self.param,
-                             headers=headers, anthropic=(status, kind))
+                             headers=headers, anthropic=(status, kind), refusal=self.refusal)
         error.body = orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message},
                                    "request_id": request_id})
         return error
@@ -75,7 +79,7 @@ class GatewayError(web.HTTPException):
 
 def invalid_request(message: str, param: str | None = None) -> GatewayError:
     """A 400 for something the client sent; `message` starts with the field's path."""
-    return GatewayError(400, message, param=param)
+    return GatewayError(400, message, param=param, refusal="field")
 
 
 def retry_after(seconds: float) -> dict[str, str]:
@@ -85,7 +89,7 @@ def retry_after(seconds: float) -> dict[str, str]:
 
 def too_deeply_nested() -> GatewayError:
     """orjson parses JSON up to 1024 levels deep but writes only 255: deeper cannot be sent on."""
-    return GatewayError(400, "The request nests JSON more than 255 levels deep.")
+    return GatewayError(400, "The request nests JSON more than 255 levels deep.", refusal="field")
 
 
 def cut(message: str) -> str:
@@ -104,6 +108,7 @@ def model_not_found(name: object) -> GatewayError:
         f"The model `{name}` does not exist or you do not have access to it.",
         code="model_not_found",
         param="model",
+        refusal="model",
     )
 
 

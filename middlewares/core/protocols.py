@@ -33,10 +33,20 @@ class ModelSpec(Protocol):
     pricing: Pricing
 
 
+class Wait(float):
+    """Seconds to wait, and which of a key's limits asks for them: "rpm" or "tpm" (None: not said)."""
+
+    def __new__(cls, seconds: float, limit: str | None = None) -> Wait:
+        wait = super().__new__(cls, seconds)
+        wait.limit = limit
+        return wait
+
+
 class RateLimiter(Protocol):
     async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
         """Take one request and `tokens` (the request's estimate) from the key's buckets, or
-        none: 0 to let the request through, else the seconds to wait."""
+        none: 0 to let the request through, else the seconds to wait (a `Wait`, which names the
+        limit, or a plain number)."""
 
     async def charge_tokens(self, key: KeyRecord, tokens: int) -> None:
         """Take `tokens` more (a negative count gives them back): what a request used beyond

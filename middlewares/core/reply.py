@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -34,6 +34,8 @@ class MessageReply(web.Response):
         super().__init__(headers=headers, content_type="application/json")
         self.payload = payload
         self.usage = Usage.from_message(payload)
+        # The upstream message's, for the app's traces (a stage may replace the payload).
+        self.message_id, self.stop_reason = payload.get("id"), payload.get("stop_reason")
 
     async def prepare(self, request: web.BaseRequest):
         self.body = orjson.dumps(self.payload)
@@ -133,9 +135,25 @@ class EventStreamReply(web.StreamResponse):
         self.writing_since: float | None = None  # loop time a write began that has not ended yet
         self._transport = None
         self._ending = False
-        self._failed = False  # the gateway failed mid-stream, and said so in the stream
+        self._failed = False  # the stream failed (the upstream, or the gateway), and said so in the stream
+        self._when_done: list[Callable[[EventStreamReply], None]] = []
+        self.first_output_at: float | None = None  # loop time the model's first output was at hand
+        self.outcome = "client_closed"  # until the stream's end is written: "ok", or "failed"
+
+    @property
+    def message_id(self) -> str | None:
+        return self.usage.message_id
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.usage.stop_reason
+
+    def when_done(self, callback: Callable[[EventStreamReply], None]) -> None:
+        """Call `callback(self)` once the stream has ended, however it ended (its `outcome`)."""
+        self._when_done.append(callback)
 
     async def prepare(self, request: web.BaseRequest):
+        self.first_output_at = asyncio.get_running_loop().time()  # prepare waits for it (the proxy primes)
         try:
             self._transport = request.transport
             writer = await super().prepare(request)
@@ -145,6 +163,11 @@ class EventStreamReply(web.StreamResponse):
             if self._streams is not None:
                 self._streams.done(self)
             await self.events.aclose(self._failed)
+            for callback in self._when_done:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("a stream's when_done callback failed")
 
     def stop(self, event: dict[str, Any]) -> None:
         self._source.stop(event)
@@ -177,8 +200,10 @@ class EventStreamReply(web.StreamResponse):
                     # write_eof sets aiohttp's own flag only after draining: a ping must not
                     # slip in after the terminator meanwhile.
                     self._ending = True
+                    self._failed = self._failed or batch[-1]["type"] == "error"
                     self.writing_since = clock()
                     await self.write_eof(data)
+                    self.outcome = "failed" if self._failed else "ok"
                     return
                 if data:
                     # A write that returns at once (as nearly all do) is never seen half-way.
@@ -198,3 +223,4 @@ class EventStreamReply(web.StreamResponse):
                 error = INTERNAL_ERROR
             self.writing_since = clock()
             await self.write(encode([error]))
+            self.outcome = "failed"

@@ -95,6 +95,8 @@ class StreamUsage:
         self.numbers: dict[str, Any] = {}
         self.thinking_chars = 0
         self.output_chars = 0  # text and tool arguments
+        self.message_id: str | None = None  # the upstream message's (message_start)
+        self.stop_reason: str | None = None  # why it stopped (message_delta)
 
     def count(self, batch: list[dict[str, Any]]) -> None:
         for event in batch:
@@ -115,9 +117,12 @@ class StreamUsage:
                 elif block.get("type") == "thinking":
                     self.thinking_chars += _length(block.get("thinking"))
             elif kind == "message_start":
-                self.numbers.update((event.get("message") or {}).get("usage") or {})
+                message = event.get("message") or {}
+                self.numbers.update(message.get("usage") or {})
+                self.message_id = message.get("id")
             elif kind == "message_delta":
                 self.numbers.update(event.get("usage") or {})
+                self.stop_reason = (event.get("delta") or {}).get("stop_reason")
 
     def total(self) -> Usage:
         """The usage so far: the upstream's numbers, its output never below the estimate from

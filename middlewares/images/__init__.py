@@ -49,6 +49,7 @@ def images_middleware(
     connections_per_host: int = 32,
     resolver=None,
     api: str = "openai",
+    on_download: Callable[[str], None] | None = None,
 ):
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
@@ -61,7 +62,8 @@ def images_middleware(
     URLs cannot take every download, nor one slow host every connection.
     `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests. `api` is the
     shape of the request: "openai" (a chat completion) or "anthropic" (a Messages request);
-    `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps."""
+    `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps.
+    `on_download(outcome)` hears of each download that ends: "ok", or an `ImageError`'s outcome."""
     for name, value in (("max_image_bytes", max_image_bytes), ("max_urls", max_urls),
                         ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads),
                         ("downloads_per_key", downloads_per_key), ("connections_per_host", connections_per_host)):
@@ -99,7 +101,7 @@ def images_middleware(
                     raise GatewayError(500, "The image fetcher is not running.", type="server_error")
                 key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
                 async with keys.gate(key.id if key is not None else None) as key_gate:
-                    await _inline(parts, fetcher, concurrent_downloads, key_gate)
+                    await _inline(parts, fetcher, concurrent_downloads, key_gate, on_download)
             return await handler(request)
 
         images.cleanup_ctx = fetcher.lifespan
@@ -198,7 +200,8 @@ def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> N
 _SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources}
 
 
-async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int, key_gate: asyncio.Semaphore) -> None:
+async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int, key_gate: asyncio.Semaphore,
+                  on_download: Callable[[str], None] | None) -> None:
     limits = fetcher.limits
     downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
     waiting: list[tuple[Download, asyncio.Task]] = []
@@ -206,7 +209,15 @@ async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int,
 
     async def download(url: str, pdf: bool) -> tuple[str, bytes]:
         async with gate, key_gate:
-            return await fetcher.fetch(url, budget, pdf=pdf)
+            try:
+                fetched = await fetcher.fetch(url, budget, pdf=pdf)
+            except ImageError as exc:
+                if on_download is not None:
+                    on_download(exc.outcome)
+                raise
+        if on_download is not None:
+            on_download("ok")
+        return fetched
 
     try:
         for part in parts:

@@ -33,7 +33,13 @@ class Limits:
 
 
 class ImageError(Exception):
-    """Why an image could not be used; the stage puts the part's path before it."""
+    """Why an image could not be used; the stage puts the part's path before it. `outcome` says
+    it in a word, for the app's metrics: refused, too_large, timeout, http_error, not_an_image
+    or error."""
+
+    def __init__(self, message: str, outcome: str = "error") -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class Budget:
@@ -45,7 +51,7 @@ class Budget:
     def take(self, size: int) -> None:
         self.left -= size
         if self.left < 0:
-            raise ImageError(f"the images of this request are over {self.total // MiB} MB in total")
+            raise ImageError(f"the images of this request are over {self.total // MiB} MB in total", "too_large")
 
 
 class ImageFetcher:
@@ -83,11 +89,11 @@ class ImageFetcher:
             async with asyncio.timeout(self.limits.timeout):
                 return await self._follow(URL(url), budget, pdf)
         except TimeoutError:
-            raise ImageError(f"could not download the {what} (timed out after {self.limits.timeout:g} s)") from None
+            raise ImageError(f"could not download the {what} (timed out after {self.limits.timeout:g} s)", "timeout") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             # aiohttp's connector wraps what the resolver raised
             if isinstance(exc, PrivateAddress) or isinstance(getattr(exc, "os_error", None), PrivateAddress):
-                raise ImageError("the host is not a public address") from None
+                raise ImageError("the host is not a public address", "refused") from None
             raise ImageError(f"could not download the {what} ({type(exc).__name__})") from None
 
     async def _follow(self, url: URL, budget: Budget, pdf: bool) -> tuple[str, bytes]:
@@ -99,40 +105,40 @@ class ImageFetcher:
                     url = url.join(URL(response.headers["Location"]))
                     continue
                 if response.status != 200:
-                    raise ImageError(f"could not download the {what} (HTTP {response.status})")
+                    raise ImageError(f"could not download the {what} (HTTP {response.status})", "http_error")
                 return await self._read(response, budget, pdf)
-        raise ImageError(f"could not download the {what} (more than {self.limits.redirects} redirects)")
+        raise ImageError(f"could not download the {what} (more than {self.limits.redirects} redirects)", "http_error")
 
     def _check(self, url: URL) -> None:
         """What can be refused before connecting (a name's addresses are checked on resolving)."""
         if url.scheme not in ("http", "https") or not url.host:
-            raise ImageError("only http and https URLs can be downloaded")
+            raise ImageError("only http and https URLs can be downloaded", "refused")
         if url.user is not None or url.password is not None:
-            raise ImageError("URLs with credentials are not allowed")
+            raise ImageError("URLs with credentials are not allowed", "refused")
         if self.limits.ports and url.port not in self.limits.ports:
-            raise ImageError(f"port {url.port} is not allowed")
+            raise ImageError(f"port {url.port} is not allowed", "refused")
         literal = literal_address(url.host)
         if literal is not None and not self.limits.allow_private_hosts and not is_public(literal):
-            raise ImageError("the host is not a public address")
+            raise ImageError("the host is not a public address", "refused")
 
     async def _read(self, response: aiohttp.ClientResponse, budget: Budget, pdf: bool) -> tuple[str, bytes]:
         limit = self.limits.image_bytes
         too_large = f"the {'document' if pdf else 'image'} is over {limit // MiB} MB"
         if response.content_length is not None and response.content_length > limit:
-            raise ImageError(too_large)  # said up front: not a byte of it is read
+            raise ImageError(too_large, "too_large")  # said up front: not a byte of it is read
         parts, size = [], 0
         async for chunk in response.content.iter_chunked(64 * 1024):
             size += len(chunk)
             if size > limit:
-                raise ImageError(too_large)
+                raise ImageError(too_large, "too_large")
             budget.take(len(chunk))
             parts.append(chunk)
         data = b"".join(parts)
         if pdf:
             if not data.startswith(b"%PDF-"):
-                raise ImageError("the file is not a PDF document")
+                raise ImageError("the file is not a PDF document", "not_an_image")
             return PDF, data
         media_type = image_type(data)
         if media_type is None:
-            raise ImageError("the file is not a JPEG, PNG, GIF or WebP image")
+            raise ImageError("the file is not a JPEG, PNG, GIF or WebP image", "not_an_image")
         return media_type, data

@@ -1,0 +1,140 @@
+"""The gateway's Prometheus metrics (docs/operations.md lists them: their names and labels are a
+contract). Every label is bounded: a route, a configured model or deployment, a status, an
+outcome; never a key, a prompt, a URL or a session.
+
+One `Metrics` per app. Under `serve --workers N` the parent sets PROMETHEUS_MULTIPROC_DIR before
+the workers start, so prometheus-client keeps each worker's values in that directory and one
+scrape of any worker adds up all of them. The hot path binds a label set's child once and reuses
+it; nothing is counted per stream event.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Sequence
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from middlewares.core.errors import GatewayError
+from middlewares.core.records import LedgerRow
+
+# Seconds, up to the longest a request may take (a non-streaming one: 590 s).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_mode() -> bool:
+    return bool(os.environ.get(MULTIPROCESS_DIR))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()  # the app's own: a test process runs many apps
+        route_model = ["route", "model"]
+        self._requests = Counter("ezat_requests", "Requests answered, by route, model and status.",
+                                 ["route", "model", "status"], registry=r)
+        self._duration = Histogram("ezat_request_duration_seconds", "From the request to the end of its answer.",
+                                   route_model, buckets=DURATION_BUCKETS, registry=r)
+        self._first_token = Histogram("ezat_time_to_first_token_seconds",
+                                      "From the request to the model's first output (a whole answer, unstreamed).",
+                                      route_model, buckets=DURATION_BUCKETS, registry=r)
+        self._tokens = Counter("ezat_tokens", "Tokens billed, by the model that answered and their kind.",
+                               ["model", "type"], registry=r)
+        self._cost = Counter("ezat_cost_usd", "USD billed, by the model that answered.", ["model"], registry=r)
+        self._attempts = Counter("ezat_upstream_attempts", "Requests sent to a deployment, by what came of them.",
+                                 ["deployment", "outcome"], registry=r)
+        self._fallbacks = Counter("ezat_fallbacks", "Requests answered by a fallback model.", ["model", "fallback"],
+                                  registry=r)
+        self._cooling = Gauge("ezat_deployment_cooling", "1 while a deployment is cooling down after failures.",
+                              ["deployment"], registry=r, multiprocess_mode="livemax")
+        self._open_streams = Gauge("ezat_open_streams", "Streams being answered.", registry=r,
+                                   multiprocess_mode="livesum")
+        self._ledger_rows = Counter("ezat_ledger_rows", "Ledger rows committed.", registry=r)
+        self._commit = Histogram("ezat_ledger_commit_seconds", "How long a ledger batch took to commit.",
+                                 buckets=COMMIT_BUCKETS, registry=r)
+        self._pending = Gauge("ezat_ledger_pending", "Ledger rows waiting for their commit.", registry=r,
+                              multiprocess_mode="livesum")
+        self._refused = Counter("ezat_refused", "Requests the gateway refused before any upstream, by why.",
+                                ["reason"], registry=r)
+        self._downloads = Counter("ezat_image_downloads", "Image and PDF downloads, by what came of them.",
+                                  ["outcome"], registry=r)
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        """The metric's child for these label values, bound once."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: this app's values, or every worker's under `--workers`."""
+        if multiprocess_mode():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+    # --- what the gateway tells it
+
+    def answered(self, route: str, model: str, status: int, seconds: float, first_output: float | None) -> None:
+        self._child(self._requests, route, model, str(status)).inc()
+        self._child(self._duration, route, model).observe(seconds)
+        if first_output is not None:
+            self._child(self._first_token, route, model).observe(first_output)
+
+    def refused(self, reason: str) -> None:
+        self._child(self._refused, reason).inc()
+
+    def attempt(self, deployment: str, outcome: str) -> None:
+        self._child(self._attempts, deployment, outcome).inc()
+
+    def fallback(self, model: str, fallback: str) -> None:
+        self._child(self._fallbacks, model, fallback).inc()
+
+    def cooling(self, deployment: str, cooling: bool) -> None:
+        self._child(self._cooling, deployment).set(1 if cooling else 0)
+
+    def stream_opened(self) -> None:
+        self._open_streams.inc()
+
+    def stream_closed(self) -> None:
+        self._open_streams.dec()
+
+    def pending(self, rows: int) -> None:
+        self._pending.set(rows)
+
+    def committed(self, rows: Sequence[LedgerRow], seconds: float) -> None:
+        self._ledger_rows.inc(len(rows))
+        self._commit.observe(seconds)
+        for row in rows:
+            model = row.answered_model
+            for kind, tokens in (("input", row.input_tokens), ("output", row.output_tokens),
+                                 ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens),
+                                 ("reasoning", row.reasoning_tokens)):
+                if tokens:
+                    self._child(self._tokens, model, kind).inc(tokens)
+            self._child(self._cost, model).inc(float(row.cost_usd))
+
+    def image_download(self, outcome: str) -> None:
+        self._child(self._downloads, outcome).inc()
+
+
+def metrics_handler(metrics: Metrics, token: str = ""):
+    """GET /metrics; with `token`, only for `Authorization: Bearer <token>` (compared in
+    constant time), else 401."""
+    expected = f"Bearer {token}".encode()
+
+    async def scrape(request: web.Request) -> web.Response:
+        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected):
+            raise GatewayError(401, "The metrics need `Authorization: Bearer <the [metrics] token>`.",
+                               code="invalid_api_key")
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    return scrape

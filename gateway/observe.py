@@ -1,0 +1,100 @@
+"""What each API request leaves behind when it ends, however it ends: one access line, its
+metrics and, with [tracing], its span. A stream ends after its reply has left this middleware,
+so it is finished from the stream's own `when_done`; every other reply here and now.
+
+Only the API routes are observed (a handler says which by its `api_route`): health probes and
+scrapes would drown them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gateway.logs import ACCESS, REQUEST_ID
+from gateway.metrics import Metrics
+from gateway.tracing import Tracing
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
+from middlewares.core.reply import EventStreamReply
+
+# Routes whose answers come from a model: their time to first output is measured.
+GENERATING = frozenset({"chat_completions", "messages"})
+CLIENT_CLOSED = 499  # the status a request has whose client left before its answer began
+_MAX_NAME = 200  # characters of an unknown model's name in a line
+
+
+def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | None = None):
+    @web.middleware
+    async def observe(request: web.Request, handler) -> web.StreamResponse:
+        route = getattr(request.match_info.handler, "api_route", None)
+        if route is None:
+            return await handler(request)
+        REQUEST_ID.set(request_id(request))
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        span = tracing.server_span(request, route) if tracing is not None else None
+        try:
+            if span is None:
+                reply = await handler(request)
+            else:
+                with tracing.current(span):  # the upstream attempts' spans are its children
+                    reply = await handler(request)
+        except web.HTTPException as exc:
+            refusal = getattr(exc, "refusal", None)
+            finish(request, route, started, exc.status, None, f"refused:{refusal}" if refusal else "failed", span)
+            raise
+        except asyncio.CancelledError:
+            finish(request, route, started, CLIENT_CLOSED, None, "client_closed", span)
+            raise
+        if isinstance(reply, EventStreamReply):
+            reply.when_done(lambda stream: finish(request, route, started, stream.status, stream.first_output_at,
+                                                  stream.outcome, span, stream))
+        else:
+            finish(request, route, started, reply.status, clock() if route in GENERATING else None, "ok", span, reply)
+        return reply
+
+    def finish(request: web.Request, route: str, started: float, status: int, first_output: float | None,
+               outcome: str, span: Any, reply: web.StreamResponse | None = None) -> None:
+        ended = asyncio.get_running_loop().time()
+        model = request.get(MODEL)
+        if metrics is not None:
+            metrics.answered(route, model.id if model is not None else "", status, ended - started,
+                             first_output - started if first_output is not None else None)
+            if outcome.startswith("refused:"):
+                metrics.refused(outcome.removeprefix("refused:"))
+        if span is not None:
+            tracing.end_server_span(span, request, status, outcome, reply)
+        if ACCESS.isEnabledFor(logging.INFO):
+            ACCESS.info("%s %s %d", request.method, request.path, status, extra={"fields": access_fields(
+                request, route, status, ended - started, first_output - started if first_output is not None else None,
+                outcome, isinstance(reply, EventStreamReply))})
+
+    return observe
+
+
+def access_fields(request: web.Request, route: str, status: int, seconds: float, first_output: float | None,
+                  outcome: str, streamed: bool) -> dict[str, Any]:
+    """An access line's fields: what was asked, who asked, what answered, and what it cost."""
+    model, answered, key, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(API_KEY), request.get(LEDGER_ROW)
+    asked = model.id if model is not None else (request.get(BODY) or {}).get("model")
+    fields = {
+        "route": route,
+        "model": asked[:_MAX_NAME] if isinstance(asked, str) else None,
+        "answered_model": answered.id if answered is not None else None,
+        "deployment": request.get(DEPLOYMENT),
+        "status": status,
+        "duration_ms": round(seconds * 1000, 1),
+        "ttft_ms": round(first_output * 1000, 1) if first_output is not None else None,
+        "key": key.name if key is not None else None,  # its name: never the key
+        "client": request.remote,
+        "stream": streamed,
+        "outcome": outcome,
+    }
+    if row is not None:
+        fields.update(input_tokens=row.input_tokens, output_tokens=row.output_tokens,
+                      cache_read_tokens=row.cache_read_tokens, cache_write_tokens=row.cache_write_tokens,
+                      reasoning_tokens=row.reasoning_tokens, cost_usd=str(row.cost_usd))
+    return fields

@@ -1,0 +1,120 @@
+"""OpenTelemetry traces, optional (`pip install 'ezat-gateway[otel]'`, `[tracing] endpoint`): a
+SERVER span for each API request and a CLIENT span `chat {model}` for each upstream attempt, with
+the GenAI semantic conventions' attributes, sent over OTLP/HTTP. The upstream gets `traceparent`.
+
+No prompt or completion text goes into any span: only names, counts, ids and outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import TracingConfig
+from middlewares.core.context import ANSWERED_MODEL, LEDGER_ROW, MODEL
+from middlewares.core.errors import GatewayError
+from middlewares.core.reply import EventStreamReply, MessageReply
+
+PROVIDER = "anthropic"
+_OPERATION = {"chat_completions": "chat", "messages": "chat", "count_tokens": "count_tokens", "models": "models"}
+
+
+class TracingUnavailable(Exception):
+    """[tracing] is set, but OpenTelemetry's SDK is not installed."""
+
+
+class Tracing:
+    def __init__(self, provider: Any) -> None:
+        from opentelemetry import propagate, trace
+
+        self._trace, self._propagate = trace, propagate
+        self._tracer = provider.get_tracer("ezat-gateway")
+        self.provider = provider
+
+    @classmethod
+    def from_config(cls, config: TracingConfig) -> Tracing | None:
+        if not config.endpoint:
+            return None
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError:
+            raise TracingUnavailable(
+                "[tracing] endpoint needs OpenTelemetry's SDK: pip install 'ezat-gateway[otel]'") from None
+        provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint.rstrip("/") + "/v1/traces")))
+        return cls(provider)
+
+    async def lifespan(self, app: web.Application):
+        """aiohttp cleanup context: what is still buffered is sent before the app goes."""
+        yield
+        self.provider.shutdown()
+
+    # --- a request: its SERVER span
+
+    def server_span(self, request: web.Request, route: str) -> Any:
+        return self._tracer.start_span(
+            f"{request.method} {request.match_info.route.resource.canonical}",
+            kind=self._trace.SpanKind.SERVER,
+            context=self._propagate.extract(request.headers),
+            attributes={"http.request.method": request.method, "url.path": request.path,
+                        "gen_ai.operation.name": _OPERATION[route], "gen_ai.provider.name": PROVIDER},
+        )
+
+    def current(self, span: Any):
+        """A context in which `span` is the current one (the upstream attempts' parent)."""
+        return self._trace.use_span(span, end_on_exit=False)
+
+    def end_server_span(self, span: Any, request: web.Request, status: int, outcome: str, reply: Any) -> None:
+        model, answered, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(LEDGER_ROW)
+        span.set_attribute("http.response.status_code", status)
+        if model is not None:
+            span.set_attribute("gen_ai.request.model", model.id)
+        if answered is not None:
+            span.set_attribute("gen_ai.response.model", answered.id)
+        self._answered(span, reply)
+        if row is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", row.output_tokens)
+            span.set_attribute("gen_ai.usage.cache_read.input_tokens", row.cache_read_tokens)
+            span.set_attribute("gen_ai.usage.cache_creation.input_tokens", row.cache_write_tokens)
+        if outcome != "ok":
+            span.set_attribute("error.type", outcome if status < 400 or outcome == "client_closed" else str(status))
+            if status >= 500 or outcome == "failed":
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
+        span.end()
+
+    # --- an upstream attempt: its CLIENT span
+
+    @contextmanager
+    def attempt(self, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
+        """A CLIENT span around one attempt; `headers` gains its `traceparent`."""
+        with self._tracer.start_as_current_span(
+            f"chat {model}", kind=self._trace.SpanKind.CLIENT,
+            attributes={"gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
+                        "gen_ai.request.model": model, "server.address": deployment.base_url},
+            record_exception=False, set_status_on_exception=False,
+        ) as span:
+            self._propagate.inject(headers)
+            try:
+                yield span
+            except GatewayError as failure:
+                span.set_attribute("error.type", str(failure.anthropic_status_and_type()[0]))
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
+                raise
+
+    @staticmethod
+    def _answered(span: Any, reply: Any) -> None:
+        """The upstream message's id and stop reason, as far as the reply knows them yet."""
+        if isinstance(reply, (MessageReply, EventStreamReply)):
+            if reply.message_id:
+                span.set_attribute("gen_ai.response.id", reply.message_id)
+            if reply.stop_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", [reply.stop_reason])
+
+    attempt_answered = _answered
