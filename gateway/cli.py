@@ -128,6 +128,8 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     the port (SO_REUSEPORT lets the kernel spread connections over them)."""
     # Loaded here even for --workers: a bad file is one message, not one traceback per worker.
     config = load_config(config_path) if config_path else None
+    if config is not None:
+        configure_logging(config.logging)
     workers = workers or (config.server.workers if config else 1)
     if workers == 1:
         run(serve_forever(config_path, host, port))

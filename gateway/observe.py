@@ -68,9 +68,11 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
         if span is not None:
             tracing.end_server_span(span, request, status, outcome, reply)
         if ACCESS.isEnabledFor(logging.INFO):
-            ACCESS.info("%s %s %d", request.method, request.path, status, extra={"fields": access_fields(
-                request, route, status, ended - started, first_output - started if first_output is not None else None,
-                outcome, isinstance(reply, EventStreamReply))})
+            ACCESS.info("%s %s %d", request.method, request.path, status, extra={
+                "request_id": request_id(request),
+                "fields": access_fields(request, route, status, ended - started,
+                                        first_output - started if first_output is not None else None, outcome,
+                                        isinstance(reply, EventStreamReply))})
 
     return observe
 

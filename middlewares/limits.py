@@ -74,6 +74,7 @@ def limits_middleware(
         model = find_model(name)
         if model is None:
             raise model_not_found(name)
+        request[MODEL] = model  # known from here on, refused or not (the app's logs and metrics name it)
         fallbacks = _fallbacks(body.get("models"), model, find_model)
         models = (model, *fallbacks)
         for allowed in models:
@@ -129,7 +130,7 @@ def limits_middleware(
                     raise _over_limit("This key", "spend limit", "has reached its spend limit of", limit, short.left,
                                       cost, input_cost)
                 reservation.spending = spending
-            request[MODEL], request[FALLBACK_MODELS] = model, fallbacks
+            request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
             return await handler(request)
         except BaseException:

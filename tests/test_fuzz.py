@@ -111,14 +111,15 @@ class Servers:
         self.gateway = await Gateway(build_app(fuzz_config(self.upstream.url))).start()
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
 
-    def post(self, raw: bytes, headers: dict[str, str] | None = None, chunked: bool = False) -> Answer:
+    def post(self, raw: bytes, headers: dict[str, str] | None = None, chunked: bool = False,
+             path: str = ENDPOINT) -> Answer:
         async def pieces():  # a chunked body, in pieces of 100 bytes
             for start in range(0, len(raw), 100):
                 yield raw[start:start + 100]
 
         async def send() -> Answer:
             async with self.http.post(
-                self.gateway.url + ENDPOINT,
+                self.gateway.url + path,
                 data=pieces() if chunked else raw,
                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})},
             ) as response:

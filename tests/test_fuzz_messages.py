@@ -3,8 +3,8 @@
 
 Random bodies of Anthropic's field names with random values of random types (messages of random
 roles and blocks, sources, tool results, cache marks, thinking, the gateway's own `models`), on
-both routes, streamed and not, go to a real gateway in front of the mock upstream (on the same
-background loop as test_fuzz.py's). Whatever comes back must be a well-formed success (a message
+both routes, streamed and not, go to a real gateway in front of the mock upstream (test_fuzz.py's
+servers, on their background loop). Whatever comes back must be a well-formed success (a message
 named as asked, a stream ending in message_stop, or a count) or Anthropic's error envelope with
 a 4xx status: never a 5xx, never another body.
 """
@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
-import pytest
 from hypothesis import event, given, note
 from hypothesis import strategies as st
 
-from gateway.app import build_app
-from gateway.mock_upstream import MockUpstream
-from tests.support import KEY, MODEL, UPSTREAM_KEY, Gateway
-from tests.test_fuzz import FUZZ_SETTINGS, Answer, LoopThread, fuzz_config
+from tests.support import KEY, MODEL
+from tests.test_fuzz import FUZZ_SETTINGS, Answer, servers  # noqa: F401 (a fixture)
 
 ATOMS = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**20), st.floats(allow_nan=False), st.text(max_size=8),
                   st.sampled_from(["text", "image", "document", "url", "base64", "ephemeral", "1h", "5m", "user",
@@ -75,45 +71,6 @@ ANY = st.fixed_dictionaries(
 BODIES = st.one_of(VALID, ANY)
 
 
-class Servers:
-    """One mock upstream and one gateway in front of it, on a LoopThread."""
-
-    def __init__(self) -> None:
-        self.runner = LoopThread()
-        self.runner.run(self._start())
-
-    async def _start(self) -> None:
-        self.upstream = MockUpstream(api_key=UPSTREAM_KEY)
-        await self.upstream.start()
-        self.gateway = await Gateway(build_app(fuzz_config(self.upstream.url))).start()
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
-
-    def post(self, path: str, raw: bytes) -> Answer:
-        async def send() -> Answer:
-            async with self.http.post(self.gateway.url + path, data=raw, headers={
-                "x-api-key": KEY, "anthropic-version": "2023-06-01", "Content-Type": "application/json",
-            }) as response:
-                return Answer(response.status, response.content_type, await response.read())
-
-        return self.runner.run(send())
-
-    def close(self) -> None:
-        async def close() -> None:
-            await self.http.close()
-            await self.gateway.runner.cleanup()
-            await self.upstream.close()
-
-        self.runner.run(close())
-        self.runner.stop()
-
-
-@pytest.fixture(scope="module")
-def servers():
-    started = Servers()
-    yield started
-    started.close()
-
-
 def check_answer(answer: Answer, request: dict, path: str) -> None:
     if answer.status != 200:
         assert answer.content_type == "application/json"
@@ -142,7 +99,7 @@ def test_fuzz_every_answer_is_well_formed(servers, body, path, as_a_count):
         body = {name: value for name, value in body.items() if name not in ("max_tokens", "stream")}
     raw = json.dumps(body).encode()
     note(f"sent to {path}: {raw[:3000]!r}")
-    answer = servers.post(path, raw)
+    answer = servers.post(raw, {"x-api-key": KEY, "anthropic-version": "2023-06-01"}, path=path)
     note(f"got: HTTP {answer.status} {answer.body[:2000]!r}")
     assert answer.status < 500, f"HTTP {answer.status}: {answer.body[:500]!r}"
     check_answer(answer, body, path)

@@ -37,8 +37,9 @@ def storage_url(request, tmp_path) -> str:
 
 
 async def test_sigkill_mid_load_loses_no_row_of_a_finished_reply(storage_url, tmp_path, upstream):
-    # Streams take a few tens of milliseconds each, so some are always mid-reply when the kill lands.
-    upstream.enqueue(*(Scenario(usage=USAGE, event_delay=0.003) for _ in range(50_000)))
+    # Streams take about a tenth of a second each, so some are always mid-reply when the kill lands
+    # (at a few hundredths, a loaded machine once saw every reply in flight already whole).
+    upstream.enqueue(*(Scenario(usage=USAGE, event_delay=0.01) for _ in range(50_000)))
     gateway = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage_url, upstream_url=upstream.url)
 
     finished: set[str] = set()  # request ids of replies the client received whole

@@ -1,0 +1,426 @@
+"""What an operator sees, through the real server: GET /metrics parsed by prometheus-client's own
+parser (its counters against the ledger), the access log (JSON lines from a real `serve`), GET
+/readyz (the store or Redis down, and the drain after SIGTERM), OpenTelemetry spans (the SDK's
+in-memory exporter, and a real OTLP/HTTP receiver on loopback) and the Grafana dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import re
+import signal
+from pathlib import Path
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+from aioresponses import aioresponses
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import STORE
+from gateway.logs import TextFormatter
+from gateway.config import (
+    ConfigError, Deployment, ImagesConfig, KeyConfig, MetricsConfig, RateLimitConfig, TracingConfig, parse_config,
+)
+from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.tracing import Tracing
+from tests.support import (
+    KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
+)
+from tests.test_images import PNG, fake_get
+
+HELLO = [{"role": "user", "content": "Hello"}]
+LIMITED = "sk-limited-key"
+DASHBOARD = Path(__file__).parent.parent / "deploy" / "grafana" / "ezat-gateway.json"
+
+
+async def scrape(url: str, token: str | None = None) -> dict[tuple[str, tuple], float]:
+    """GET /metrics, parsed: {(sample name, sorted labels): value}."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/metrics", headers=headers) as response:
+            assert response.status == 200, await response.text()
+            assert response.content_type == "text/plain"
+            text = await response.text()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def two_deployments(upstream_url: str, second_url: str, **key_fields):
+    config = make_config(upstream_url)
+    model = dataclasses.replace(config.models[0], deployments=("primary", "second"))
+    keys = (*config.keys, KeyConfig(name="limited", key_sha256=hashlib.sha256(LIMITED.encode()).hexdigest(), rpm=1))
+    return dataclasses.replace(config, deployments=(*config.deployments, Deployment("second", second_url, UPSTREAM_KEY)),
+                               models=(model, *config.models[1:]), keys=keys)
+
+
+@pytest.fixture
+async def second():
+    mock = MockUpstream(api_key=UPSTREAM_KEY)
+    await mock.start()
+    yield mock
+    await mock.close()
+
+
+async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_gateway, upstream, second):
+    gateway = await start_gateway(two_deployments(upstream.url, second.url))
+    client = gateway.client()
+    upstream.enqueue(Scenario(usage={"input_tokens": 10, "output_tokens": 20}))
+    await client.chat.completions.create(model=MODEL, messages=HELLO)  # plain
+    upstream.enqueue(Scenario(usage={"input_tokens": 12, "output_tokens": 25}))
+    async for _ in await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True):  # a stream
+        pass
+    upstream.enqueue(Scenario(usage={"input_tokens": 5, "cache_read_input_tokens": 2000, "output_tokens": 20}))
+    await client.chat.completions.create(model=MODEL, messages=HELLO)  # cached
+    upstream.enqueue(Scenario(status=529, error_message="Overloaded"))
+    await client.chat.completions.create(model=MODEL, messages=HELLO)  # primary fails over to second
+    upstream.enqueue(Scenario(status=529), Scenario())  # both of MODEL's fail: test/small answers, on primary
+    second.enqueue(Scenario(status=500))
+    await client.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"models": ["test/small"]})
+    limited = gateway.client(api_key=LIMITED)
+    await limited.chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.RateLimitError):
+        await limited.chat.completions.create(model=MODEL, messages=HELLO)  # over its rpm of 1
+    with pytest.raises(openai.AuthenticationError):
+        await gateway.client(api_key="sk-unknown").chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="test/none", messages=HELLO)
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(model=MODEL, messages=HELLO, n=2)
+
+    m = await scrape(gateway.url)
+    requests = {labels: value for (name, labels), value in m.items() if name == "ezat_requests_total"}
+    assert requests == {
+        (("model", MODEL), ("route", "chat_completions"), ("status", "200")): 6,
+        (("model", MODEL), ("route", "chat_completions"), ("status", "429")): 1,
+        (("model", ""), ("route", "chat_completions"), ("status", "401")): 1,
+        (("model", ""), ("route", "chat_completions"), ("status", "404")): 1,
+        (("model", ""), ("route", "chat_completions"), ("status", "400")): 1,  # refusals come before the model
+    }
+    refused = {dict(labels)["reason"]: value for (name, labels), value in m.items() if name == "ezat_refused_total"}
+    assert refused == {"rpm": 1, "auth": 1, "model": 1, "field": 1}
+    attempts = {tuple(dict(labels).values()): value for (name, labels), value in m.items()
+                if name == "ezat_upstream_attempts_total"}
+    assert attempts == {("primary", "ok"): 5, ("primary", "529"): 2, ("second", "ok"): 1, ("second", "5xx"): 1}
+    assert sample(m, "ezat_fallbacks_total", model=MODEL, fallback="test/small") == 1
+    assert sample(m, "ezat_time_to_first_token_seconds_count", route="chat_completions", model=MODEL) == 6
+    assert sample(m, "ezat_request_duration_seconds_count", route="chat_completions", model=MODEL) == 7
+    assert sample(m, "ezat_open_streams") == 0 and sample(m, "ezat_ledger_pending") == 0
+
+    rows = await gateway.app[STORE].ledger()
+    assert sample(m, "ezat_ledger_rows_total") == len(rows) == 6
+    assert sample(m, "ezat_ledger_commit_seconds_count") >= 1
+    for model in {row.answered_model for row in rows}:
+        mine = [row for row in rows if row.answered_model == model]
+        for kind, column in (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"),
+                             ("cache_write", "cache_write_tokens"), ("reasoning", "reasoning_tokens")):
+            assert sample(m, "ezat_tokens_total", model=model, type=kind) == sum(getattr(r, column) for r in mine), kind
+        assert sample(m, "ezat_cost_usd_total", model=model) == pytest.approx(float(sum(r.cost_usd for r in mine)))
+    assert sample(m, "ezat_tokens_total", model=MODEL, type="cache_read") == 2000
+
+
+async def test_a_deployment_cooling_down_shows(start_gateway, upstream, second):
+    gateway = await start_gateway(two_deployments(upstream.url, second.url))
+    upstream.enqueue(Scenario(status=429, headers={"retry-after": "30"}))
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    m = await scrape(gateway.url)
+    assert sample(m, "ezat_deployment_cooling", deployment="primary") == 1
+    assert sample(m, "ezat_upstream_attempts_total", deployment="primary", outcome="429") == 1
+
+
+async def test_every_api_route_is_counted_and_image_downloads_too(start_gateway, upstream):
+    config = dataclasses.replace(make_config(upstream.url), images=ImagesConfig(allow_private_hosts=True))
+    gateway = await start_gateway(config)
+    claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0)
+    await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    await claude.messages.count_tokens(model=MODEL, messages=HELLO)
+    await claude.models.list()
+    await gateway.client().models.retrieve(MODEL)
+    picture = {"type": "image_url", "image_url": {"url": "https://images.example.com/cat.png"}}
+    gone = {"type": "image_url", "image_url": {"url": "https://images.example.com/gone.png"}}
+    with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
+        fake_get(outside, "https://images.example.com/cat.png", body=PNG)
+        fake_get(outside, "https://images.example.com/gone.png", status=404)
+        await gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [picture]}])
+        with pytest.raises(openai.BadRequestError):
+            await gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [gone]}])
+    await claude.close()
+    m = await scrape(gateway.url)
+    for route, count in (("messages", 1), ("count_tokens", 1), ("models", 2)):
+        assert sample(m, "ezat_requests_total", route=route, model=MODEL if route != "models" else "", status="200") == count
+    assert sample(m, "ezat_time_to_first_token_seconds_count", route="messages", model=MODEL) == 1
+    assert sample(m, "ezat_image_downloads_total", outcome="ok") == 1
+    assert sample(m, "ezat_image_downloads_total", outcome="http_error") == 1
+    assert sample(m, "ezat_refused_total", reason="field") == 1  # the image that could not be downloaded
+
+
+async def test_metrics_take_a_token_when_configured_and_can_be_off(start_gateway, upstream):
+    gateway = await start_gateway(dataclasses.replace(make_config(upstream.url), metrics=MetricsConfig(token="s3cret")))
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            async with http.get(gateway.url + "/metrics", headers=headers) as response:
+                assert response.status == 401
+    assert "ezat_requests_total" not in str(await scrape(gateway.url, "s3cret"))  # nothing yet, but it answers
+    off = await start_gateway(dataclasses.replace(make_config(upstream.url), metrics=MetricsConfig(enabled=False)))
+    async with aiohttp.ClientSession() as http:
+        async with http.get(off.url + "/metrics") as response:
+            assert response.status == 404
+
+
+# --- Logs
+
+
+JSON_LOGS = SERVE_CONFIG + """
+[logging]
+format = "json"
+"""
+
+
+def access_lines(served: ServeProcess) -> list[dict]:
+    lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
+    return [line for line in lines if line["logger"] == "ezat.access"]
+
+
+async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp_path, upstream):
+    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start()
+        upstream.enqueue(Scenario(usage={"input_tokens": 9, "cache_read_input_tokens": 100, "output_tokens": 30}))
+        raw = await served.client().chat.completions.with_raw_response.create(model=MODEL, messages=HELLO)
+        upstream.enqueue(Scenario(event_delay=0.01))
+        async for _ in await served.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True):
+            pass
+        with pytest.raises(openai.AuthenticationError):
+            await served.client(api_key="sk-wrong-secret").chat.completions.create(model=MODEL, messages=HELLO)
+    finally:
+        await served.stop()
+    rows = {row.request_id: row for row in (await read_store(f"sqlite:///{tmp_path / 'db'}"))[0]}
+    lines = access_lines(served)
+    assert len(lines) == 3
+    plain, streamed, refused = lines
+    row = rows[raw.headers["x-request-id"]]
+    assert plain["request_id"] == raw.headers["x-request-id"]
+    assert {k: plain[k] for k in ("route", "model", "answered_model", "deployment", "status", "key", "stream", "outcome",
+                                  "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                                  "reasoning_tokens", "cost_usd", "client")} == {
+        "route": "chat_completions", "model": MODEL, "answered_model": MODEL, "deployment": "mock", "status": 200,
+        "key": "test", "stream": False, "outcome": "ok", "input_tokens": 9, "output_tokens": row.output_tokens,
+        "cache_read_tokens": 100, "cache_write_tokens": 0, "reasoning_tokens": 0, "cost_usd": str(row.cost_usd),
+        "client": "127.0.0.1"}
+    assert plain["duration_ms"] >= plain["ttft_ms"] > 0 and plain["level"] == "INFO"
+    assert (streamed["stream"], streamed["outcome"], streamed["output_tokens"]) == (True, "ok", rows[streamed["request_id"]].output_tokens)
+    assert (refused["status"], refused["outcome"], refused["key"]) == (401, "refused:auth", None)
+    log = served.log.read_text()
+    assert KEY not in log and "sk-wrong-secret" not in log  # no key, anywhere in the log
+    assert all(json.loads(line) for line in log.splitlines() if line.strip())  # every line is JSON
+
+
+async def test_text_logs_name_the_request(gateway, upstream, caplog):
+    caplog.set_level("INFO", logger="ezat.access")
+    raw = await gateway.client().chat.completions.with_raw_response.create(model=MODEL, messages=HELLO)
+    [record] = [r for r in caplog.records if r.name == "ezat.access"]
+    assert record.fields["outcome"] == "ok" and record.fields["status"] == 200
+    line = TextFormatter("%(message)s").format(record)
+    assert line.startswith(f"POST /openai/v1/chat/completions 200 request_id={raw.headers['x-request-id']} route=")
+
+
+async def test_the_access_log_can_be_off(tmp_path, upstream):
+    config = JSON_LOGS.replace('format = "json"', 'format = "json"\naccess_log = false')
+    served = ServeProcess(tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start()
+        await served.client().chat.completions.create(model=MODEL, messages=HELLO)
+    finally:
+        await served.stop()
+    assert access_lines(served) == []
+
+
+# --- Several workers
+
+
+async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
+    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start("--workers", "2")
+        for _ in range(24):  # a connection each: the kernel spreads connections over the workers
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+                async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                                     json={"model": MODEL, "messages": HELLO}) as response:
+                    assert response.status == 200
+        m = await scrape(served.url)
+    finally:
+        await served.stop()
+    assert sample(m, "ezat_requests_total", route="chat_completions", model=MODEL, status="200") == 24
+    assert sample(m, "ezat_ledger_rows_total") == 24
+    assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered some
+
+
+# --- Readiness
+
+
+async def test_readyz_fails_while_the_database_is_unreachable(start_gateway, upstream, postgres_url):
+    link = await Link(5432).start()
+    try:
+        gateway = await start_gateway(make_config(upstream.url, link.url(postgres_url)))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(gateway.url + "/readyz") as response:
+                assert (response.status, await response.json()) == (200, {"status": "ready"})
+            link.cut()
+            async with http.get(gateway.url + "/readyz") as response:
+                assert (response.status, await response.json()) == (503, {"status": "not ready", "failing": ["store"]})
+            async with http.get(gateway.url + "/healthz") as response:
+                assert response.status == 200  # liveness: the process serves
+            link.restore()
+            async with http.get(gateway.url + "/readyz") as response:
+                assert response.status == 200
+    finally:
+        await link.close()
+
+
+async def test_readyz_fails_while_redis_is_unreachable(start_gateway, upstream):
+    config = dataclasses.replace(make_config(upstream.url), ratelimit=RateLimitConfig(url=f"redis://127.0.0.1:{free_port()}/0"))
+    gateway = await start_gateway(config)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/readyz") as response:
+            assert (response.status, await response.json()) == (503, {"status": "not ready", "failing": ["ratelimit"]})
+
+
+DRAINING = SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 10\ndrain_seconds = 2")
+
+
+async def test_readyz_fails_at_once_on_sigterm_while_a_stream_drains(tmp_path, upstream):
+    served = ServeProcess(tmp_path, "gateway", DRAINING, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start()
+        upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow " * 40}], chunk_size=10, event_delay=0.15))
+        async with aiohttp.ClientSession() as http:
+            async with http.get(served.url + "/readyz") as response:
+                assert response.status == 200
+            async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                                 json={"model": MODEL, "messages": HELLO, "stream": True}) as stream:
+                assert stream.status == 200
+                await stream.content.readany()  # it has begun
+                served.process.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.2)
+                async with aiohttp.ClientSession() as other:  # a new connection: still accepted while draining
+                    async with other.get(served.url + "/readyz") as response:
+                        assert (response.status, await response.json()) == (503, {"status": "shutting down"})
+                body = await stream.content.read()
+            assert body.endswith(b"data: [DONE]\n\n") and b'"error"' not in body  # it finished
+        assert await asyncio.wait_for(served.process.wait(), 15) == 0
+    finally:
+        await served.stop()
+
+
+# --- Traces
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, Tracing(provider)
+
+
+async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans):
+    exporter, tracing = spans
+    gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
+    upstream.enqueue(Scenario(usage={"input_tokens": 7, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 20,
+                                     "output_tokens": 30}))
+    await gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A secret prompt"}])
+    upstream.enqueue(Scenario(status=529))
+    with pytest.raises(openai.InternalServerError):
+        await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True)
+    finished = exporter.get_finished_spans()
+    servers = [s for s in finished if s.kind == SpanKind.SERVER]
+    clients = [s for s in finished if s.kind == SpanKind.CLIENT]
+    assert [s.name for s in servers] == ["POST /openai/v1/chat/completions"] * 2
+    assert [s.name for s in clients] == [f"chat {UPSTREAM_MODEL}"] * 2
+    server, client = servers[0], clients[0]
+    assert client.parent.span_id == server.context.span_id and client.context.trace_id == server.context.trace_id
+    [row] = await gateway.app[STORE].ledger()
+    assert {k: server.attributes[k] for k in (
+        "gen_ai.provider.name", "gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model",
+        "gen_ai.response.finish_reasons", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
+        "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_creation.input_tokens", "http.response.status_code",
+    )} == {
+        "gen_ai.provider.name": "anthropic", "gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL,
+        "gen_ai.response.model": MODEL, "gen_ai.response.finish_reasons": ("end_turn",),
+        "gen_ai.usage.input_tokens": 77, "gen_ai.usage.output_tokens": row.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": 50, "gen_ai.usage.cache_creation.input_tokens": 20,
+        "http.response.status_code": 200,
+    }
+    assert server.attributes["gen_ai.response.id"].startswith("msg_mock_")
+    assert client.attributes["gen_ai.response.id"] == server.attributes["gen_ai.response.id"]
+    assert upstream.requests[0].headers["traceparent"].split("-")[1] == format(client.context.trace_id, "032x")
+    assert (servers[1].attributes["error.type"], clients[1].attributes["error.type"]) == ("503", "529")
+    assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
+
+
+async def test_spans_reach_an_otlp_receiver(start_gateway, upstream):
+    received: list[tuple[str, bytes]] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        received.append((request.content_type, await request.read()))
+        return web.Response(status=200)
+
+    receiver = web.Application()
+    receiver.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(receiver)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        endpoint = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        config = dataclasses.replace(make_config(upstream.url), tracing=TracingConfig(endpoint=endpoint))
+        gateway = await start_gateway(config)
+        await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+        await gateway.runner.cleanup()  # the batch still buffered is sent on the way out
+    finally:
+        await runner.cleanup()
+    assert received and all(kind == "application/x-protobuf" for kind, _ in received)
+    assert f"chat {UPSTREAM_MODEL}".encode() in b"".join(body for _, body in received)
+
+
+# --- The dashboard
+
+
+async def exported_names(url: str) -> set[str]:
+    """Every series name /metrics declares, whether it has values yet or not."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/metrics") as response:
+            text = await response.text()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {family.name + suffix for family in text_string_to_metric_families(text) for suffix in suffixes[family.type]}
+
+
+async def test_every_dashboard_panel_queries_a_metric_the_gateway_exports(gateway):
+    exported = await exported_names(gateway.url)
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    assert len(queries) >= 10
+    for query in queries:
+        named = set(re.findall(r"ezat_[a-z0-9_]+", query))
+        assert named and named <= exported, (query, named - exported)
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_the_operations_settings_are_checked():
+    with pytest.raises(ConfigError) as caught:
+        parse_config('[tracing]\nendpoint = "collector:4318"\n[logging]\nformat = "xml"\n[server]\ndrain_seconds = -1\n')
+    assert caught.value.problems == ["server.drain_seconds: expected a non-negative number",
+                                     'logging.format: expected "text" or "json"', "tracing.endpoint: expected an http(s) URL"]
