@@ -25,6 +25,7 @@ from middlewares.core.records import LedgerRow
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_write", "reasoning")  # in LedgerRow's order of them
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -65,12 +66,12 @@ class Metrics:
                                   ["outcome"], registry=r)
         self._children: dict[tuple, object] = {}
 
-    def _child(self, metric, *labels: str):
+    def _child(self, metric, *labels: str | int):
         """The metric's child for these label values, bound once."""
         key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = self._children[key] = metric.labels(*(str(label) for label in labels))
         return child
 
     def exposition(self) -> bytes:
@@ -84,7 +85,7 @@ class Metrics:
     # --- what the gateway tells it
 
     def answered(self, route: str, model: str, status: int, seconds: float, first_output: float | None) -> None:
-        self._child(self._requests, route, model, str(status)).inc()
+        self._child(self._requests, route, model, status).inc()
         self._child(self._duration, route, model).observe(seconds)
         if first_output is not None:
             self._child(self._first_token, route, model).observe(first_output)
@@ -111,16 +112,25 @@ class Metrics:
         self._pending.set(rows)
 
     def committed(self, rows: Sequence[LedgerRow], seconds: float) -> None:
+        """A batch's rows, added up by model first: one increment per model and kind, not per row."""
         self._ledger_rows.inc(len(rows))
         self._commit.observe(seconds)
+        totals: dict[str, list] = {}
         for row in rows:
-            model = row.answered_model
-            for kind, tokens in (("input", row.input_tokens), ("output", row.output_tokens),
-                                 ("cache_read", row.cache_read_tokens), ("cache_write", row.cache_write_tokens),
-                                 ("reasoning", row.reasoning_tokens)):
+            total = totals.get(row.answered_model)
+            if total is None:
+                total = totals[row.answered_model] = [0, 0, 0, 0, 0, 0]
+            total[0] += row.input_tokens
+            total[1] += row.output_tokens
+            total[2] += row.cache_read_tokens
+            total[3] += row.cache_write_tokens
+            total[4] += row.reasoning_tokens
+            total[5] += row.cost_usd
+        for model, total in totals.items():
+            for kind, tokens in zip(TOKEN_TYPES, total):
                 if tokens:
                     self._child(self._tokens, model, kind).inc(tokens)
-            self._child(self._cost, model).inc(float(row.cost_usd))
+            self._child(self._cost, model).inc(float(total[5]))
 
     def image_download(self, outcome: str) -> None:
         self._child(self._downloads, outcome).inc()

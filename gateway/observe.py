@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.logs import ACCESS, REQUEST_ID
+from gateway.logs import ACCESS, REQUEST_ID, access
 from gateway.metrics import Metrics
 from gateway.tracing import Tracing
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
@@ -68,11 +68,9 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
         if span is not None:
             tracing.end_server_span(span, request, status, outcome, reply)
         if ACCESS.isEnabledFor(logging.INFO):
-            ACCESS.info("%s %s %d", request.method, request.path, status, extra={
-                "request_id": request_id(request),
-                "fields": access_fields(request, route, status, ended - started,
-                                        first_output - started if first_output is not None else None, outcome,
-                                        isinstance(reply, EventStreamReply))})
+            access(f"{request.method} {request.path} {status}", request_id(request), access_fields(
+                request, route, status, ended - started, first_output - started if first_output is not None else None,
+                outcome, isinstance(reply, EventStreamReply)))
 
     return observe
 
