@@ -147,6 +147,7 @@ def build_app(
     app.on_response_prepare.append(_request_id_headers)
     app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)
+    app.on_shutdown.append(readiness.on_shutdown)
     for prefix in ("", "/openai"):
         app.router.add_post(prefix + "/v1/chat/completions", routes["chat_completions"])
     for prefix in ("", "/anthropic"):

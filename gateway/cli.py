@@ -24,7 +24,7 @@ from gateway import admin
 from gateway.app import READINESS, build_app
 from gateway.logs import configure_logging
 from gateway.metrics import MULTIPROCESS_DIR
-from gateway.tracing import TracingUnavailable
+from gateway.tracing import Tracing, TracingUnavailable
 from gateway.server import app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
@@ -130,6 +130,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     config = load_config(config_path) if config_path else None
     if config is not None:
         configure_logging(config.logging)
+        Tracing.require_sdk(config.tracing)  # one message here, not a traceback from each worker
     workers = workers or (config.server.workers if config else 1)
     if workers == 1:
         run(serve_forever(config_path, host, port))
@@ -144,6 +145,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
         )
     # The workers' metrics go to one directory, so that a scrape of any of them counts all.
     metrics_dir = tempfile.mkdtemp(prefix="ezat-metrics-")
+    before = os.environ.get(MULTIPROCESS_DIR)
     os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
     spawn = multiprocessing.get_context("spawn")
     processes = [spawn.Process(target=_worker, args=(config_path, host, port, workers)) for _ in range(workers)]
@@ -165,6 +167,10 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
                     stop(None, None)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        if before is None:
+            os.environ.pop(MULTIPROCESS_DIR, None)
+        else:
+            os.environ[MULTIPROCESS_DIR] = before
     if any(process.exitcode != 0 for process in processes):
         raise SystemExit(1)
 
@@ -204,7 +210,7 @@ async def serve_forever(
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
 
     await until_stopped()
-    runner.app[READINESS].draining = True  # /readyz is 503 from now on
+    runner.app[READINESS].drain()  # /readyz is 503 from now on
     if server.drain_seconds:
         log.info("shutting down: serving on for %g s while load balancers see /readyz fail", server.drain_seconds)
         await asyncio.sleep(server.drain_seconds)

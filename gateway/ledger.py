@@ -7,6 +7,7 @@ is written at once by the request itself, when the store can do that without wai
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -54,20 +55,23 @@ class Ledger:
             # future and the event-loop turns between them (measured at concurrency 1: 5% of a
             # request's CPU). The store does it only where nothing can wait or be cancelled.
             try:
-                if self._store.write_ledger_now([row]):
+                written = self._store.write_ledger_now([row])
+            except Exception as exc:  # the usual way below tries again
+                log.warning("ledger write of 1 row failed: %r", exc)
+            else:
+                if written:
                     # From the commit's end: a row right behind it (of the same burst, say) is
                     # not alone, however long the commit took.
                     self._last_record = time.monotonic()
                     self._committed([row], now)
                     return
-            except Exception as exc:  # the usual way below tries again
-                log.warning("ledger write of 1 row failed: %r", exc)
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, done))
         if self._metrics is not None:
             self._metrics.pending(len(self._pending))
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write_batches())
+            # In a context of its own: not the first request's (its id, its span) that made it.
+            self._writer = asyncio.create_task(self._write_batches(), context=contextvars.Context())
         await done  # cancelling the caller cancels only this future; _settle skips it
 
     async def close(self) -> None:
@@ -98,29 +102,33 @@ class Ledger:
             started = time.monotonic()
             try:
                 await self._store.write_ledger(rows)
-                self._committed(rows, started)
-                return _settle(batch, failed=False)
             except Exception as exc:  # the database may be briefly unavailable: try again
                 log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
                 if attempt < self._attempts:
                     await asyncio.sleep(0.05 * 2**attempt)
                 elif len(batch) == 1:
                     return _settle(batch, failed=True)
+            else:
+                self._committed(rows, started)
+                return _settle(batch, failed=False)
         # A batch that keeps failing may hold one bad row: it must not take its neighbours down.
         for entry in batch:
             started = time.monotonic()
             try:
                 await self._store.write_ledger([entry[0]])
-                self._committed([entry[0]], started)
-                _settle([entry], failed=False)
             except Exception as exc:
                 log.error("ledger row %s could not be written: %r", entry[0].request_id, exc)
                 _settle([entry], failed=True)
-
+            else:
+                self._committed([entry[0]], started)
+                _settle([entry], failed=False)
 
     def _committed(self, rows: list[LedgerRow], started: float) -> None:
         if self._metrics is not None:
-            self._metrics.committed(rows, time.monotonic() - started)
+            try:
+                self._metrics.committed(rows, time.monotonic() - started)
+            except Exception:  # a count that failed must not fail the rows, which are written
+                log.exception("the ledger's metrics failed")
 
 
 def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:

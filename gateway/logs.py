@@ -6,7 +6,7 @@ JSON lines are encoded with orjson: `{"time", "level", "logger", "message", "pid
 …}`, an access line's fields at the top level. No line ever holds a key: the gateway logs a key's
 name, never the key.
 
-Lines are cheap: no caller's frame, thread or process lookup per record (the logging module's
+Lines are cheap: no caller's frame or thread lookup per record (the logging module's
 documented switches), lines written in one turn of the event loop leave in one write, and an
 access line, written for every request, is formatted straight into that batch rather than
 through a LogRecord (measured: bench/observability.py).
@@ -47,26 +47,23 @@ def configure_logging(config: LoggingConfig = LoggingConfig()) -> None:
     root.addHandler(handler)
     root.setLevel(config.level)
     ACCESS.disabled = not config.access_log
-    _access.handler = handler
+    global _configured
+    _configured = handler
+
+
+# The handler configure_logging set up, which access lines go straight to.
+_configured: BatchingHandler | None = None
 
 
 def access(message: str, request_id: str, fields: dict[str, Any]) -> None:
-    """One access line. Through the configured handler's batch, else (the log not configured
-    here: a test, an app of its own) as any line of the `ezat.access` logger."""
-    if not ACCESS.isEnabledFor(logging.INFO):
-        return
-    handler = _access.handler
+    """One access line (the caller checked that ACCESS is enabled): into the configured
+    handler's batch, else (the log not configured here: a test, an app of its own) as any line
+    of the `ezat.access` logger."""
+    handler = _configured
     if handler is None or ACCESS.handlers or not ACCESS.propagate:
         ACCESS.info(message, extra={"request_id": request_id, "fields": fields})
         return
     handler.write_line(handler.formatter.line(time.time(), "INFO", ACCESS.name, message, request_id, fields))
-
-
-class _Access:
-    handler: BatchingHandler | None = None
-
-
-_access = _Access()
 
 
 def _with_request_id(record: logging.LogRecord) -> bool:
@@ -103,7 +100,13 @@ class BatchingHandler(logging.StreamHandler):
 
     def _flush_lines(self) -> None:
         lines, self._lines = self._lines, []
-        self._write(lines)
+        if lines:
+            self._write(lines)
+
+    def flush(self) -> None:
+        """Lines still batched go out too (at exit, logging flushes every handler)."""
+        self._flush_lines()
+        super().flush()
 
     def _write(self, lines: list[str]) -> None:
         with self.lock:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
 from middlewares.core.errors import GatewayError
 from middlewares.core.records import LedgerRow
@@ -24,8 +24,9 @@ from middlewares.core.records import LedgerRow
 # Seconds, up to the longest a request may take (a non-streaming one: 590 s).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
-TOKEN_TYPES = ("input", "output", "cache_read", "cache_write", "reasoning")  # in LedgerRow's order of them
+# ezat_tokens_total's types, and the ledger's column for each.
+TOKEN_COLUMNS = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"),
+                 ("cache_write", "cache_write_tokens"), ("reasoning", "reasoning_tokens"))
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -115,22 +116,15 @@ class Metrics:
         """A batch's rows, added up by model first: one increment per model and kind, not per row."""
         self._ledger_rows.inc(len(rows))
         self._commit.observe(seconds)
-        totals: dict[str, list] = {}
+        by_model: dict[str, list[LedgerRow]] = {}
         for row in rows:
-            total = totals.get(row.answered_model)
-            if total is None:
-                total = totals[row.answered_model] = [0, 0, 0, 0, 0, 0]
-            total[0] += row.input_tokens
-            total[1] += row.output_tokens
-            total[2] += row.cache_read_tokens
-            total[3] += row.cache_write_tokens
-            total[4] += row.reasoning_tokens
-            total[5] += row.cost_usd
-        for model, total in totals.items():
-            for kind, tokens in zip(TOKEN_TYPES, total):
+            by_model.setdefault(row.answered_model, []).append(row)
+        for model, mine in by_model.items():
+            for kind, column in TOKEN_COLUMNS:
+                tokens = sum(getattr(row, column) for row in mine)
                 if tokens:
                     self._child(self._tokens, model, kind).inc(tokens)
-            self._child(self._cost, model).inc(float(total[5]))
+            self._child(self._cost, model).inc(float(sum(row.cost_usd for row in mine)))
 
     def image_download(self, outcome: str) -> None:
         self._child(self._downloads, outcome).inc()

@@ -17,13 +17,13 @@ from aiohttp import web
 from gateway.logs import ACCESS, REQUEST_ID, access
 from gateway.metrics import Metrics
 from gateway.tracing import Tracing
-from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
 from middlewares.core.reply import EventStreamReply
 
 # Routes whose answers come from a model: their time to first output is measured.
 GENERATING = frozenset({"chat_completions", "messages"})
 CLIENT_CLOSED = 499  # the status a request has whose client left before its answer began
-_MAX_NAME = 200  # characters of an unknown model's name in a line
+log = logging.getLogger("ezat.observe")
 
 
 def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | None = None):
@@ -58,19 +58,26 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
 
     def finish(request: web.Request, route: str, started: float, status: int, first_output: float | None,
                outcome: str, span: Any, reply: web.StreamResponse | None = None) -> None:
+        try:
+            record(request, route, started, status, first_output, outcome, span, reply)
+        except Exception:  # what observes a request must not fail it
+            log.exception("observing a request failed")
+
+    def record(request: web.Request, route: str, started: float, status: int, first_output: float | None,
+               outcome: str, span: Any, reply: web.StreamResponse | None) -> None:
         ended = asyncio.get_running_loop().time()
+        to_first_output = first_output - started if first_output is not None else None
         model = request.get(MODEL)
         if metrics is not None:
-            metrics.answered(route, model.id if model is not None else "", status, ended - started,
-                             first_output - started if first_output is not None else None)
+            metrics.answered(route, model.id if model is not None else "", status, ended - started, to_first_output)
             if outcome.startswith("refused:"):
                 metrics.refused(outcome.removeprefix("refused:"))
         if span is not None:
             tracing.end_server_span(span, request, status, outcome, reply)
         if ACCESS.isEnabledFor(logging.INFO):
-            access(f"{request.method} {request.path} {status}", request_id(request), access_fields(
-                request, route, status, ended - started, first_output - started if first_output is not None else None,
-                outcome, isinstance(reply, EventStreamReply)))
+            # The route's pattern, not its path: a path can hold anything a client typed.
+            access(f"{request.method} {request.match_info.route.resource.canonical} {status}", request_id(request), access_fields(
+                request, route, status, ended - started, to_first_output, outcome, isinstance(reply, EventStreamReply)))
 
     return observe
 
@@ -79,10 +86,9 @@ def access_fields(request: web.Request, route: str, status: int, seconds: float,
                   outcome: str, streamed: bool) -> dict[str, Any]:
     """An access line's fields: what was asked, who asked, what answered, and what it cost."""
     model, answered, key, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(API_KEY), request.get(LEDGER_ROW)
-    asked = model.id if model is not None else (request.get(BODY) or {}).get("model")
     fields = {
         "route": route,
-        "model": asked[:_MAX_NAME] if isinstance(asked, str) else None,
+        "model": model.id if model is not None else None,  # a configured id: never what a client typed
         "answered_model": answered.id if answered is not None else None,
         "deployment": request.get(DEPLOYMENT),
         "status": status,

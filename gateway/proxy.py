@@ -92,7 +92,7 @@ def proxy_handler(
             raise GatewayError(500, "The upstream sent a reply the gateway cannot read.", type="server_error")
         return MessageReply(message)
 
-    async def first_answer(request: web.Request) -> web.StreamResponse:
+    async def first_answer(request: web.Request, deadline: float | None) -> web.StreamResponse:
         body = request[BODY]
         asked = request[MODEL]
         models = [asked, *request.get(FALLBACK_MODELS, ())]
@@ -101,7 +101,7 @@ def proxy_handler(
         stick_by = affinity(request.get(SESSION), body) if choosing else None
         tries = ((model, _for_model(body, model, asked)) for model in models)
         reply, name, model = await attempts.first(tries, stream if body.get("stream") else message, stick_by,
-                                                  _forwarded(request) if native else {})
+                                                  _forwarded(request) if native else {}, deadline)
         request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
         reply.headers["x-ezat-model"] = model.id
         if model is not asked:
@@ -113,10 +113,9 @@ def proxy_handler(
     async def proxy(request: web.Request) -> web.StreamResponse:
         """Requires `request[BODY]`, an Anthropic Messages request, and `request[MODEL]`."""
         if request[BODY].get("stream"):
-            return await first_answer(request)
+            return await first_answer(request, None)
         try:
-            async with asyncio.timeout(non_streaming_deadline):
-                return await first_answer(request)
+            return await first_answer(request, asyncio.get_running_loop().time() + non_streaming_deadline)
         except TimeoutError:
             raise GatewayError(
                 504,
@@ -144,7 +143,7 @@ def count_tokens_handler(config: Config, upstream: UpstreamClient, *, attempts: 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
         body = {**request[BODY], "model": model.upstream_model}
-        answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request))
+        answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request), operation="count_tokens")
         return answer
 
     count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}))
@@ -160,9 +159,11 @@ class Attempts:
         self.health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
                              cooldown=config.routing.cooldown_seconds, metrics=metrics)
 
-    async def first(self, tries, attempt, stick_by: str | None, forward: Forward):
-        """The first answer of `attempt` over each (model, upstream body) of `tries` in turn and
-        that model's usable deployments, within max_attempts: (reply, deployment, model)."""
+    async def first(self, tries, attempt, stick_by: str | None, forward: Forward, deadline: float | None = None,
+                    operation: str = "chat"):
+        """The first answer of `attempt` (an `operation`, for the trace) over each (model,
+        upstream body) of `tries` in turn and that model's usable deployments, within
+        max_attempts: (reply, deployment, model). Past `deadline` (loop time), TimeoutError."""
         health, metrics = self.health, self.metrics
         attempts, error = self.config.routing.max_attempts, None
         for model, upstream_body in tries:
@@ -175,7 +176,13 @@ class Attempts:
                     raise error
                 attempts -= 1
                 try:
-                    reply = await self._try(attempt, self.config.deployment(name), upstream_body, forward)
+                    async with asyncio.timeout_at(deadline):
+                        reply = await self._try(attempt, self.config.deployment(name), upstream_body, forward,
+                                                operation)
+                except TimeoutError:
+                    if metrics is not None:
+                        metrics.attempt(name, "timeout")
+                    raise
                 except GatewayError as failure:
                     if metrics is not None:
                         metrics.attempt(name, attempt_outcome(failure))
@@ -190,13 +197,13 @@ class Attempts:
                 return reply, name, model
         raise error
 
-    async def _try(self, attempt, deployment: Deployment, body: dict[str, Any], forward: Forward):
+    async def _try(self, attempt, deployment: Deployment, body: dict[str, Any], forward: Forward, operation: str):
         if self.tracing is None:
             return await attempt(deployment, body, forward)
         headers = dict(forward.get("headers") or {})
-        with self.tracing.attempt(body.get("model"), deployment, headers) as span:
+        with self.tracing.attempt(operation, body.get("model"), deployment, headers) as span:
             reply = await attempt(deployment, body, {**forward, "headers": headers})
-            self.tracing.attempt_answered(span, reply)
+            self.tracing.answered(span, reply)
             return reply
 
 

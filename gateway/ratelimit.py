@@ -77,8 +77,9 @@ class MemoryRateLimiter:
         wait = Wait(0)
         balances = [self._balance(name, limit, now) for name, limit, _, _ in buckets]
         for (name, limit, _, need), balance in zip(buckets, balances):
-            if balance < need and (need - balance) * 60 / limit > wait:
-                wait = Wait((need - balance) * 60 / limit, _limit_of(name))
+            seconds = (need - balance) * 60 / limit
+            if seconds > wait:  # (and so the bucket holds less than it needs)
+                wait = Wait(seconds, _limit_of(name))
         if wait:
             return wait
         for (name, _, take, _), balance in zip(buckets, balances):

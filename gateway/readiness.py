@@ -19,10 +19,18 @@ CHECK_TIMEOUT = 2.0
 class Readiness:
     def __init__(self, store: Store, limiter: RateLimiter) -> None:
         self._checks = {"store": store.ping, "ratelimit": limiter.ping}
-        self.draining = False
+        self._draining = False
+
+    def drain(self) -> None:
+        """The gateway is shutting down: not ready from now on."""
+        self._draining = True
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        """aiohttp on_shutdown: however the app is run and stopped, it is not ready once stopping."""
+        self.drain()
 
     async def readyz(self, request: web.Request) -> web.Response:
-        if self.draining:
+        if self._draining:
             return web.json_response({"status": "shutting down"}, status=503)
         failing = [name for name, ok in zip(self._checks, await asyncio.gather(
             *(self._answers(check) for check in self._checks.values()))) if not ok]

@@ -7,6 +7,7 @@ late only holds back, for a moment, what the key may spend."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from decimal import Decimal
 
@@ -55,7 +56,8 @@ class SpendReservations:
 
     def _write_soon(self) -> None:
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write_groups())
+            # In a context of its own: not the first request's (its id, its span) that made it.
+            self._writer = asyncio.create_task(self._write_groups(), context=contextvars.Context())
 
     async def _write_groups(self) -> None:
         try:

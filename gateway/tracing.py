@@ -7,6 +7,8 @@ No prompt or completion text goes into any span: only names, counts, ids and out
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,26 +36,37 @@ class Tracing:
         self._tracer = provider.get_tracer("ezat-gateway")
         self.provider = provider
 
+    @staticmethod
+    def require_sdk(config: TracingConfig) -> None:
+        """Raise TracingUnavailable if [tracing] is set and OpenTelemetry's SDK is not installed."""
+        if not config.endpoint:
+            return
+        try:
+            found = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+        except ModuleNotFoundError:  # not even its parent package
+            found = False
+        if not found:
+            raise TracingUnavailable("[tracing] endpoint needs OpenTelemetry's SDK: pip install 'ezat-gateway[otel]'")
+
     @classmethod
     def from_config(cls, config: TracingConfig) -> Tracing | None:
         if not config.endpoint:
             return None
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError:
-            raise TracingUnavailable(
-                "[tracing] endpoint needs OpenTelemetry's SDK: pip install 'ezat-gateway[otel]'") from None
+        cls.require_sdk(config)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint.rstrip("/") + "/v1/traces")))
         return cls(provider)
 
     async def lifespan(self, app: web.Application):
-        """aiohttp cleanup context: what is still buffered is sent before the app goes."""
+        """aiohttp cleanup context: what is still buffered is sent before the app goes (from a
+        thread: the export is a blocking HTTP request)."""
         yield
-        self.provider.shutdown()
+        await asyncio.to_thread(self.provider.shutdown)
 
     # --- a request: its SERVER span
 
@@ -68,7 +81,8 @@ class Tracing:
 
     def current(self, span: Any):
         """A context in which `span` is the current one (the upstream attempts' parent)."""
-        return self._trace.use_span(span, end_on_exit=False)
+        # (A refusal is no error of the span's: end_server_span says what failed, in its words.)
+        return self._trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
     def end_server_span(self, span: Any, request: web.Request, status: int, outcome: str, reply: Any) -> None:
         model, answered, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(LEDGER_ROW)
@@ -77,7 +91,7 @@ class Tracing:
             span.set_attribute("gen_ai.request.model", model.id)
         if answered is not None:
             span.set_attribute("gen_ai.response.model", answered.id)
-        self._answered(span, reply)
+        self.answered(span, reply)
         if row is not None:
             span.set_attribute("gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", row.output_tokens)
@@ -92,11 +106,11 @@ class Tracing:
     # --- an upstream attempt: its CLIENT span
 
     @contextmanager
-    def attempt(self, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
-        """A CLIENT span around one attempt; `headers` gains its `traceparent`."""
+    def attempt(self, operation: str, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
+        """A CLIENT span `{operation} {model}` around one attempt; `headers` gains its `traceparent`."""
         with self._tracer.start_as_current_span(
-            f"chat {model}", kind=self._trace.SpanKind.CLIENT,
-            attributes={"gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
+            f"{operation} {model}", kind=self._trace.SpanKind.CLIENT,
+            attributes={"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
                         "gen_ai.request.model": model, "server.address": deployment.base_url},
             record_exception=False, set_status_on_exception=False,
         ) as span:
@@ -109,12 +123,10 @@ class Tracing:
                 raise
 
     @staticmethod
-    def _answered(span: Any, reply: Any) -> None:
+    def answered(span: Any, reply: Any) -> None:
         """The upstream message's id and stop reason, as far as the reply knows them yet."""
         if isinstance(reply, (MessageReply, EventStreamReply)):
             if reply.message_id:
                 span.set_attribute("gen_ai.response.id", reply.message_id)
             if reply.stop_reason:
                 span.set_attribute("gen_ai.response.finish_reasons", [reply.stop_reason])
-
-    attempt_answered = _answered

@@ -424,3 +424,28 @@ def test_the_operations_settings_are_checked():
         parse_config('[tracing]\nendpoint = "collector:4318"\n[logging]\nformat = "xml"\n[server]\ndrain_seconds = -1\n')
     assert caught.value.problems == ["server.drain_seconds: expected a non-negative number",
                                      'logging.format: expected "text" or "json"', "tracing.endpoint: expected an http(s) URL"]
+
+
+async def test_an_attempt_past_the_deadline_counts_as_a_timeout(start_gateway, upstream):
+    gateway = await start_gateway(non_streaming_deadline=0.3)
+    upstream.enqueue(Scenario(delay=2))
+    with pytest.raises(openai.InternalServerError) as caught:  # 504: stream it instead
+        await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    assert caught.value.status_code == 504
+    m = await scrape(gateway.url)
+    assert sample(m, "ezat_upstream_attempts_total", deployment="primary", outcome="timeout") == 1
+
+
+async def test_a_refusal_leaves_no_client_text_in_its_span_nor_in_the_log(start_gateway, upstream, spans, caplog):
+    exporter, tracing = spans
+    gateway = await start_gateway(tracing=tracing)
+    caplog.set_level("INFO", logger="ezat.access")
+    typed = "my secret prompt\nPOST /v1/chat/completions 200 key=admin"
+    with pytest.raises(openai.NotFoundError):
+        await gateway.client().chat.completions.create(model=typed, messages=HELLO)
+    [span] = exporter.get_finished_spans()
+    assert span.status.is_ok and not span.events  # a refusal is no error of the span's, and records no exception
+    assert span.attributes["error.type"] == "404"
+    [record] = [r for r in caplog.records if r.name == "ezat.access"]
+    assert record.fields["model"] is None and record.fields["outcome"] == "refused:model"
+    assert "secret" not in TextFormatter("%(message)s").format(record)

@@ -137,7 +137,7 @@ class EventStreamReply(web.StreamResponse):
         self._ending = False
         self._failed = False  # the stream failed (the upstream, or the gateway), and said so in the stream
         self._when_done: list[Callable[[EventStreamReply], None]] = []
-        self.first_output_at: float | None = None  # loop time the model's first output was at hand
+        self.first_output_at: float | None = None  # loop time prepare began: the first output is at hand then
         self.outcome = "client_closed"  # until the stream's end is written: "ok", or "failed"
 
     @property
@@ -162,12 +162,18 @@ class EventStreamReply(web.StreamResponse):
         finally:
             if self._streams is not None:
                 self._streams.done(self)
-            await self.events.aclose(self._failed)
-            for callback in self._when_done:
-                try:
-                    callback(self)
-                except Exception:
-                    log.exception("a stream's when_done callback failed")
+            try:
+                await self.events.aclose(self._failed)
+            except BaseException:
+                if self.outcome == "client_closed" and not self._failed:
+                    self.outcome = "failed"  # billing could not record what the client got
+                raise
+            finally:
+                for callback in self._when_done:
+                    try:
+                        callback(self)
+                    except Exception:
+                        log.exception("a stream's when_done callback failed")
 
     def stop(self, event: dict[str, Any]) -> None:
         self._source.stop(event)
