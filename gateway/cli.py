@@ -14,7 +14,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from decimal import Decimal
 
@@ -28,7 +28,7 @@ from gateway.tracing import Tracing, TracingUnavailable
 from gateway.server import app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
-    Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
+    LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
     load_storage_config, storage_url_problem,
 )
 
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     serving.add_argument("--host", help="override [server] host")
     serving.add_argument("--port", type=_port, help="override [server] port")
     serving.add_argument("--workers", type=_workers, help="override [server] workers (processes sharing the port)")
+    serving.add_argument("--log-format", choices=LOG_FORMATS, help="override [logging] format")
 
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
             return asyncio.run(admin.run(args, storage))
-        serve(args.config, args.host, args.port, args.workers)
+        serve(args.config, Overrides(args.host, args.port, args.log_format), args.workers)
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
@@ -123,17 +124,32 @@ def check_config(path: str) -> int:
     return 0
 
 
-def serve(config_path: str | None, host: str | None, port: int | None, workers: int | None) -> None:
+@dataclass(frozen=True)
+class Overrides:
+    """What `serve`'s options change in the config."""
+
+    host: str | None = None
+    port: int | None = None
+    log_format: str | None = None
+
+    def applied(self, config: Config, workers: int = 1) -> Config:
+        server = replace(config.server, host=self.host or config.server.host, port=self.port or config.server.port,
+                         workers=workers)
+        logging_config = replace(config.logging, format=self.log_format or config.logging.format)
+        return replace(config, server=server, logging=logging_config)
+
+
+def serve(config_path: str | None, overrides: Overrides, workers: int | None) -> None:
     """Run the gateway until SIGTERM or Ctrl-C; with several workers, one process each, sharing
     the port (SO_REUSEPORT lets the kernel spread connections over them)."""
     # Loaded here even for --workers: a bad file is one message, not one traceback per worker.
-    config = load_config(config_path) if config_path else None
+    config = overrides.applied(load_config(config_path)) if config_path else None
     if config is not None:
         configure_logging(config.logging)
         Tracing.require_sdk(config.tracing)  # one message here, not a traceback from each worker
     workers = workers or (config.server.workers if config else 1)
     if workers == 1:
-        run(serve_forever(config_path, host, port))
+        run(serve_forever(config_path, overrides))
         return
     if not config_path:
         raise SystemExit("--workers needs --config: workers share its storage (the embedded mode is one process)")
@@ -148,7 +164,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     before = os.environ.get(MULTIPROCESS_DIR)
     os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
     spawn = multiprocessing.get_context("spawn")
-    processes = [spawn.Process(target=_worker, args=(config_path, host, port, workers)) for _ in range(workers)]
+    processes = [spawn.Process(target=_worker, args=(config_path, overrides, workers)) for _ in range(workers)]
     for process in processes:
         process.start()
 
@@ -181,22 +197,21 @@ def _rate_limited_keys(config: Config) -> list[str]:
                    if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked})
 
 
-def _worker(config_path: str, host: str | None, port: int | None, workers: int) -> None:
+def _worker(config_path: str, overrides: Overrides, workers: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
-    run(serve_forever(config_path, host, port, reuse_port=True, workers=workers))
+    run(serve_forever(config_path, overrides, reuse_port=True, workers=workers))
 
 
-async def serve_forever(
-    config_path: str | None, host: str | None, port: int | None, *, reuse_port: bool = False, workers: int = 1
-) -> None:
+async def serve_forever(config_path: str | None, overrides: Overrides, *, reuse_port: bool = False,
+                        workers: int = 1) -> None:
     mock = None
     if config_path:
         config = load_config(config_path)
         demo_key = None
     else:
         config, demo_key, mock = await embedded_config()
-    server = replace(config.server, host=host or config.server.host, port=port or config.server.port, workers=workers)
-    config = replace(config, server=server)
+    config = overrides.applied(config, workers)
+    server = config.server
     configure_logging(config.logging)
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown

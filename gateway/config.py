@@ -344,7 +344,8 @@ def _join(path: str, key: str) -> str:
 
 # --- ${ENV_VAR} interpolation, applied to every string before validation.
 
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ${NAME}, or ${NAME:-default}: the default when NAME is unset or empty, as in a shell.
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def _interpolate(value: Any, path: str, env: Mapping[str, str], problems: list[str]) -> Any:
@@ -354,16 +355,25 @@ def _interpolate(value: Any, path: str, env: Mapping[str, str], problems: list[s
         return [_interpolate(item, f"{path}[{i}]", env, problems) for i, item in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
-    missing = [name for name in _ENV_REFERENCE.findall(value) if name not in env]
+    missing = [name for name, default in (m.group(1, 2) for m in _ENV_REFERENCE.finditer(value))
+               if name not in env and default is None]
     for name in dict.fromkeys(missing):
         problems.append(f"{path}: environment variable {name} is not set")
     # A "${" left after removing the well-formed references is a typo, not literal text.
     if "${" in _ENV_REFERENCE.sub("", value):
-        problems.append(f"{path}: malformed ${{...}}; expected ${{NAME}} with letters, digits and _")
+        problems.append(f"{path}: malformed ${{...}}; expected ${{NAME}} or ${{NAME:-default}}, NAME of letters, digits and _")
     elif not missing:
-        # One pass, so a variable's value is never itself expanded.
-        return _ENV_REFERENCE.sub(lambda match: env[match.group(1)], value)
+        # One pass, so a variable's value (or a default) is never itself expanded.
+        return _ENV_REFERENCE.sub(_expanded(env), value)
     return _INVALID
+
+
+def _expanded(env: Mapping[str, str]):
+    def expand(match: re.Match) -> str:
+        name, default = match.group(1, 2)
+        return env.get(name) or default if default is not None else env[name]
+
+    return expand
 
 
 # --- The dataclass-driven validator.

@@ -323,8 +323,14 @@ def test_missing_env_var_inside_list_and_inline_table():
 @pytest.mark.parametrize("host", ["${", "${1X}", "${A-B}", "x${A"])
 def test_malformed_env_reference(host):
     assert problems_of(f'[server]\nhost = "{host}"\n', env={"A": "a"}) == [
-        "server.host: malformed ${...}; expected ${NAME} with letters, digits and _"
+        "server.host: malformed ${...}; expected ${NAME} or ${NAME:-default}, NAME of letters, digits and _"
     ]
+
+
+@pytest.mark.parametrize("env, host", [({}, "0.0.0.0"), ({"H": ""}, "0.0.0.0"), ({"H": "::1"}, "::1")])
+def test_a_reference_with_a_default_takes_it_when_the_variable_is_unset_or_empty(env, host):
+    config = parse_config('[server]\nhost = "${H:-0.0.0.0}"\n[storage]\nurl = "sqlite:///${DB:-}x.db"\n', env=env)
+    assert (config.server.host, config.storage.url) == (host, "sqlite:///x.db")
 
 
 # --- Problems, each with its key path
