@@ -22,8 +22,8 @@ test: $(READY)
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
 
-# The container image (deploy/Dockerfile), with docker or podman: `make image IMAGE_ARGS="--build-arg BASE=..."`.
-CONTAINER ?= $(shell command -v docker || command -v podman)
+# The container image (deploy/Dockerfile), with podman or docker: `make image IMAGE_ARGS="--build-arg BASE=..."`.
+CONTAINER ?= $(shell command -v podman || command -v docker)
 image:
 	$(CONTAINER) build -f deploy/Dockerfile -t ezat-gateway:local $(IMAGE_ARGS) .
 
