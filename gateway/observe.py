@@ -27,6 +27,9 @@ log = logging.getLogger("ezat.observe")
 
 
 def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | None = None):
+    """The app's outermost middleware: each API request's access line, and its metrics and span
+    when the app has them."""
+
     @web.middleware
     async def observe(request: web.Request, handler) -> web.StreamResponse:
         route = getattr(request.match_info.handler, "api_route", None)
@@ -76,8 +79,9 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
             tracing.end_server_span(span, request, status, outcome, reply)
         if ACCESS.isEnabledFor(logging.INFO):
             # The route's pattern, not its path: a path can hold anything a client typed.
-            access(f"{request.method} {request.match_info.route.resource.canonical} {status}", request_id(request), access_fields(
-                request, route, status, ended - started, to_first_output, outcome, isinstance(reply, EventStreamReply)))
+            message = f"{request.method} {request.match_info.route.resource.canonical} {status}"
+            access(message, request_id(request), access_fields(request, route, status, ended - started,
+                                                               to_first_output, outcome, isinstance(reply, EventStreamReply)))
 
     return observe
 
