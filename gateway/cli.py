@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
             return asyncio.run(admin.run(args, storage))
-        serve(args.config, Overrides(args.host, args.port, args.log_format), args.workers)
+        serve(args.config, Overrides(args.host, args.port, args.workers, args.log_format))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
@@ -130,28 +130,29 @@ class Overrides:
 
     host: str | None = None
     port: int | None = None
+    workers: int | None = None
     log_format: str | None = None
 
-    def applied(self, config: Config, workers: int = 1) -> Config:
+    def applied(self, config: Config) -> Config:
         server = replace(config.server, host=self.host or config.server.host, port=self.port or config.server.port,
-                         workers=workers)
+                         workers=self.workers or config.server.workers)
         logging_config = replace(config.logging, format=self.log_format or config.logging.format)
         return replace(config, server=server, logging=logging_config)
 
 
-def serve(config_path: str | None, overrides: Overrides, workers: int | None) -> None:
+def serve(config_path: str | None, overrides: Overrides) -> None:
     """Run the gateway until SIGTERM or Ctrl-C; with several workers, one process each, sharing
-    the port (SO_REUSEPORT lets the kernel spread connections over them)."""
-    # Loaded here even for --workers: a bad file is one message, not one traceback per worker.
+    the port (SO_REUSEPORT lets the kernel spread connections over them). The config is loaded
+    here once, and handed to the workers: a bad file is one message, not one per worker."""
     config = overrides.applied(load_config(config_path)) if config_path else None
     if config is not None:
         configure_logging(config.logging)
         Tracing.require_sdk(config.tracing)  # one message here, not a traceback from each worker
-    workers = workers or (config.server.workers if config else 1)
+    workers = config.server.workers if config else (overrides.workers or 1)
     if workers == 1:
-        run(serve_forever(config_path, overrides))
+        run(serve_forever(config, overrides))
         return
-    if not config_path:
+    if config is None:
         raise SystemExit("--workers needs --config: workers share its storage (the embedded mode is one process)")
     if not config.ratelimit.url and (limited := _rate_limited_keys(config)):
         # (A key given limits through the CLI is refused by each worker, on its requests.)
@@ -164,7 +165,7 @@ def serve(config_path: str | None, overrides: Overrides, workers: int | None) ->
     before = os.environ.get(MULTIPROCESS_DIR)
     os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
     spawn = multiprocessing.get_context("spawn")
-    processes = [spawn.Process(target=_worker, args=(config_path, overrides, workers)) for _ in range(workers)]
+    processes = [spawn.Process(target=_worker, args=(config,)) for _ in range(workers)]
     for process in processes:
         process.start()
 
@@ -197,20 +198,17 @@ def _rate_limited_keys(config: Config) -> list[str]:
                    if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked})
 
 
-def _worker(config_path: str, overrides: Overrides, workers: int) -> None:
+def _worker(config: Config) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
-    run(serve_forever(config_path, overrides, reuse_port=True, workers=workers))
+    run(serve_forever(config, reuse_port=True))
 
 
-async def serve_forever(config_path: str | None, overrides: Overrides, *, reuse_port: bool = False,
-                        workers: int = 1) -> None:
-    mock = None
-    if config_path:
-        config = load_config(config_path)
-        demo_key = None
-    else:
-        config, demo_key, mock = await embedded_config()
-    config = overrides.applied(config, workers)
+async def serve_forever(config: Config | None, overrides: Overrides = Overrides(), *, reuse_port: bool = False) -> None:
+    """Serve `config` (None: the embedded defaults, with `overrides`) until SIGTERM or Ctrl-C."""
+    mock = demo_key = None
+    if config is None:
+        embedded, demo_key, mock = await embedded_config()
+        config = overrides.applied(embedded)
     server = config.server
     configure_logging(config.logging)
 

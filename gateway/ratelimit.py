@@ -37,13 +37,14 @@ class RateLimiter(protocols.RateLimiter, Protocol):
     async def close(self) -> None: ...
 
 
-def _buckets(key: KeyRecord, tokens: int) -> list[tuple[str, int, int, int]]:
+def _buckets(key: KeyRecord, tokens: int | None) -> list[tuple[str, int, int, int]]:
     """(bucket name, per-minute limit, tokens taken now, balance needed) for each limit the key
-    has. The balance needed is at most the limit, so a request larger than it can still run."""
+    has (rpm alone when `tokens` is None). The balance needed is at most the limit, so a request
+    larger than it can still run."""
     buckets = []
     if key.rpm:
         buckets.append((_bucket(key, "rpm"), key.rpm, 1, 1))
-    if key.tpm:
+    if key.tpm and tokens is not None:
         buckets.append((_bucket(key, "tpm"), key.tpm, tokens, min(max(tokens, 1), key.tpm)))
     return buckets
 
@@ -69,7 +70,7 @@ class MemoryRateLimiter:
         balance, at = self._buckets.get(name, (per_minute, now))
         return min(per_minute, balance + (now - at) * per_minute / 60)
 
-    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+    async def admit(self, key: KeyRecord, tokens: int | None = 0) -> float:
         buckets = _buckets(key, tokens)
         if self._workers > 1 and (buckets or key.max_concurrent):
             raise unshared_limits()
@@ -183,7 +184,7 @@ class RedisRateLimiter:
         self._enter = self._redis.register_script(_ENTER)
         self._warned_at = -60.0
 
-    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+    async def admit(self, key: KeyRecord, tokens: int | None = 0) -> float:
         buckets = _buckets(key, tokens)
         if not buckets:
             return 0.0

@@ -16,7 +16,7 @@ from yarl import URL
 
 from gateway.config import Deployment
 from gateway.upstream_errors import upstream_error
-from gateway.upstream_shape import readable_event
+from gateway.upstream_shape import passed_on_error, readable_event
 from middlewares.core.errors import GatewayError, error_event, stream_error, too_deeply_nested
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.core.usage import StreamUsage
@@ -301,6 +301,8 @@ def _through_end(events: list) -> list[dict[str, Any]] | None:
             raw = orjson.dumps(event)
             log.warning("upstream sent an event the gateway cannot read (%d bytes, starting %r)", len(raw), raw[:200])
             return [*events[:index], _UNREADABLE]
+        if event["type"] == "error":
+            return [*events[:index], passed_on_error(event)]
         if event["type"] in _ENDS:
             return events[: index + 1]
     return events

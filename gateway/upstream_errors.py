@@ -12,6 +12,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
+from gateway.upstream_shape import error_type
 from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, anthropic_type, cut, retry_after
 
 log = logging.getLogger("ezat.errors")
@@ -53,7 +54,8 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
         # "invalid_api_key" would send the client after the wrong key.
         log.error("upstream rejected the gateway's credentials: %s", message)
         return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
-    _, type_, code = BY_ANTHROPIC_TYPE[anthropic_type(status)]
+    status_type = anthropic_type(status)
+    _, type_, code = BY_ANTHROPIC_TYPE[status_type]
     if code is None and message.startswith("prompt is too long"):
         code = "context_length_exceeded"
     wait = retry_after_seconds(headers.get("retry-after"))  # passed on as whole seconds, if usable
@@ -64,7 +66,7 @@ def upstream_error(status: int, body: bytes, headers: Mapping[str, str]) -> Gate
         code=code,
         param="model" if code == "model_not_found" else None,
         headers=retry_after(wait) if wait is not None else None,
-        anthropic=(status, kind or anthropic_type(status)),
+        anthropic=(status, kind or status_type),
     )
 
 
@@ -72,7 +74,6 @@ def _read_anthropic_error(body: bytes) -> tuple[str | None, str]:
     """The type (None when it has none) and message of an upstream's error body."""
     try:
         error = orjson.loads(body)["error"]
-        kind = error.get("type")
-        return (kind if isinstance(kind, str) and 0 < len(kind) <= 64 else None), str(error["message"])
+        return error_type(error.get("type")), str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return None, body[:200].decode("utf-8", "replace").strip() or "upstream error"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from middlewares.core.errors import cut, error_event
+
 # The usage numbers billing reads: whole numbers of 0 or more, or absent (None).
 _COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 # A delta's text, by the delta's type.
@@ -52,6 +54,18 @@ def readable_event(event: dict[str, Any]) -> bool:
     if kind == "error":
         return isinstance(event.get("error") or {}, dict)
     return True
+
+
+def passed_on_error(event: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's `error` event as the gateway passes it on: its type (when it is one), its
+    message cut to a bounded length, nothing else."""
+    error = event.get("error") or {}
+    return error_event(cut(str(error.get("message") or "upstream error")), error_type(error.get("type")) or "api_error")
+
+
+def error_type(kind: Any) -> str | None:
+    """An upstream error's type, if it is one (a short string), else None."""
+    return kind if isinstance(kind, str) and 0 < len(kind) <= 64 else None
 
 
 def _readable_block(block: Any) -> bool:

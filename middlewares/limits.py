@@ -9,7 +9,6 @@ more."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -92,7 +91,7 @@ def limits_middleware(
         reservation = Reservation(limiter, key, rid, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
             # A request that reserves nothing is held to the key's rpm alone, not its tpm.
-            wait = await limiter.admit(key if reserve else replace(key, tpm=None), reservation.tokens)
+            wait = await limiter.admit(key, reservation.tokens if reserve else None)
             if wait:
                 raise GatewayError(
                     429,

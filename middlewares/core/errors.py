@@ -155,13 +155,13 @@ BY_ANTHROPIC_TYPE: dict[str, tuple[int, str, str | None]] = {
 
 
 def stream_error(event: Mapping[str, Any]) -> GatewayError:
-    """An `error` event from an upstream stream, as the error the client gets (on Anthropic's
-    API, with the upstream's own type)."""
+    """A stream's `error` event, as the error the client gets (on Anthropic's API, with the
+    event's own type). Its source made the event what it passes on (the gateway's upstream
+    cuts an upstream's message where it reads it)."""
     error = event.get("error") or {}
-    kind = error.get("type")
-    kind = kind if isinstance(kind, str) and kind else "api_error"
+    kind = error.get("type") or "api_error"
     status, type_, code = BY_ANTHROPIC_TYPE.get(kind, BY_ANTHROPIC_TYPE["api_error"])
-    return GatewayError(status, cut(str(error.get("message") or "upstream error")), type=type_, code=code,
+    return GatewayError(status, str(error.get("message") or "upstream error"), type=type_, code=code,
                         anthropic=(anthropic_status(kind, status), kind))
 
 
@@ -188,7 +188,7 @@ async def _guarded(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except GatewayError as exc:
-        if exc.status in (429, 503, 529) and "retry-after" not in exc.headers:
+        if exc.status in (429, 503) and "retry-after" not in exc.headers:
             # docs/api.md, "Errors": each says to wait for retry-after seconds, so there always is one.
             # (Added here, not when the error is made: routing cools a deployment down for
             # what the upstream itself said.)

@@ -43,10 +43,10 @@ class Wait(float):
 
 
 class RateLimiter(Protocol):
-    async def admit(self, key: KeyRecord, tokens: int = 0) -> float:
+    async def admit(self, key: KeyRecord, tokens: int | None = 0) -> float:
         """Take one request and `tokens` (the request's estimate) from the key's buckets, or
         none: 0 to let the request through, else the seconds to wait (a `Wait`, which names the
-        limit, or a plain number)."""
+        limit, or a plain number). `tokens=None`: the request is held to rpm alone."""
 
     async def charge_tokens(self, key: KeyRecord, tokens: int) -> None:
         """Take `tokens` more (a negative count gives them back): what a request used beyond

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from middlewares.core.errors import MAX_ERROR_MESSAGE, GatewayError, cut, error_event
+from middlewares.core.errors import GatewayError, error_event
 from middlewares.core.usage import StreamUsage, Usage
 
 log = logging.getLogger("ezat.reply")
@@ -72,7 +72,7 @@ class EventSource(EventStream, Protocol):
 class AnthropicSSE:
     """Anthropic's own SSE framing: what a stream sends when no stage translates it. With
     `model`, the message is said to be that model's (the name the client asked by, not the
-    upstream's); an error's message is cut to a bounded length."""
+    upstream's)."""
 
     finished = False
     ping = ANTHROPIC_PING
@@ -85,14 +85,8 @@ class AnthropicSSE:
         return b"".join(_sse(self._outgoing(event)) for event in batch)
 
     def _outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
-        kind = event["type"]
-        if kind == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
+        if event["type"] == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
             return {**event, "message": {**event["message"], "model": self._model}}
-        if kind == "error":
-            error = event.get("error") or {}
-            message = error.get("message")
-            if isinstance(message, str) and len(message) > MAX_ERROR_MESSAGE:
-                return {**event, "error": {**error, "message": cut(message)}}
         return event
 
 
@@ -185,18 +179,30 @@ class EventStreamReply(web.StreamResponse):
             self._transport.abort()
 
     async def ping(self) -> None:
-        if self._ending:  # the body's terminator is (being) written: nothing may follow it
+        # Not after the body's terminator (nothing may follow it), nor beside a write that waits:
+        # that client is not reading, and the app's sweep drops it.
+        if self._ending or self.writing_since is not None:
             return
         try:
-            await self.write(self.encoder.ping)  # whole writes: never inside another chunk
+            await self._write(self.encoder.ping)  # whole writes: never inside another chunk
         except (ConnectionError, RuntimeError):
             pass  # the stream ended meanwhile
+
+    async def _write(self, data: bytes, *, last: bool = False) -> None:
+        """Every write of the stream's goes here: while one waits (a client that stopped
+        reading), `writing_since` says since when. One that returns at once, as nearly all do,
+        is never seen half-way."""
+        self.writing_since = self.last_write = asyncio.get_running_loop().time()
+        if last:
+            await self.write_eof(data)
+        else:
+            await self.write(data)
+        self.writing_since = None
 
     async def _send_events(self) -> None:
         encoder = self.encoder
         encode = encoder.encode
-        clock = asyncio.get_running_loop().time
-        self.last_write = clock()
+        self.last_write = asyncio.get_running_loop().time()
         if self._streams is not None:
             self._streams.watch(self)
         try:
@@ -206,16 +212,12 @@ class EventStreamReply(web.StreamResponse):
                     # write_eof sets aiohttp's own flag only after draining: a ping must not
                     # slip in after the terminator meanwhile.
                     self._ending = True
-                    self._failed = self._failed or batch[-1]["type"] == "error"
-                    self.writing_since = clock()
-                    await self.write_eof(data)
+                    self._failed = batch[-1]["type"] == "error"
+                    await self._write(data, last=True)
                     self.outcome = "failed" if self._failed else "ok"
                     return
                 if data:
-                    # A write that returns at once (as nearly all do) is never seen half-way.
-                    self.writing_since = self.last_write = clock()
-                    await self.write(data)
-                    self.writing_since = None
+                    await self._write(data)
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception as exc:
@@ -227,6 +229,5 @@ class EventStreamReply(web.StreamResponse):
             else:
                 log.exception("stream to the client failed")
                 error = INTERNAL_ERROR
-            self.writing_since = clock()
-            await self.write(encode([error]))
+            await self._write(encode([error]))
             self.outcome = "failed"
