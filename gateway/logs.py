@@ -6,8 +6,8 @@ JSON lines are encoded with orjson: `{"time", "level", "logger", "message", "pid
 …}`, an access line's fields at the top level. No line ever holds a key: the gateway logs a key's
 name, never the key.
 
-Lines are cheap: no caller's frame or thread lookup per record (the logging module's
-documented switches), lines written in one turn of the event loop leave in one write, and an
+Lines are cheap: no caller's frame, thread or process lookup per record (the logging module's
+documented switches), lines written in one turn of the event loop leave in one write, and a JSON
 access line, written for every request, is formatted straight into that batch rather than
 through a LogRecord (measured: bench/observability.py).
 """
@@ -28,7 +28,7 @@ from gateway.config import LoggingConfig
 
 # The request the running code serves: every request has a task of its own, so a log line
 # written on its behalf, however deep, names it.
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("ezat_request_id", default=None)
+CURRENT_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("ezat_request_id", default=None)
 ACCESS = logging.getLogger("ezat.access")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(pid)d %(name)s: %(message)s"
 
@@ -39,7 +39,7 @@ def configure_logging(config: LoggingConfig = LoggingConfig()) -> None:
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.logAsyncioTasks = False
     handler = BatchingHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if config.format == "json" else TextFormatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if config.format == "json" else TextFormatter())
     handler.addFilter(_with_request_id)
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -56,11 +56,11 @@ _configured: BatchingHandler | None = None
 
 
 def access(message: str, request_id: str, fields: dict[str, Any]) -> None:
-    """One access line (the caller checked that ACCESS is enabled): into the configured
-    handler's batch, else (the log not configured here: a test, an app of its own) as any line
-    of the `ezat.access` logger."""
+    """One access line (the caller checked that ACCESS is enabled). In JSON, while the configured
+    handler is the log's only one, straight into its batch; else as any line of `ezat.access`."""
     handler = _configured
-    if handler is None or ACCESS.handlers or not ACCESS.propagate:
+    if (handler is None or not isinstance(handler.formatter, JsonFormatter) or ACCESS.handlers
+            or not ACCESS.propagate or logging.root.handlers != [handler]):
         ACCESS.info(message, extra={"request_id": request_id, "fields": fields})
         return
     handler.write_line(handler.formatter.line(time.time(), "INFO", ACCESS.name, message, request_id, fields))
@@ -68,7 +68,7 @@ def access(message: str, request_id: str, fields: dict[str, Any]) -> None:
 
 def _with_request_id(record: logging.LogRecord) -> bool:
     if not hasattr(record, "request_id"):
-        record.request_id = REQUEST_ID.get()
+        record.request_id = CURRENT_REQUEST.get()
     return True
 
 
@@ -131,40 +131,38 @@ class _Timestamps:
 class TextFormatter(logging.Formatter):
     """The usual line, then the request id and an access line's fields as key=value pairs."""
 
+    def __init__(self, fmt: str = TEXT_FORMAT) -> None:
+        super().__init__(fmt)
+        self._pid = os.getpid()  # made in the process that logs (each worker configures its own)
+
     def format(self, record: logging.LogRecord) -> str:
-        record.pid = os.getpid()
+        record.pid = self._pid
         line = super().format(record)
-        return line + _text_tail(getattr(record, "request_id", None), getattr(record, "fields", None))
-
-    def line(self, created: float, level: str, logger: str, message: str, request_id: str | None,
-             fields: dict[str, Any]) -> str:
-        asctime = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) + f",{int((created % 1) * 1000):03d}"
-        return f"{asctime} {level} {os.getpid()} {logger}: {message}" + _text_tail(request_id, fields)
-
-
-def _text_tail(request_id: str | None, fields: dict[str, Any] | None) -> str:
-    tail = f" request_id={request_id}" if request_id else ""
-    if fields:
-        tail += " " + " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
-    return tail
+        request_id, fields = getattr(record, "request_id", None), getattr(record, "fields", None)
+        if request_id:
+            line += f" request_id={request_id}"
+        if fields:
+            line += " " + " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
+        return line
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._timestamp = _Timestamps()
+        self._pid = os.getpid()  # made in the process that logs (each worker configures its own)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = self.line(record.created, record.levelname, record.name, record.getMessage(),
-                         getattr(record, "request_id", None), getattr(record, "fields", None))
+        fields = getattr(record, "fields", None)
         if record.exc_info:
-            line = line[:-1] + "," + orjson.dumps({"exception": self.formatException(record.exc_info)}).decode()[1:]
-        return line
+            fields = {**(fields or {}), "exception": self.formatException(record.exc_info)}
+        return self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         getattr(record, "request_id", None), fields)
 
     def line(self, created: float, level: str, logger: str, message: str, request_id: str | None,
              fields: dict[str, Any] | None) -> str:
         line: dict[str, Any] = {"time": self._timestamp(created), "level": level, "logger": logger,
-                                "message": message, "pid": os.getpid()}
+                                "message": message, "pid": self._pid}
         if request_id:
             line["request_id"] = request_id
         if fields:

@@ -66,6 +66,7 @@ class Metrics:
         self._downloads = Counter("ezat_image_downloads", "Image and PDF downloads, by what came of them.",
                                   ["outcome"], registry=r)
         self._children: dict[tuple, object] = {}
+        self._on_scrape: list = []  # what sets its gauges as of the scrape
 
     def _child(self, metric, *labels: str | int):
         """The metric's child for these label values, bound once."""
@@ -75,8 +76,14 @@ class Metrics:
             child = self._children[key] = metric.labels(*(str(label) for label in labels))
         return child
 
+    def on_scrape(self, report) -> None:
+        """Call `report()` before each scrape: a gauge of a state that changes with time alone."""
+        self._on_scrape.append(report)
+
     def exposition(self) -> bytes:
         """The text a scrape gets: this app's values, or every worker's under `--workers`."""
+        for report in self._on_scrape:
+            report()
         if multiprocess_mode():
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
@@ -86,10 +93,16 @@ class Metrics:
     # --- what the gateway tells it
 
     def answered(self, route: str, model: str, status: int, seconds: float, first_output: float | None) -> None:
-        self._child(self._requests, route, model, status).inc()
-        self._child(self._duration, route, model).observe(seconds)
+        children = self._children.get((route, model, status))
+        if children is None:  # the three a request's answer counts in, bound once
+            children = self._children[(route, model, status)] = (
+                self._requests.labels(route, model, str(status)), self._duration.labels(route, model),
+                self._first_token.labels(route, model))
+        requests, duration, first_token = children
+        requests.inc()
+        duration.observe(seconds)
         if first_output is not None:
-            self._child(self._first_token, route, model).observe(first_output)
+            first_token.observe(first_output)
 
     def refused(self, reason: str) -> None:
         self._child(self._refused, reason).inc()
@@ -103,11 +116,8 @@ class Metrics:
     def cooling(self, deployment: str, cooling: bool) -> None:
         self._child(self._cooling, deployment).set(1 if cooling else 0)
 
-    def stream_opened(self) -> None:
-        self._open_streams.inc()
-
-    def stream_closed(self) -> None:
-        self._open_streams.dec()
+    def open_streams(self, count: int) -> None:
+        self._open_streams.set(count)
 
     def pending(self, rows: int) -> None:
         self._pending.set(rows)
@@ -128,6 +138,20 @@ class Metrics:
 
     def image_download(self, outcome: str) -> None:
         self._child(self._downloads, outcome).inc()
+
+
+class NoMetrics:
+    """What an app without /metrics counts with: nothing, at the cost of a call."""
+
+    def __getattr__(self, name: str):
+        return _nothing
+
+
+def _nothing(*args, **kwargs) -> None:
+    pass
+
+
+NO_METRICS = NoMetrics()
 
 
 def metrics_handler(metrics: Metrics, token: str = ""):

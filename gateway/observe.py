@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from gateway.logs import ACCESS, REQUEST_ID, access
-from gateway.metrics import Metrics
+from gateway.logs import ACCESS, CURRENT_REQUEST, access
+from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.tracing import Tracing
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
 from middlewares.core.reply import EventStreamReply
@@ -26,7 +27,7 @@ CLIENT_CLOSED = 499  # the status a request has whose client left before its ans
 log = logging.getLogger("ezat.observe")
 
 
-def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | None = None):
+def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None):
     """The app's outermost middleware: each API request's access line, and its metrics and span
     when the app has them."""
 
@@ -35,10 +36,12 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
         route = getattr(request.match_info.handler, "api_route", None)
         if route is None:
             return await handler(request)
-        REQUEST_ID.set(request_id(request))
+        CURRENT_REQUEST.set(request_id(request))
         clock = asyncio.get_running_loop().time
         started = clock()
-        span = tracing.server_span(request, route) if tracing is not None else None
+        pattern = request.match_info.route.resource.canonical  # never the path: it holds what a client typed
+        span = tracing.server_span(request, route, pattern) if tracing is not None else None
+        end = partial(finish, request, route, pattern, started, span)
         try:
             if span is None:
                 reply = await handler(request)
@@ -47,41 +50,34 @@ def observe_middleware(*, metrics: Metrics | None = None, tracing: Tracing | Non
                     reply = await handler(request)
         except web.HTTPException as exc:
             refusal = getattr(exc, "refusal", None)
-            finish(request, route, started, exc.status, None, f"refused:{refusal}" if refusal else "failed", span)
+            end(exc.status, None, f"refused:{refusal}" if refusal else "failed", refusal)
             raise
         except asyncio.CancelledError:
-            finish(request, route, started, CLIENT_CLOSED, None, "client_closed", span)
+            end(CLIENT_CLOSED, None, "client_closed")
             raise
         if isinstance(reply, EventStreamReply):
-            reply.when_done(lambda stream: finish(request, route, started, stream.status, stream.first_output_at,
-                                                  stream.outcome, span, stream))
+            reply.when_done(lambda stream: end(stream.status, stream.first_output_at, stream.outcome, reply=stream))
         else:
-            finish(request, route, started, reply.status, clock() if route in GENERATING else None, "ok", span, reply)
+            end(reply.status, clock() if route in GENERATING else None, "ok", reply=reply)
         return reply
 
-    def finish(request: web.Request, route: str, started: float, status: int, first_output: float | None,
-               outcome: str, span: Any, reply: web.StreamResponse | None = None) -> None:
+    def finish(request: web.Request, route: str, pattern: str, started: float, span: Any, status: int,
+               first_output: float | None, outcome: str, refusal: str | None = None,
+               reply: web.StreamResponse | None = None) -> None:
         try:
-            record(request, route, started, status, first_output, outcome, span, reply)
+            seconds = asyncio.get_running_loop().time() - started
+            to_first_output = first_output - started if first_output is not None else None
+            model = request.get(MODEL)
+            metrics.answered(route, model.id if model is not None else "", status, seconds, to_first_output)
+            if refusal:
+                metrics.refused(refusal)
+            if span is not None:
+                tracing.end_server_span(span, request, status, outcome, reply)
+            if ACCESS.isEnabledFor(logging.INFO):
+                access(f"{request.method} {pattern} {status}", request_id(request), access_fields(
+                    request, route, status, seconds, to_first_output, outcome, isinstance(reply, EventStreamReply)))
         except Exception:  # what observes a request must not fail it
             log.exception("observing a request failed")
-
-    def record(request: web.Request, route: str, started: float, status: int, first_output: float | None,
-               outcome: str, span: Any, reply: web.StreamResponse | None) -> None:
-        ended = asyncio.get_running_loop().time()
-        to_first_output = first_output - started if first_output is not None else None
-        model = request.get(MODEL)
-        if metrics is not None:
-            metrics.answered(route, model.id if model is not None else "", status, ended - started, to_first_output)
-            if outcome.startswith("refused:"):
-                metrics.refused(outcome.removeprefix("refused:"))
-        if span is not None:
-            tracing.end_server_span(span, request, status, outcome, reply)
-        if ACCESS.isEnabledFor(logging.INFO):
-            # The route's pattern, not its path: a path can hold anything a client typed.
-            message = f"{request.method} {request.match_info.route.resource.canonical} {status}"
-            access(message, request_id(request), access_fields(request, route, status, ended - started,
-                                                               to_first_output, outcome, isinstance(reply, EventStreamReply)))
 
     return observe
 
@@ -106,5 +102,5 @@ def access_fields(request: web.Request, route: str, status: int, seconds: float,
     if row is not None:
         fields.update(input_tokens=row.input_tokens, output_tokens=row.output_tokens,
                       cache_read_tokens=row.cache_read_tokens, cache_write_tokens=row.cache_write_tokens,
-                      reasoning_tokens=row.reasoning_tokens, cost_usd=str(row.cost_usd))
+                      reasoning_tokens=row.reasoning_tokens, cost_usd=row.cost_usd)
     return fields

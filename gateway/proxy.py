@@ -25,7 +25,7 @@ from gateway.config import Config, Deployment, Model
 from gateway.health import Health
 from gateway.routing import affinity, ranked
 from gateway.streams import OpenStreams
-from gateway.metrics import Metrics
+from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.tracing import Tracing
 from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream_errors import retry_after_seconds
@@ -49,10 +49,8 @@ class FirstTokenTimeout(GatewayError):
         super().__init__(500, f"The upstream produced nothing within {seconds:g} seconds.", type="server_error")
 
 
-def attempt_outcome(failure: GatewayError | None) -> str:
-    """What came of an attempt, as ezat_upstream_attempts_total counts it."""
-    if failure is None:
-        return "ok"
+def attempt_outcome(failure: GatewayError) -> str:
+    """What came of a failed attempt, as ezat_upstream_attempts_total counts it."""
     if isinstance(failure, UpstreamUnreachable):
         return "connect_error"
     if isinstance(failure, FirstTokenTimeout):
@@ -87,7 +85,7 @@ def proxy_handler(
         return EventStreamReply(events, streams=streams)
 
     async def message(deployment: Deployment, body: dict[str, Any], forward: Forward) -> MessageReply:
-        message = await _json_answer(upstream, deployment, body, **forward)
+        _, message = await _json_answer(upstream, deployment, body, **forward)
         if not readable_message(message):
             raise GatewayError(500, "The upstream sent a reply the gateway cannot read.", type="server_error")
         return MessageReply(message)
@@ -106,8 +104,7 @@ def proxy_handler(
         reply.headers["x-ezat-model"] = model.id
         if model is not asked:
             reply.headers["x-ezat-routed-from"] = asked.id
-            if metrics is not None:
-                metrics.fallback(asked.id, model.id)
+            metrics.fallback(asked.id, model.id)
         return reply
 
     async def proxy(request: web.Request) -> web.StreamResponse:
@@ -128,21 +125,21 @@ def proxy_handler(
     return proxy
 
 
-def count_tokens_handler(config: Config, upstream: UpstreamClient, *, attempts: Attempts):
+def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts):
     """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
     the first of its deployments that answers, as it answers: never a count made up here, and
     no fallback model stands in (its count would be another model's)."""
 
     async def count(deployment: Deployment, body: dict[str, Any], forward: Forward) -> web.Response:
-        counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
+        raw, counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
         tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
         if type(tokens) is not int or tokens < 0:
             raise GatewayError(500, "The upstream sent a count the gateway cannot read.", type="server_error")
-        return web.Response(body=orjson.dumps(counted), content_type="application/json")
+        return web.Response(body=raw, content_type="application/json")  # as it answered
 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
-        body = {**request[BODY], "model": model.upstream_model}
+        body = _for_model(request[BODY], model, model)
         answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request), operation="count_tokens")
         return answer
 
@@ -154,7 +151,7 @@ class Attempts:
     """Trying deployments in turn: their health (shared by every route, since the deployments
     are), and what each attempt leaves in the metrics and the trace."""
 
-    def __init__(self, config: Config, *, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
+    def __init__(self, config: Config, *, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None) -> None:
         self.config, self.metrics, self.tracing = config, metrics, tracing
         self.health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
                              cooldown=config.routing.cooldown_seconds, metrics=metrics)
@@ -180,20 +177,17 @@ class Attempts:
                         reply = await self._try(attempt, self.config.deployment(name), upstream_body, forward,
                                                 operation)
                 except TimeoutError:
-                    if metrics is not None:
-                        metrics.attempt(name, "timeout")
+                    metrics.attempt(name, "timeout")
                     raise
                 except GatewayError as failure:
-                    if metrics is not None:
-                        metrics.attempt(name, attempt_outcome(failure))
+                    metrics.attempt(name, attempt_outcome(failure))
                     if failure.status not in RETRYABLE:
                         raise
                     health.failed(name, retry_after_seconds(failure.headers.get("retry-after")))
                     error = failure
                     continue
                 health.succeeded(name)
-                if metrics is not None:
-                    metrics.attempt(name, "ok")
+                metrics.attempt(name, "ok")
                 return reply, name, model
         raise error
 
@@ -207,17 +201,18 @@ class Attempts:
             return reply
 
 
-async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any], **options) -> Any:
-    """The deployment's whole answer, parsed: None when it is not JSON."""
+async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any],
+                       **options) -> tuple[bytes, Any]:
+    """The deployment's whole answer, and it parsed (None when it is not JSON)."""
     try:
         async with await upstream.post(deployment, body, **options) as response:
             raw = await response.read()
     except (aiohttp.ClientError, OSError):
         raise UpstreamUnreachable("The upstream connection broke.") from None
     try:
-        return orjson.loads(raw)
+        return raw, orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None
+        return raw, None
 
 
 # What a client of Anthropic's API sends that goes upstream with its request, as sent.

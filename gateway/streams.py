@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.metrics import Metrics
+from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from middlewares.core.reply import EventStreamReply
 
 
@@ -20,9 +20,10 @@ class OpenStreams:
     `write_timeout` seconds (the client stopped reading). And it ends them all at once, when
     the gateway shuts down (`end_all_after`)."""
 
-    def __init__(self, interval: float = 15.0, write_timeout: float = 30.0, metrics: Metrics | None = None) -> None:
+    def __init__(self, interval: float = 15.0, write_timeout: float = 30.0,
+                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
         self.interval = interval
-        self._metrics = metrics
+        metrics.on_scrape(lambda: metrics.open_streams(len(self._streams)))
         self.write_timeout = write_timeout
         self._streams: set[EventStreamReply] = set()
         self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
@@ -31,16 +32,11 @@ class OpenStreams:
 
     def watch(self, stream: EventStreamReply) -> None:
         self._streams.add(stream)
-        if self._metrics is not None:
-            self._metrics.stream_opened()
         if self._end is not None:  # it started after the end of all: it ends at once too
             stream.stop(self._end)
 
     def done(self, stream: EventStreamReply) -> None:
-        if stream in self._streams:
-            self._streams.remove(stream)
-            if self._metrics is not None:
-                self._metrics.stream_closed()
+        self._streams.discard(stream)
 
     def end_all_after(self, seconds: float, event: dict[str, Any]) -> None:
         """In `seconds`, end every open stream, and any that starts later, with `event` (an

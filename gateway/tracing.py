@@ -70,12 +70,13 @@ class Tracing:
 
     # --- a request: its SERVER span
 
-    def server_span(self, request: web.Request, route: str) -> Any:
+    def server_span(self, request: web.Request, route: str, pattern: str) -> Any:
+        """`pattern`: the route's (`/v1/models/{model}`), never a path, which holds what a client typed."""
         return self._tracer.start_span(
-            f"{request.method} {request.match_info.route.resource.canonical}",
+            f"{request.method} {pattern}",
             kind=self._trace.SpanKind.SERVER,
             context=self._propagate.extract(request.headers),
-            attributes={"http.request.method": request.method, "url.path": request.path,
+            attributes={"http.request.method": request.method, "http.route": pattern,
                         "gen_ai.operation.name": _OPERATION[route], "gen_ai.provider.name": PROVIDER},
         )
 

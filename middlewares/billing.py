@@ -13,7 +13,7 @@ from aiohttp import web
 
 from middlewares.core.chain import stage
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SETTLE, request_id
-from middlewares.core.protocols import ModelSpec, RecordRow
+from middlewares.core.protocols import RecordRow
 from middlewares.core.records import LedgerRow
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import StreamUsage, Usage
@@ -30,12 +30,12 @@ def billing_middleware(*, record: RecordRow):
     if not callable(record):
         raise TypeError("billing_middleware: record must be an async callable")
 
-    @stage("billing", requires=(API_KEY, MODEL), provides=(LEDGER_ROW,))
+    # (It sets request[LEDGER_ROW] too, but on the way out: no stage after it could read it.)
+    @stage("billing", requires=(API_KEY, MODEL))
     async def billing(request: web.Request, handler) -> web.StreamResponse:
         started = datetime.now(timezone.utc)
         reply = await handler(request)
-        asked = request[MODEL]
-        bill = Bill(request, asked, started, record)
+        bill = Bill(request, started, record)
         if isinstance(reply, MessageReply):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
@@ -50,28 +50,28 @@ def billing_middleware(*, record: RecordRow):
 class Bill:
     """What one request's ledger row needs, and recording it (the row is then `request[LEDGER_ROW]`)."""
 
-    def __init__(self, request: web.Request, asked: ModelSpec, started: datetime, record: RecordRow) -> None:
-        self.rid, self.key, self.asked = request_id(request), request[API_KEY], asked
-        self.answered = request.get(ANSWERED_MODEL, asked)
-        self.deployment, self.started = request.get(DEPLOYMENT, ""), started
-        self._request, self._record, self._settle = request, record, request.get(SETTLE)
+    def __init__(self, request: web.Request, started: datetime, record: RecordRow) -> None:
+        self._request, self._started, self._record, self._settle = request, started, record, request.get(SETTLE)
 
     async def record(self, usage: Usage, outcome: str = "complete") -> None:
+        request = self._request
+        asked = request[MODEL]
+        answered = request.get(ANSWERED_MODEL, asked)
         row = LedgerRow(
-            request_id=self.rid,
-            key_id=self.key.id,
-            model=self.asked.id,
-            answered_model=self.answered.id,
-            deployment=self.deployment,
+            request_id=request_id(request),
+            key_id=request[API_KEY].id,
+            model=asked.id,
+            answered_model=answered.id,
+            deployment=request.get(DEPLOYMENT, ""),
             input_tokens=usage.input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
             cache_write_1h_tokens=usage.cache_write_1h_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             output_tokens=usage.output_tokens,
             reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=usage.cost(self.answered.pricing),  # priced as the model that answered
+            cost_usd=usage.cost(answered.pricing),  # priced as the model that answered
             outcome=outcome,
-            started_at=self.started,
+            started_at=self._started,
             finished_at=datetime.now(timezone.utc),
         )
         try:
@@ -79,7 +79,7 @@ class Bill:
         except BaseException:
             await self.release()  # not recorded, so not billed
             raise
-        self._request[LEDGER_ROW] = row
+        request[LEDGER_ROW] = row
         if self._settle is not None:
             await self._settle(usage)
 

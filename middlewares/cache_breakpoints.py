@@ -23,6 +23,7 @@ from aiohttp import web
 from middlewares.core.chain import stage
 from middlewares.core.context import BODY, BODY_BYTES, MODEL, SESSION
 from middlewares.core.errors import invalid_request
+from middlewares.core.media import MEDIA_BLOCKS, THINKING_BLOCKS
 
 MAX_BREAKPOINTS = 4  # the upstream's limit per request
 # Tokens the upstream adds to a request with tools (its tool-use system prompt: 346 at most on
@@ -39,19 +40,16 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "op
     `min_cache_tokens` here otherwise) is the shortest prompt its cache takes: 0 means it has none."""
     if not isinstance(min_cache_tokens, int) or min_cache_tokens < 0:
         raise ValueError("cache_breakpoints_middleware: min_cache_tokens must be 0 or more")
-    if api not in ("openai", "anthropic"):
+    if api not in _APIS:
         raise ValueError('cache_breakpoints_middleware: api must be "openai" or "anthropic"')
-    scan, mark_prefix, mark_newest = (_scan, _mark_prefix, _mark_newest_message) if api == "openai" else (
-        _scan_anthropic, _mark_anthropic_prefix, _mark_anthropic_newest_message)
-    session = _session if api == "openai" else _anthropic_session
+    session, scan, mark_prefix, mark_newest, most = _APIS[api]
 
     @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,))
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         request[SESSION] = session(request, body)
         placed, media = scan(body)
-        # (On Anthropic's API the upstream refuses too many in its own words, which its clients read.)
-        if api == "openai" and placed > MAX_BREAKPOINTS:
+        if most is not None and placed > most:
             raise invalid_request(
                 f"cache_control: at most {MAX_BREAKPOINTS} cache breakpoints per request; this one has {placed}",
                 "messages",
@@ -114,7 +112,11 @@ def _mark_prefix(body: dict[str, Any]) -> None:
     system = [m for m in _messages(body) if m.get("role") in ("system", "developer") and _has_content(m)]
     if system:
         _mark_last_part(system[-1])
-        return
+    else:
+        _mark_last_tool(body)
+
+
+def _mark_last_tool(body: dict[str, Any]) -> None:
     tools = body.get("tools")
     if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
         tools[-1]["cache_control"] = dict(EPHEMERAL)
@@ -135,20 +137,30 @@ def _mark_last_part(message: dict[str, Any]) -> None:
     """Put the breakpoint on the message's last part; string content becomes one text part."""
     content = message["content"]
     if isinstance(content, str):
-        message["content"] = [{"type": "text", "text": content, "cache_control": dict(EPHEMERAL)}]
-        return
-    # The last part that reaches the upstream: blank text is never sent, and its mark would go with it.
-    for part in reversed(content):
-        if isinstance(part, dict) and not (part.get("type") == "text" and not str(part.get("text", "")).strip()):
-            part["cache_control"] = dict(EPHEMERAL)
-            return
+        message["content"] = _marked_text(content)
+    else:
+        _mark_last_block(content)
+
+
+def _marked_text(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text, "cache_control": dict(EPHEMERAL)}]
+
+
+def _mark_last_block(blocks: list[Any]) -> bool:
+    """Put the breakpoint on the last block (or part) that reaches the upstream and can take
+    one: not blank text, which is never sent (its mark would go with it), nor thinking, which
+    the upstream refuses a mark on. False when none can."""
+    for block in reversed(blocks):
+        if not isinstance(block, dict) or block.get("type") in THINKING_BLOCKS:
+            continue
+        if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
+            continue
+        block["cache_control"] = dict(EPHEMERAL)
+        return True
+    return False
 
 
 # --- Anthropic's Messages API: system and tools at the top, blocks in every message.
-
-_ANTHROPIC_MEDIA = ("image", "document")
-# Blocks that take no breakpoint of their own (the upstream refuses one there).
-_UNMARKABLE = ("thinking", "redacted_thinking")
 
 
 def _anthropic_session(request: web.Request, body: dict[str, Any]) -> str | None:
@@ -169,43 +181,36 @@ def _scan_anthropic(body: dict[str, Any]) -> tuple[int, bool]:
         for block in _blocks(message.get("content")):
             count += _marked(block)
             if isinstance(block, dict):
-                media = media or block.get("type") in _ANTHROPIC_MEDIA
+                media = media or block.get("type") in MEDIA_BLOCKS
                 if block.get("type") == "tool_result":
                     inner = _blocks(block.get("content"))
                     count += sum(1 for part in inner if _marked(part))
-                    media = media or any(isinstance(part, dict) and part.get("type") in _ANTHROPIC_MEDIA for part in inner)
+                    media = media or any(isinstance(part, dict) and part.get("type") in MEDIA_BLOCKS for part in inner)
     return count, media
 
 
 def _mark_anthropic_prefix(body: dict[str, Any]) -> None:
     system = body.get("system")
     if isinstance(system, str) and system.strip():
-        body["system"] = [{"type": "text", "text": system, "cache_control": dict(EPHEMERAL)}]
+        body["system"] = _marked_text(system)
     elif not (isinstance(system, list) and _mark_last_block(system)):
-        tools = body.get("tools")
-        if isinstance(tools, list) and tools and isinstance(tools[-1], dict):
-            tools[-1]["cache_control"] = dict(EPHEMERAL)
+        _mark_last_tool(body)
 
 
 def _mark_anthropic_newest_message(body: dict[str, Any]) -> None:
-    messages = _messages(body)
-    if not messages:
-        return
-    newest = messages[-1]
-    content = newest.get("content")
+    messages = body.get("messages")
+    newest = messages[-1] if isinstance(messages, list) and messages else None
+    content = newest.get("content") if isinstance(newest, dict) else None
     if isinstance(content, str) and content.strip():
-        newest["content"] = [{"type": "text", "text": content, "cache_control": dict(EPHEMERAL)}]
+        newest["content"] = _marked_text(content)
     elif isinstance(content, list):
         _mark_last_block(content)
 
 
-def _mark_last_block(blocks: list[Any]) -> bool:
-    """Put the breakpoint on the last block that can take one; False when none can."""
-    for block in reversed(blocks):
-        if not isinstance(block, dict) or block.get("type") in _UNMARKABLE:
-            continue
-        if block.get("type") == "text" and not (isinstance(block.get("text"), str) and block["text"].strip()):
-            continue
-        block["cache_control"] = dict(EPHEMERAL)
-        return True
-    return False
+# Per API: the conversation's name, the breakpoints placed and media held, the two placements,
+# and the most breakpoints refused here (on Anthropic's the upstream refuses them in its own
+# words, which its clients read).
+_APIS = {
+    "openai": (_session, _scan, _mark_prefix, _mark_newest_message, MAX_BREAKPOINTS),
+    "anthropic": (_anthropic_session, _scan_anthropic, _mark_anthropic_prefix, _mark_anthropic_newest_message, None),
+}

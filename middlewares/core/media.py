@@ -6,6 +6,9 @@ import string
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 PDF = "application/pdf"
+# Anthropic's content blocks: those that carry an image or a PDF, and those no cache breakpoint may mark.
+MEDIA_BLOCKS = ("image", "document")  # tuples: a block's "type" may be anything, unhashable too
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 # Standard base64, as data URLs carry it: these characters, then at most two "=".
 _BASE64_ALPHABET = (string.ascii_letters + string.digits + "+/").encode()
 

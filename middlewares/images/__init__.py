@@ -25,7 +25,7 @@ from aiohttp import web
 from middlewares.core.chain import stage
 from middlewares.core.context import API_KEY, BODY
 from middlewares.core.errors import GatewayError, invalid_request
-from middlewares.core.media import IMAGE_TYPES, split_data_url
+from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, split_data_url
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
 from middlewares.images.sniff import image_type
@@ -49,7 +49,7 @@ def images_middleware(
     connections_per_host: int = 32,
     resolver=None,
     api: str = "openai",
-    on_download: Callable[[str], None] | None = None,
+    on_download: Callable[[str], None] = lambda outcome: None,
 ):
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
@@ -174,23 +174,27 @@ def _anthropic_sources(body: dict[str, Any]) -> Iterator[Download]:
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, block in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(block, dict):
-                continue
-            yield from _url_source(block, f"messages[{i}].content[{j}]")
-            if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in MEDIA_BLOCKS:  # most blocks are text: only these are looked into
+                if download := _url_source(block, kind, lambda: f"messages[{i}].content[{j}]"):
+                    yield download
+            elif kind == "tool_result" and isinstance(block.get("content"), list):
                 for k, inner in enumerate(block["content"]):
-                    if isinstance(inner, dict):
-                        yield from _url_source(inner, f"messages[{i}].content[{j}].content[{k}]")
+                    inner_kind = inner.get("type") if isinstance(inner, dict) else None
+                    if inner_kind in MEDIA_BLOCKS and (download := _url_source(
+                            inner, inner_kind, lambda: f"messages[{i}].content[{j}].content[{k}]")):
+                        yield download
 
 
-def _url_source(block: dict[str, Any], path: str) -> Iterator[Download]:
-    kind, source = block.get("type"), block.get("source")
-    if kind not in ("image", "document") or not isinstance(source, dict) or source.get("type") != "url":
-        return
+def _url_source(block: dict[str, Any], kind: str, path: Callable[[], str]) -> Download | None:
+    """The download of an image or document block whose source is a `url` (None for another)."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "url":
+        return None
     url = source.get("url")
     if not isinstance(url, str) or not url.startswith(_HTTP):
-        raise invalid_request(f"{path}.source.url: expected an http(s) URL", "messages")
-    yield Download(f"{path}.source.url", url, kind == "document", partial(_put_base64_source, block))
+        raise invalid_request(f"{path()}.source.url: expected an http(s) URL", "messages")
+    return Download(f"{path()}.source.url", url, kind == "document", partial(_put_base64_source, block))
 
 
 def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> None:
@@ -201,7 +205,7 @@ _SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources}
 
 
 async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int, key_gate: asyncio.Semaphore,
-                  on_download: Callable[[str], None] | None) -> None:
+                  on_download: Callable[[str], None]) -> None:
     limits = fetcher.limits
     downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
     waiting: list[tuple[Download, asyncio.Task]] = []
@@ -212,11 +216,9 @@ async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int,
             try:
                 fetched = await fetcher.fetch(url, budget, pdf=pdf)
             except ImageError as exc:
-                if on_download is not None:
-                    on_download(exc.outcome)
+                on_download(exc.outcome)
                 raise
-        if on_download is not None:
-            on_download("ok")
+        on_download("ok")
         return fetched
 
     try:
