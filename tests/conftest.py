@@ -29,6 +29,15 @@ async def upstream():
 
 
 @pytest.fixture
+async def second(upstream):
+    """Another deployment's mock upstream, beside `upstream`."""
+    mock = MockUpstream(api_key=UPSTREAM_KEY)
+    await mock.start()
+    yield mock
+    await mock.close()
+
+
+@pytest.fixture
 async def start_gateway(upstream):
     """Starts a gateway in front of `upstream`; keyword arguments go to build_app."""
     started: list[Gateway] = []

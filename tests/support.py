@@ -21,6 +21,7 @@ from yarl import URL
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, ServerConfig, StorageConfig
 from gateway.server import app_runner
 from gateway.storage import KeyRecord, LedgerRow, open_store
+from middlewares.core import Stage
 
 KEY = "sk-test-key"
 MODEL = "anthropic/claude-sonnet-5-5"
@@ -311,3 +312,23 @@ class Link:
 
         await asyncio.gather(pipe(client_reader, server), pipe(server_reader, client))
         self._pairs.discard(pair)
+
+
+def setting(name: str, key: web.RequestKey, value: object):
+    """A foreign app's stage that sets `key` to `value` on every request (its own admission)."""
+
+    @web.middleware
+    async def set_it(request: web.Request, handler) -> web.StreamResponse:
+        request[key] = value
+        return await handler(request)
+
+    set_it.stage = Stage(name, provides=frozenset({key}))
+    return set_it
+
+
+async def served(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free loopback port: its runner (clean it up) and its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"

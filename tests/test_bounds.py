@@ -23,10 +23,10 @@ from aiohttp import web
 
 from gateway.config import BoundsConfig, Model, Pricing, ServerConfig
 from middlewares.bounds import bounds_middleware
-from middlewares.core import BODY, MODEL as MODEL_KEY, ChainError, Stage, checked, error_envelope
+from middlewares.core import BODY, MODEL as MODEL_KEY, ChainError, checked, error_envelope
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
-from tests.support import KEY, MODEL, SERVE_CONFIG, Gateway, ServeProcess, make_config, run_command
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, run_command, setting
 
 ENDPOINT = "/openai/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]
@@ -94,19 +94,6 @@ async def test_a_response_format_schema_nested_1000_levels_through_items_is_a_40
     assert no_errors_logged(caplog) == []
 
 
-def model_stage():
-    """A foreign app's admission: every request is for one model."""
-    model = Model(id=MODEL, upstream_model="m", deployments=("x",), pricing=Pricing())
-
-    @web.middleware
-    async def the_model(request, handler):
-        request[MODEL_KEY] = model
-        return await handler(request)
-
-    the_model.stage = Stage("the_model", provides=frozenset({MODEL_KEY}))
-    return the_model
-
-
 async def translated(request: web.Request) -> web.Response:
     # (Not the body itself: no JSON encoder writes a thousand levels.)
     return web.json_response({"translated": "output_config" in request[BODY]})
@@ -139,7 +126,8 @@ async def echo(request: web.Request) -> web.Response:
 
 async def test_without_bounds_the_translator_walks_a_schema_1000_levels_deep(foreign, caplog):
     caplog.set_level(logging.INFO)
-    url = await foreign([size_limit_middleware(), model_stage(), translator_middleware()], translated)
+    url = await foreign([size_limit_middleware(), setting("the_model", MODEL_KEY, Model(id=MODEL, upstream_model="m", deployments=("x",), pricing=Pricing())),
+                          translator_middleware()], translated)
     assert await post(url, deep_items_body()) == (200, {"translated": True})
     # The walk reaches the bottom: an open object there is found, and named by its path.
     status, answer = await post(url, deep_items_body(innermost='{"type": "object"}'))

@@ -758,3 +758,12 @@ expires_at = 2026-03-01T00:00:01Z
 """)
     now = datetime(2026, 3, 1, tzinfo=timezone.utc)  # the moment it expires, a key is refused
     assert expired_keys(config, now) == ["keys[1] (bob): expired at 2026-03-01T00:00:00+00:00; requests with it get 401"]
+
+
+def test_the_deadlines_default_to_what_the_docs_promise():
+    """A connection idle (or its headers unfinished) for 75 s, a body unfinished after 60 s, a
+    client not reading for 30 s; an upstream stream silent for 60 s or running 30 minutes."""
+    config = parse_config('[[deployments]]\nname = "d"\nbase_url = "https://api.anthropic.com"\n')
+    server, deployment = config.server, config.deployments[0]
+    assert (server.keepalive_timeout_seconds, server.body_timeout_seconds, server.write_timeout_seconds) == (75, 60, 30)
+    assert (deployment.stream_idle_timeout_seconds, deployment.max_stream_duration_seconds) == (60, 1800)

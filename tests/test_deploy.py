@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gateway.config import parse_config
 
@@ -39,3 +40,44 @@ def test_kubernetes_gives_the_gateway_longer_to_stop_than_it_takes():
     pod = (DEPLOY / "kubernetes" / "sidecar" / "pod.yaml").read_text()
     assert int(re.search(r"terminationGracePeriodSeconds: (\d+)", pod)[1]) > sidecar.server.shutdown_timeout_seconds
     assert sidecar.server.host == "127.0.0.1"  # the pod's own containers only
+
+
+def manifests(path: Path) -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(path.read_text())}
+
+
+def hardened(container: dict) -> None:
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_the_kubernetes_base_runs_replicas_hardened_and_scraped():
+    base = DEPLOY / "kubernetes" / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert set(kustomization["resources"]) == {"deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml"}
+    assert kustomization["configMapGenerator"][0]["files"] == ["gateway.toml"]
+    deployment = manifests(base / "deployment.yaml")["Deployment"]
+    assert deployment["spec"]["replicas"] >= 2
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    [gateway] = pod["spec"]["containers"]
+    hardened(gateway)
+    assert gateway["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    assert manifests(base / "hpa.yaml")["HorizontalPodAutoscaler"]["spec"]["minReplicas"] >= 2
+    assert manifests(base / "pdb.yaml")["PodDisruptionBudget"]["spec"]["minAvailable"] >= 1
+
+
+def test_the_sidecar_serves_its_app_on_localhost_with_sqlite_on_the_pods_volume():
+    pod = manifests(DEPLOY / "kubernetes" / "sidecar" / "pod.yaml")["Pod"]["spec"]
+    app, gateway = pod["containers"]
+    hardened(gateway)
+    env = {item["name"]: item.get("value") for item in app["env"]}
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/openai/v1" and env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
+    data = next(mount for mount in gateway["volumeMounts"] if mount["mountPath"] == "/var/lib/ezat")
+    assert next(volume for volume in pod["volumes"] if volume["name"] == data["name"])["emptyDir"] == {}
+    config = parse_config((DEPLOY / "kubernetes" / "sidecar" / "gateway.toml").read_text(), env=ENV)
+    assert config.storage.url == "sqlite:////var/lib/ezat/gateway.db" and config.server.port == 8080

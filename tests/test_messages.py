@@ -18,8 +18,8 @@ import pytest
 from aioresponses import aioresponses
 
 from gateway.app import STORE
-from gateway.config import ConfigError, Deployment, ImagesConfig, KeyConfig, Pricing, parse_config
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.config import BoundsConfig, ConfigError, Deployment, ImagesConfig, KeyConfig, Pricing, parse_config
+from gateway.mock_upstream import Scenario
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
 from tests.test_billing import key_id, storage_url, write_lock  # noqa: F401 (fixtures)
 from tests.test_images import PNG, fake_get
@@ -149,22 +149,17 @@ async def test_a_long_pause_gets_anthropics_ping_event(start_gateway, upstream):
     assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
 
 
-async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, client_of):
-    second = MockUpstream(api_key=UPSTREAM_KEY)
-    await second.start()
-    try:
-        claude = client_of(await start_gateway(two_deployments(upstream.url, second.url)))
-        sessions = [f"conversation {n}" for n in range(8)]
-        for _ in range(3):
-            for session in sessions:  # each one's text says which it is
-                await claude.messages.create(model=MODEL, max_tokens=10, extra_headers={"x-ezat-session": session},
-                                             messages=[{"role": "user", "content": session}])
-        got = [[r.body["messages"][0]["content"] for r in mock.requests] for mock in (upstream, second)]
-        assert sorted(got[0] + got[1]) == sorted(sessions * 3)
-        assert not set(got[0]) & set(got[1])  # no conversation on both
-        assert got[0] and got[1]  # and the conversations spread over both
-    finally:
-        await second.close()
+async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, second, client_of):
+    claude = client_of(await start_gateway(two_deployments(upstream.url, second.url)))
+    sessions = [f"conversation {n}" for n in range(8)]
+    for _ in range(3):
+        for session in sessions:  # each one's text says which it is
+            await claude.messages.create(model=MODEL, max_tokens=10, extra_headers={"x-ezat-session": session},
+                                         messages=[{"role": "user", "content": session}])
+    got = [[r.body["messages"][0]["content"] for r in mock.requests] for mock in (upstream, second)]
+    assert sorted(got[0] + got[1]) == sorted(sessions * 3)
+    assert not set(got[0]) & set(got[1])  # no conversation on both
+    assert got[0] and got[1]  # and the conversations spread over both
 
 
 async def test_a_tool_use_round_trip(gateway, upstream, claude):
@@ -223,24 +218,19 @@ def two_deployments(upstream_url: str, second_url: str):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("failure", [Scenario(status=529, error_message="Overloaded"), Scenario(status=500),
                                      Scenario(status=429, headers={"retry-after": "3"})], ids=["529", "500", "429"])
-async def test_a_failing_deployment_is_passed_over_unseen(start_gateway, upstream, failure, stream, client_of):
-    second = MockUpstream(api_key=UPSTREAM_KEY)
-    await second.start()
-    try:
-        gateway = await start_gateway(two_deployments(upstream.url, second.url))
-        upstream.enqueue(failure)
-        claude = client_of(gateway)
-        if stream:
-            async with claude.messages.stream(model=MODEL, max_tokens=10, messages=HELLO) as events:
-                message = await events.get_final_message()
-        else:
-            message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
-        assert message.content[0].text.endswith("Hello")
-        assert (len(upstream.requests), len(second.requests)) == (1, 1)
-        [row] = await gateway.app[STORE].ledger()
-        assert row.deployment == "second"
-    finally:
-        await second.close()
+async def test_a_failing_deployment_is_passed_over_unseen(start_gateway, upstream, second, failure, stream, client_of):
+    gateway = await start_gateway(two_deployments(upstream.url, second.url))
+    upstream.enqueue(failure)
+    claude = client_of(gateway)
+    if stream:
+        async with claude.messages.stream(model=MODEL, max_tokens=10, messages=HELLO) as events:
+            message = await events.get_final_message()
+    else:
+        message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    assert message.content[0].text.endswith("Hello")
+    assert (len(upstream.requests), len(second.requests)) == (1, 1)
+    [row] = await gateway.app[STORE].ledger()
+    assert row.deployment == "second"
 
 
 # --- Errors in Anthropic's envelope -------------------------------------------------------------
@@ -362,8 +352,9 @@ async def test_count_tokens_counts_against_rpm_and_passes_upstream_errors(start_
     gateway = await start_gateway(with_key(make_config(upstream.url), rpm=1))
     claude = client_of(gateway)
     upstream.count_tokens_status = 400
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.BadRequestError) as caught:
         await claude.messages.count_tokens(model=MODEL, messages=HELLO)
+    assert caught.value.body["error"] == {"type": "invalid_request_error", "message": "mock error"}  # the upstream's
     with pytest.raises(anthropic.RateLimitError) as caught:
         await claude.messages.count_tokens(model=MODEL, messages=HELLO)
     assert caught.value.body["error"]["type"] == "rate_limit_error"
@@ -611,3 +602,59 @@ async def test_every_anthropic_beta_line_goes_upstream(gateway, upstream):
                                       ("anthropic-beta", "effort-2025-11-24")]) as response:
             assert response.status == 200
     assert upstream.requests[0].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14, effort-2025-11-24"
+
+
+async def test_count_tokens_forwards_the_betas_and_the_query(gateway, upstream, claude):
+    await claude.beta.messages.count_tokens(model=MODEL, messages=HELLO, betas=["context-management-2025-06-27"],
+                                            extra_query={"beta": "true"})
+    [sent] = upstream.requests
+    assert sent.query == {"beta": "true"}
+    assert "context-management-2025-06-27" in sent.headers["anthropic-beta"].split(",")
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+async def test_count_tokens_and_messages_are_refused_a_bad_key_or_a_model_not_the_keys(start_gateway, upstream, path):
+    gateway = await start_gateway(with_key(make_config(upstream.url), models=("test/*",)))
+    body = {"model": MODEL, "messages": HELLO, **({"max_tokens": 5} if path == "/v1/messages" else {})}
+    response, answer = await post_raw(gateway, body, {"x-api-key": "sk-wrong"}, path=path)
+    assert response.status == 401
+    envelope(answer, "authentication_error", "Incorrect API key provided.", response)
+    response, answer = await post_raw(gateway, body, path=path)
+    assert response.status == 403
+    envelope(answer, "permission_error", f"This key may not use the model `{MODEL}`.", response)
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+async def test_the_bounds_hold_on_anthropics_routes(start_gateway, upstream, path):
+    gateway = await start_gateway(dataclasses.replace(make_config(upstream.url), bounds=BoundsConfig(max_messages=2)))
+    body = {"model": MODEL, "messages": HELLO * 3, **({"max_tokens": 5} if path == "/v1/messages" else {})}
+    response, answer = await post_raw(gateway, body, path=path)
+    assert response.status == 400
+    envelope(answer, "invalid_request_error", "messages: at most 2 messages per request (this one has 3)", response)
+    assert upstream.requests == []
+
+
+async def test_x_ezat_cache_off_leaves_a_long_request_unmarked(gateway, upstream, claude):
+    system = "You are a careful assistant. " * 60
+    await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO,
+                                 extra_headers={"x-ezat-cache": "off"})
+    sent = upstream.requests[0].body
+    assert (sent["system"], sent["messages"]) == (system, HELLO)
+
+
+async def test_a_silent_upstream_ends_the_stream_with_an_error_event_unbilled(start_gateway, upstream):
+    config = make_config(upstream.url)
+    deployments = tuple(dataclasses.replace(d, stream_idle_timeout_seconds=1.0) for d in config.deployments)
+    gateway = await start_gateway(dataclasses.replace(config, deployments=deployments), ping_interval=0.2)
+    upstream.enqueue(Scenario(stall_after=4))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+            text = (await asyncio.wait_for(response.read(), 5)).decode()
+    events = [event for event in text.split("\n\n") if event]
+    assert events[-1] == ('event: error\ndata: {"type":"error","error":{"type":"api_error",'
+                          '"message":"The upstream sent nothing for 1 seconds."}}')
+    assert "message_stop" not in text
+    await upstream.wait_disconnect(1)
+    assert await gateway.app[STORE].ledger() == []

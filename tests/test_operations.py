@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+from decimal import Decimal
 import re
 import signal
 from pathlib import Path
@@ -30,10 +31,11 @@ from gateway.logs import TextFormatter
 from gateway.config import (
     ConfigError, Deployment, ImagesConfig, KeyConfig, MetricsConfig, RateLimitConfig, TracingConfig, parse_config,
 )
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock_upstream import Scenario
 from gateway.tracing import Tracing
 from tests.support import (
     KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
+    served,
 )
 from tests.test_images import PNG, fake_get
 
@@ -58,20 +60,12 @@ def sample(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def two_deployments(upstream_url: str, second_url: str, **key_fields):
+def two_deployments(upstream_url: str, second_url: str):
     config = make_config(upstream_url)
     model = dataclasses.replace(config.models[0], deployments=("primary", "second"))
     keys = (*config.keys, KeyConfig(name="limited", key_sha256=hashlib.sha256(LIMITED.encode()).hexdigest(), rpm=1))
     return dataclasses.replace(config, deployments=(*config.deployments, Deployment("second", second_url, UPSTREAM_KEY)),
                                models=(model, *config.models[1:]), keys=keys)
-
-
-@pytest.fixture
-async def second():
-    mock = MockUpstream(api_key=UPSTREAM_KEY)
-    await mock.start()
-    yield mock
-    await mock.close()
 
 
 async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_gateway, upstream, second):
@@ -129,6 +123,54 @@ async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_g
             assert sample(m, "ezat_tokens_total", model=model, type=kind) == sum(getattr(r, column) for r in mine), kind
         assert sample(m, "ezat_cost_usd_total", model=model) == pytest.approx(float(sum(r.cost_usd for r in mine)))
     assert sample(m, "ezat_tokens_total", model=MODEL, type="cache_read") == 2000
+
+
+def key_of(name: str, secret: str, **fields) -> KeyConfig:
+    return KeyConfig(name=name, key_sha256=hashlib.sha256(secret.encode()).hexdigest(), **fields)
+
+
+async def test_each_limit_is_counted_as_its_own_refusal(start_gateway, upstream):
+    config = make_config(upstream.url)
+    keys = (*config.keys, key_of("spend", "sk-spend", spend_limit_usd=Decimal("0.000001")),
+            key_of("tpm", "sk-tpm", tpm=10), key_of("one", "sk-one", max_concurrent=1))
+    gateway = await start_gateway(dataclasses.replace(config, keys=keys))
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gateway.client(api_key="sk-spend").chat.completions.create(model=MODEL, messages=HELLO)
+    assert caught.value.status_code == 402
+    await gateway.client(api_key="sk-tpm").chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.RateLimitError):  # its minute's 10 tokens are used
+        await gateway.client(api_key="sk-tpm").chat.completions.create(model=MODEL, messages=HELLO)
+    upstream.enqueue(Scenario(event_delay=0.05))
+    running = await gateway.client(api_key="sk-one").chat.completions.create(model=MODEL, messages=HELLO, stream=True)
+    with pytest.raises(openai.RateLimitError):  # one runs already
+        await gateway.client(api_key="sk-one").chat.completions.create(model=MODEL, messages=HELLO)
+    async for _ in running:
+        pass
+    m = await scrape(gateway.url)
+    assert {dict(labels)["reason"]: value for (name, labels), value in m.items() if name == "ezat_refused_total"} == {
+        "spend": 1, "tpm": 1, "concurrency": 1}
+
+
+async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
+    config = make_config(upstream.url)
+    closed = Deployment("closed", "http://127.0.0.1:9", UPSTREAM_KEY, connect_timeout_seconds=2)
+    slow = dataclasses.replace(config.deployments[0], name="slow", first_token_timeout_seconds=0.3)
+    model, small = config.models
+    gateway = await start_gateway(dataclasses.replace(
+        config, deployments=(*config.deployments, closed, slow),
+        models=(dataclasses.replace(model, deployments=("closed", "primary")), dataclasses.replace(small, deployments=("slow",)))))
+    client = gateway.client()
+    await client.chat.completions.create(model=MODEL, messages=HELLO)  # closed, then primary answers
+    upstream.enqueue(Scenario(status=400, error_message="messages: bad"))
+    with pytest.raises(openai.BadRequestError):  # closed, then primary refuses it: not tried again
+        await client.chat.completions.create(model=MODEL, messages=HELLO)
+    upstream.enqueue(Scenario(delay=1.0))
+    with pytest.raises(openai.InternalServerError):  # no first output within 0.3 s
+        await client.chat.completions.create(model="test/small", messages=HELLO, stream=True)
+    m = await scrape(gateway.url)
+    assert {tuple(dict(labels).values()): value for (name, labels), value in m.items()
+            if name == "ezat_upstream_attempts_total"} == {
+        ("closed", "connect_error"): 2, ("primary", "ok"): 1, ("primary", "4xx"): 1, ("slow", "timeout"): 1}
 
 
 async def test_a_deployment_cooling_down_shows(start_gateway, upstream, second):
@@ -204,12 +246,19 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
             pass
         with pytest.raises(openai.AuthenticationError):
             await served.client(api_key="sk-wrong-secret").chat.completions.create(model=MODEL, messages=HELLO)
+        upstream.enqueue(Scenario(status=401))  # the gateway's own credential refused: it logs an error
+        with pytest.raises(openai.InternalServerError):
+            failed = await served.client().chat.completions.with_raw_response.create(model=MODEL, messages=HELLO)
     finally:
         await served.stop()
     rows = {row.request_id: row for row in (await read_store(f"sqlite:///{tmp_path / 'db'}"))[0]}
     lines = access_lines(served)
-    assert len(lines) == 3
-    plain, streamed, refused = lines
+    assert len(lines) == 4
+    plain, streamed, refused, failed = lines
+    [error] = [json.loads(line) for line in served.log.read_text().splitlines()
+               if line.startswith("{") and json.loads(line)["logger"] == "ezat.errors"]
+    assert error["request_id"] == failed["request_id"]  # a line of its own names its request too
+    assert (failed["status"], failed["outcome"]) == (500, "failed")
     row = rows[raw.headers["x-request-id"]]
     assert plain["request_id"] == raw.headers["x-request-id"]
     assert {k: plain[k] for k in ("route", "model", "answered_model", "deployment", "status", "key", "stream", "outcome",
@@ -221,6 +270,7 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
         "client": "127.0.0.1"}
     assert plain["duration_ms"] >= plain["ttft_ms"] > 0 and plain["level"] == "INFO"
     assert (streamed["stream"], streamed["outcome"], streamed["output_tokens"]) == (True, "ok", rows[streamed["request_id"]].output_tokens)
+    assert 0 < streamed["ttft_ms"] < streamed["duration_ms"]  # its first output, then the rest, 10 ms apart
     assert (refused["status"], refused["outcome"], refused["key"]) == (401, "refused:auth", None)
     log = served.log.read_text()
     assert KEY not in log and "sk-wrong-secret" not in log  # no key, anywhere in the log
@@ -234,6 +284,31 @@ async def test_text_logs_name_the_request(gateway, upstream, caplog):
     assert record.fields["outcome"] == "ok" and record.fields["status"] == 200
     line = TextFormatter("%(message)s").format(record)
     assert line.startswith(f"POST /openai/v1/chat/completions 200 request_id={raw.headers['x-request-id']} route=")
+
+
+async def test_access_lines_say_what_answered_and_how_each_stream_ended(start_gateway, upstream, caplog):
+    gateway = await start_gateway()
+    caplog.set_level("INFO", logger="ezat.access")
+    client = gateway.client()
+    upstream.enqueue(Scenario(status=529), Scenario())  # the model's one deployment fails: test/small answers
+    await client.chat.completions.create(model=MODEL, messages=HELLO, extra_body={"models": ["test/small"]})
+    upstream.enqueue(Scenario(error_after=5))
+    with pytest.raises(openai.APIError):  # the stream ends with an error chunk
+        async for _ in await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True):
+            pass
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "word " * 200}], chunk_size=5, event_delay=0.02))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                             json={"model": MODEL, "messages": HELLO, "stream": True}) as response:
+            await response.content.readany()  # the client leaves after its first bytes
+    await upstream.wait_disconnect()
+    async with asyncio.timeout(5):
+        while len(records := [r for r in caplog.records if r.name == "ezat.access"]) < 3:
+            await asyncio.sleep(0.02)
+    fallback, failed, left = (record.fields for record in records)
+    assert (fallback["model"], fallback["answered_model"], fallback["outcome"]) == (MODEL, "test/small", "ok")
+    assert (failed["stream"], failed["status"], failed["outcome"], "input_tokens" in failed) == (True, 200, "failed", False)
+    assert (left["stream"], left["outcome"], left["input_tokens"] > 0) == (True, "client_closed", True)  # billed
 
 
 async def test_the_access_log_can_be_off(tmp_path, upstream):
@@ -370,6 +445,27 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
 
 
+async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, upstream, spans):
+    exporter, tracing = spans
+    gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
+    upstream.enqueue(Scenario(usage={"input_tokens": 7, "output_tokens": 30}))
+    async for _ in await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True):
+        pass
+    claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0)
+    await claude.messages.count_tokens(model=MODEL, messages=HELLO)
+    await claude.close()
+    stream_server, count_server = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    [row] = await gateway.app[STORE].ledger()
+    assert (stream_server.attributes["gen_ai.usage.input_tokens"], stream_server.attributes["gen_ai.usage.output_tokens"],
+            stream_server.attributes["gen_ai.response.finish_reasons"]) == (7, row.output_tokens, ("end_turn",))
+    assert (count_server.name, count_server.attributes["gen_ai.operation.name"]) == (
+        "POST /v1/messages/count_tokens", "count_tokens")
+    assert [s.name for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT] == [
+        f"chat {UPSTREAM_MODEL}", f"count_tokens {UPSTREAM_MODEL}"]
+    assert not any("mock upstream" in str(value) for s in exporter.get_finished_spans()
+                   for value in s.attributes.values())  # no completion text ("Hello from the mock upstream…")
+
+
 async def test_spans_reach_an_otlp_receiver(start_gateway, upstream):
     received: list[tuple[str, bytes]] = []
 
@@ -379,12 +475,8 @@ async def test_spans_reach_an_otlp_receiver(start_gateway, upstream):
 
     receiver = web.Application()
     receiver.router.add_post("/v1/traces", traces)
-    runner = web.AppRunner(receiver)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, endpoint = await served(receiver)
     try:
-        endpoint = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
         config = dataclasses.replace(make_config(upstream.url), tracing=TracingConfig(endpoint=endpoint))
         gateway = await start_gateway(config)
         await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)

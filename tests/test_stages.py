@@ -29,13 +29,13 @@ from middlewares.auth import auth_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
-from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, Stage, checked
+from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
 from middlewares.refusals import refusals_middleware
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
-from tests.support import KEY, MODEL, Gateway, make_config
+from tests.support import KEY, MODEL, Gateway, make_config, setting
 from tests.test_images import PNG, FakedResponse, ImageServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,18 +355,6 @@ class DownSpending:
         pass
 
 
-def one_at_a_time_key():
-    record = KeyRecord(id=3, name="solo", key_sha256="", spend_limit_usd=Decimal(1), max_concurrent=1)
-
-    @web.middleware
-    async def the_key(request, handler):
-        request[API_KEY] = record
-        return await handler(request)
-
-    the_key.stage = Stage("the_key", provides=frozenset({API_KEY}))
-    return the_key
-
-
 @pytest.mark.parametrize("mounted", ["spending down", "billing a foreign reply"])
 async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
     from gateway.ratelimit import MemoryRateLimiter
@@ -377,7 +365,7 @@ async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
         recorded.append(row)
 
     spending = DownSpending() if mounted == "spending down" else None
-    stages = [size_limit_middleware(), one_at_a_time_key(),
+    stages = [size_limit_middleware(), setting("the_key", API_KEY, KeyRecord(id=3, name="solo", key_sha256="", spend_limit_usd=Decimal(1), max_concurrent=1)),
               limits_middleware(find_model=Models(), spending=spending, limiter=MemoryRateLimiter()),
               billing_middleware(record=record)]
     app = await foreign(stages)

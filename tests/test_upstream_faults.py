@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import KEY, MODEL, Gateway, make_config
+from tests.support import KEY, MODEL, Gateway, make_config, served
 from gateway.app import STORE, build_app
 
 
@@ -53,12 +53,9 @@ async def serve_upstream():
 
         app = web.Application()
         app.router.add_post("/v1/messages", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner, url = await served(app)
         runners.append(runner)
-        gateway = await Gateway(build_app(make_config(f"http://127.0.0.1:{runner.addresses[0][1]}"))).start()
+        gateway = await Gateway(build_app(make_config(url))).start()
         runners.append(gateway.runner)
         return gateway
 
