@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from statistics import median
 
-from drive import check, drive_wrk, measure
+from drive import check, drive_wrk, in_turns
 from environment import ensure_wrk, log, machine
 from scenarios import SCENARIOS, anthropic_request, openai_request
 from systems import BENCH, floor_system, gateway_system, mock_system
@@ -53,15 +53,7 @@ def compare(name: str, without: dict, with_: dict, target: float, rounds: int, d
             def drive(system, seconds):
                 return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
 
-            for system in (floor, *gateways):
-                drive(system, 1)()  # warm up
-            runs = {system.name: [] for system in (floor, *gateways)}
-            for round_ in range(rounds):
-                for system in (floor, *(gateways if round_ % 2 == 0 else gateways[::-1])):
-                    run = measure(system, mock, drive(system, duration))
-                    runs[system.name].append(run)
-                    log(f"c={concurrency} {system.name:24} round {round_ + 1}: {run['cpu_us']:6.0f} µs/req "
-                        f"({run['errors']} errors)")
+            runs = in_turns([floor, *gateways], mock, drive, rounds, duration, f"c={concurrency}", swap=True)
             cpu = {system: median(r["cpu_us"] for r in rs) for system, rs in runs.items()}
             ratio = cpu[b] / cpu[a]
             pairs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(runs[b], runs[a])]

@@ -9,6 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from environment import log
 from scenarios import Scenario, closing_marker
 from systems import BENCH, PYTHON, CpuClock, System, machine_ticks, memory_kib, reset_peak_rss
 
@@ -69,6 +70,23 @@ def drive_asyncio(system: System, body: Path, expect: str, concurrency: int, dur
         "max_in_flight": data["max_in_flight"],
         "client_cpu_s": data["client_cpu_s"],
     }
+
+
+def in_turns(systems: list[System], mock: System, drive, rounds: int, duration: float, label: str,
+             swap: bool = False) -> dict[str, list[dict]]:
+    """Each system warmed up, then measured `rounds` times in turns, A, B, A, B, so that the
+    machine's drift cancels out; with `swap`, the systems after the first trade places every
+    other round. `drive(system, seconds)` makes a run's driver. {system name: its runs}."""
+    for system in systems:
+        drive(system, 1)()  # connection pools, caches, the allocator
+    runs = {system.name: [] for system in systems}
+    for round_ in range(rounds):
+        order = [systems[0], *reversed(systems[1:])] if swap and round_ % 2 else systems
+        for system in order:
+            run = measure(system, mock, drive(system, duration))
+            runs[system.name].append(run)
+            log(f"{label} {system.name:24} round {round_ + 1}: {run['cpu_us']:6.0f} µs/req ({run['errors']} errors)")
+    return runs
 
 
 def measure(system: System, mock: System, drive) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 
-from drive import check, driver, measure
+from drive import check, driver, in_turns
 from environment import ensure_wrk, log, machine
 from scenarios import SCENARIOS, anthropic_request, openai_request
 from systems import BENCH, floor_system, gateway_system, mock_system
@@ -62,15 +62,7 @@ def compare(rounds: int, duration: float, levels: list[int], names: list[str], l
                 def drive(system, seconds):
                     return driver(options, wrk, system, scenario, bodies[system.name], concurrency, seconds)
 
-                for system in systems:
-                    drive(system, 1)()  # warm up
-                runs = {system.name: [] for system in systems}
-                for round_ in range(rounds):
-                    for system in systems:
-                        run = measure(system, mock, drive(system, duration))
-                        runs[system.name].append(run)
-                        log(f"{scenario.name} c={concurrency} {system.name:14} round {round_ + 1}: "
-                            f"{run['cpu_us']:6.0f} µs/req ({run['errors']} errors)")
+                runs = in_turns(systems, mock, drive, rounds, duration, f"{scenario.name} c={concurrency}")
                 cpu = {name: median(r["cpu_us"] for r in rs) for name, rs in runs.items()}
                 ratio = cpu["gateway-native"] / cpu["floor"]
                 pairs = [a["cpu_us"] / b["cpu_us"] for a, b in zip(runs["gateway-native"], runs["floor"])]

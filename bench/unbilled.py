@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from drive import check, drive_wrk, measure
-from environment import ensure_wrk, log
+from drive import check, drive_wrk, in_turns
+from environment import ensure_wrk
 from scenarios import SCENARIOS, anthropic_request, openai_request
 from systems import PYTHON, floor_system, gateway_system, mock_system
 
@@ -65,14 +65,7 @@ def compare(rounds: int, duration: float, levels: list[int]) -> str:
             def drive(system, seconds):
                 return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
 
-            for system in systems:
-                drive(system, 1)()  # warm up
-            runs = {system.name: [] for system in systems}
-            for round_ in range(rounds):
-                for system in systems:
-                    run = measure(system, mock, drive(system, duration))
-                    runs[system.name].append(run)
-                    log(f"c={concurrency} {system.name:16} round {round_ + 1}: {run['cpu_us']:6.0f} µs/req")
+            runs = in_turns(systems, mock, drive, rounds, duration, f"c={concurrency}")
             floor = runs["floor"]
             for system in systems:
                 mine = runs[system.name]
