@@ -237,19 +237,19 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
             key.expires_at.isoformat() if key.expires_at else None, key.revoked, key.organization]
 
 
+# The requests, then the ledger's columns of the same names, added up.
 USAGE_COLUMNS = ["requests", "input_tokens", "cache_write_tokens", "cache_write_1h_tokens", "cache_read_tokens",
                  "output_tokens", "reasoning_tokens", "cost_usd"]
 
 
 def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
-    groups: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0, 0, Decimal(0)])
+    groups: dict[str, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
     for row in rows:
         group = {"day": row.finished_at.date().isoformat(), "model": row.answered_model,
                  "key": key_names.get(row.key_id, str(row.key_id)),
                  "org": key_names.get(row.key_id, "default")}[by]
         totals = groups[group]
-        for i, value in enumerate((1, row.input_tokens, row.cache_write_tokens, row.cache_write_1h_tokens,
-                                   row.cache_read_tokens, row.output_tokens, row.reasoning_tokens, row.cost_usd)):
+        for i, value in enumerate((1, *(getattr(row, column) for column in USAGE_COLUMNS[1:]))):
             totals[i] += value
     header = [by, *USAGE_COLUMNS]
     lines = [[group, *totals] for group, totals in sorted(groups.items())]

@@ -73,7 +73,7 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 
 def _encoded(block: Any) -> bytes:
     """A block's JSON without its breakpoint, which is neither counted nor part of the prefix."""
-    if isinstance(block, dict):
+    if isinstance(block, dict) and "cache_control" in block:
         block = {k: v for k, v in block.items() if k != "cache_control"}
     return orjson.dumps(block)
 

@@ -137,8 +137,7 @@ class UpstreamEvents:
         self._last_read = self._clock()
         self._idle_timeout = idle_timeout
         self._idle: asyncio.TimerHandle | None = None
-        self._too_long = None if max_duration is None else loop.call_later(max_duration, self.stop, error_event(
-            f"The stream reached its maximum duration of {max_duration:g} seconds."))
+        self._too_long = None if max_duration is None else loop.call_later(max_duration, self._over, max_duration)
 
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
@@ -235,6 +234,9 @@ class UpstreamEvents:
         complete = bytes(partial[:end])
         del partial[:end]
         return complete
+
+    def _over(self, max_duration: float) -> None:
+        self.stop(error_event(f"The stream reached its maximum duration of {max_duration:g} seconds."))
 
     def stop(self, event: dict[str, Any]) -> None:
         """End the stream now with `event`, an error: the read under way (if any) is cut off by

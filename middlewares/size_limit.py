@@ -74,16 +74,16 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
 
     @stage("size_limit", provides=(BODY, BODY_BYTES))
     async def size_limit(request: web.Request, handler) -> web.StreamResponse:
+        encoding = "identity"
         try:
             encoding = _encoding(request)
-            try:
-                async with asyncio.timeout(body_timeout):  # the whole body, not each read
-                    raw = await read(request, encoding)
-            except TimeoutError:
-                raise _leave_unread(request, GatewayError(408, too_slow, code="timeout", refusal="field")) from None
-            except (zlib.error, web.RequestPayloadError):  # aiohttp raises the latter when it decodes
-                what = "could not be read" if encoding == "identity" else f"is not valid {encoding}"
-                raise _leave_unread(request, invalid_request(f"The request body {what}.")) from None
+            async with asyncio.timeout(body_timeout):  # the whole body, not each read
+                raw = await read(request, encoding)
+        except TimeoutError:
+            raise _leave_unread(request, GatewayError(408, too_slow, code="timeout", refusal="field")) from None
+        except (zlib.error, web.RequestPayloadError):  # aiohttp raises the latter when it decodes
+            what = "could not be read" if encoding == "identity" else f"is not valid {encoding}"
+            raise _leave_unread(request, invalid_request(f"The request body {what}.")) from None
         except GatewayError as error:
             if _decoded_by_server(request):  # what is left would be decoded for nothing
                 _leave_unread(request, error)
