@@ -5,12 +5,14 @@ a committed row survives the gateway process being killed (it is in the OS befor
 returns). Connections live on threads of their own and every operation, a whole transaction
 included, is one call there: one hop from the event loop, never one per statement.
 
-The ledger's batches are the exception: committing one is a WAL append of a few pages, tens of
-microseconds, less than the hop to a thread costs, so they are written on the event loop by a
-connection that never waits (no busy timeout, no automatic checkpoint). When another writer
-holds the file, the batch goes to the writer thread, which waits its turn; every
-CHECKPOINT_EVERY batches one goes there behind a checkpoint of the WAL into the file. Money is
-kept as exact decimal strings.
+The ledger's batches (and groups of spend reservations) are the exception: committing one is a
+WAL append of a few pages, tens of microseconds, less than the hop to a thread costs, so they
+are written on the event loop by a connection that never waits (no busy timeout). When another
+writer holds the file, the batch goes to the writer thread, which waits its turn. No request
+waits for a checkpoint: no connection checkpoints on its own; every CHECKPOINT_EVERY writes, a
+thread of its own copies the WAL into the file (a passive checkpoint, which writers never wait
+for, its fsyncs included) and then starts the WAL again from its beginning, so it stays
+bounded. Money is kept as exact decimal strings.
 
 The files are private: a database the store creates is made 0600 before SQLite opens it, and
 SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import sqlite3
@@ -42,10 +45,13 @@ from gateway.storage.schema import (
 )
 
 log = logging.getLogger("ezat.storage")
-# Ledger batches written on the event loop between two checkpoints of the WAL into the file:
-# about 5 pages each (more for batches of many rows), so the WAL stays near 20 MB. Writes wait
-# for a checkpoint (two fsyncs, about 8 ms here), so it is not made too often.
+# Writes on the event loop between two checkpoints of the WAL into the file: about 5 pages each
+# (more for batches of many rows), so the WAL stays near 20 MB.
 CHECKPOINT_EVERY = 1000
+# A checkpoint's passes while writes go on: each copies what arrived during the last, until one
+# copies fewer than FEW_FRAMES pages; then one more with writes held off.
+CATCH_UP_PASSES = 5
+FEW_FRAMES = 256
 T = TypeVar("T")
 
 
@@ -62,7 +68,7 @@ class Connection:
 
     async def open(self) -> None:
         def connect(_) -> None:
-            self._db = _connect(self._path, "busy_timeout=10000")
+            self._db = _connect(self._path, "busy_timeout=10000", "wal_autocheckpoint=0")  # the store checkpoints
 
         await self.call(connect)
 
@@ -108,6 +114,9 @@ class SQLiteStore:
         # ":memory:" is one database per connection: there, reads share the writer's.
         self._reader = self._writer if path == ":memory:" else Connection(path)
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
+        self._checkpointer = None if path == ":memory:" else Connection(path)
+        self._holder: sqlite3.Connection | None = None  # the checkpointer's, to hold writes off
+        self._checkpoint: asyncio.Task[None] | None = None
         self._since_checkpoint = 0
 
     async def open(self) -> None:
@@ -117,20 +126,26 @@ class SQLiteStore:
             await self._writer.open()
             await self._writer.call(_when_unlocked, "PRAGMA journal_mode=WAL")
             await self._writer.call(_transaction, _migrate)
-            if self._reader is not self._writer:
+            if self._checkpointer is not None:
                 await self._reader.open()
+                await self._checkpointer.open()
+                self._holder = _connect(self.path, "busy_timeout=10000")
                 self._inline = _connect(self.path, "busy_timeout=0", "wal_autocheckpoint=0")
         except BaseException:
             await self.close()  # a connection's thread would keep the process alive
             raise
 
     async def close(self) -> None:
-        if self._inline is not None:
-            self._inline.close()
-            self._inline = None
+        if self._checkpoint is not None:
+            await self._checkpoint
+        for connection in (self._inline, self._holder):
+            if connection is not None:
+                connection.close()
+        self._inline = self._holder = None
         await self._writer.close()
-        if self._reader is not self._writer:
+        if self._checkpointer is not None:
             await self._reader.close()
+            await self._checkpointer.close()
 
     async def ping(self) -> None:
         await self._reader.call(lambda db: db.execute("SELECT 1").fetchone())
@@ -209,33 +224,27 @@ class SQLiteStore:
 
     async def _write_now_or_wait(self, work: Callable[..., T], *args: Any) -> T:
         """`work` in a write transaction: on the event loop when it can be (see _write_inline),
-        else on the writer thread, which waits its turn."""
+        else on the writer thread, which waits its turn (another writer has the file, or, in
+        ":memory:", there is no inline connection)."""
         written, result = self._write_inline(work, *args)
-        return result if written else await self._writer.call(_transaction, work, *args)
+        if written:
+            return result
+        result = await self._writer.call(_transaction, work, *args)
+        self._wrote()
+        return result
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return self._write_inline(_insert_ledger, _ledger_values(rows), cost_by_key(rows))[0]
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        values, totals = _ledger_values(rows), cost_by_key(rows)
-        if self._write_inline(_insert_ledger, values, totals)[0]:
-            return
-        if self._since_checkpoint >= CHECKPOINT_EVERY:
-            # Now and then a batch goes to the writer thread behind a checkpoint, which lets it
-            # start the WAL again from its beginning; starting it syncs the WAL's header, so
-            # that stays off the event loop too. Meanwhile the ledger's rows gather for the
-            # next batch.
-            self._since_checkpoint = 0
-            await self._writer.call(_checkpoint_then_insert, values, totals)
-        else:  # another writer has the file (or, in ":memory:", there is no inline connection)
-            await self._writer.call(_transaction, _insert_ledger, values, totals)
+        await self._write_now_or_wait(_insert_ledger, _ledger_values(rows), cost_by_key(rows))
 
     def _write_inline(self, work: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
-        """(True, its result) for `work` committed on the event loop, (False, None) when a
-        checkpoint is due or another writer has the file. A small write (a ledger batch, a
-        group of reservations) costs less than the hop to a thread. (write_ledger calls this,
-        not write_ledger_now, so a subclass may tell the two apart.)"""
-        if self._inline is None or self._since_checkpoint >= CHECKPOINT_EVERY:
+        """(True, its result) for `work` committed on the event loop, (False, None) when another
+        writer has the file. A small write (a ledger batch, a group of reservations) costs less
+        than the hop to a thread. (write_ledger calls this, not write_ledger_now, so a subclass
+        may tell the two apart.)"""
+        if self._inline is None:
             return False, None
         try:
             result = _transaction(self._inline, work, *args, wait=False)
@@ -243,8 +252,25 @@ class SQLiteStore:
             if "locked" not in str(exc):
                 raise
             return False, None  # another writer has the file
-        self._since_checkpoint += 1  # the WAL grew: a checkpoint comes every CHECKPOINT_EVERY
+        self._wrote()
         return True, result
+
+    def _wrote(self) -> None:
+        """The WAL grew: every CHECKPOINT_EVERY writes it is copied into the file, while writes
+        go on (nothing awaits the checkpoint)."""
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None and self._checkpointer is not None:
+            self._since_checkpoint = 0
+            self._checkpoint = asyncio.create_task(self._checkpoint_wal(), context=contextvars.Context())
+
+    async def _checkpoint_wal(self) -> None:
+        try:
+            if not await self._checkpointer.call(_checkpoint, self._holder):
+                log.warning("WAL checkpoint could not copy the whole WAL (a reader used it); trying again later")
+        except sqlite3.Error as exc:  # the next CHECKPOINT_EVERY writes try again
+            log.warning("WAL checkpoint failed: %r", exc)
+        finally:
+            self._checkpoint = None
 
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger"
@@ -393,14 +419,35 @@ def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any])
     return _select_key(db, "k.id = ?", found.id)
 
 
-def _checkpoint_then_insert(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> None:
-    """RESTART waits until no other connection reads the WAL, so the write after it starts the
-    WAL again from its beginning. A passive checkpoint that writes keep overtaking never lets
-    it: under steady load the WAL then grows without bound."""
-    busy, _, _ = db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-    if busy:
-        log.warning("WAL checkpoint could not finish: another connection kept reading")
-    _transaction(db, _insert_ledger, values, totals)
+def _checkpoint(db: sqlite3.Connection, holder: sqlite3.Connection) -> bool:
+    """Copies the WAL into the file and starts it again from its beginning, in passive
+    checkpoints that writers never wait for (their fsyncs included), each copying what arrived
+    during the last, until one copies only a few pages. The last is made with writes held off
+    (`holder` takes the write lock: a write that comes meanwhile waits on the writer thread,
+    for a pass of a few pages), so that it copies the whole WAL; then a write of nothing
+    starts the WAL again and syncs its header, here, not in a request's write. False when a
+    reader still used the WAL's end: the next checkpoint tries again."""
+    frames = 0
+    for _ in range(CATCH_UP_PASSES):
+        _, now, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if now - frames < FEW_FRAMES:
+            break
+        frames = now
+    _when_unlocked(holder, "BEGIN IMMEDIATE")
+    try:
+        _, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        holder.execute("ROLLBACK")
+    if frames != copied:
+        return False
+    _transaction(db, _restart_wal)
+    return True
+
+
+def _restart_wal(db: sqlite3.Connection) -> None:
+    # Setting the version to itself writes the file's first page: the transaction's one frame.
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    db.execute(f"PRAGMA user_version = {int(version)}")
 
 
 def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], now: datetime) -> list[Shortfall | None]:
