@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -48,13 +47,6 @@ def ensure_py_spy() -> str:
         log("installing py-spy into the virtualenv")
         subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "py-spy"], check=True, timeout=300)
     return str(spy)
-
-
-def raise_open_files_limit() -> None:
-    # Thousands of streams: the gateway holds two sockets for each (client and upstream).
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < 16384:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(16384, hard) if hard != resource.RLIM_INFINITY else 16384, hard))
 
 
 def machine(wrk: str | None) -> dict:

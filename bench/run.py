@@ -29,7 +29,8 @@ from statistics import median
 
 import report
 from drive import check, drive_asyncio, driver, measure
-from environment import ensure_py_spy, ensure_wrk, log, machine, raise_open_files_limit
+from environment import ensure_py_spy, ensure_wrk, log, machine
+from gateway.runtime import raise_open_files_limit
 from scenarios import (SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request,
                        upstream_differences)
 from systems import BENCH, PYTHON, floor_system, gateway_config, gateway_system, machine_ticks, mock_system
