@@ -77,7 +77,9 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
         encoding = "identity"
         try:
             encoding = _encoding(request)
-            async with asyncio.timeout(body_timeout):  # the whole body, not each read
+            # The whole body, not each read; none for a body that has all arrived (most: a
+            # small one comes with its headers), since reading it cannot wait.
+            async with asyncio.timeout(None if request.content.is_eof() else body_timeout):
                 raw = await read(request, encoding)
         except TimeoutError:
             raise _leave_unread(request, GatewayError(408, too_slow, code="timeout", refusal="field")) from None
