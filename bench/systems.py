@@ -212,18 +212,21 @@ def floor_system(upstream_url: str) -> System:
 
 
 def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
-                   name: str | None = None, limits: bool = True, native: bool = False, observed: bool = True) -> System:
+                   name: str | None = None, limits: bool = True, native: bool = False, observed: bool = True,
+                   ratelimit_url: str | None = None) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
     each gateway started in one work directory starts afresh. `limits=False`: the key has no
     spend limit, rpm or tpm (bench/limits.py). `native`: its clients speak Anthropic's Messages
     API to it (bench/native.py), not Chat Completions. `observed=False`: no metrics and no access
-    log (bench/observability.py); by default both, the log in JSON, as production runs it."""
+    log (bench/observability.py); by default both, the log in JSON, as production runs it.
+    `ratelimit_url`: the key's rate limits counted in that Redis, as `--workers` needs."""
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
-    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed))
+    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed,
+                                     ratelimit_url))
     return System(
         name,
         port,
@@ -238,7 +241,7 @@ def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers:
 
 
 def gateway_config(port: int, upstream_url: str, db: Path, models: list[str], limits: bool = True,
-                   observed: bool = True) -> str:
+                   observed: bool = True, ratelimit_url: str | None = None) -> str:
     lines = [
         "[server]", 'host = "127.0.0.1"', f"port = {port}", "",
         "[storage]", f'url = "sqlite:///{db}"', "",
@@ -246,6 +249,8 @@ def gateway_config(port: int, upstream_url: str, db: Path, models: list[str], li
         "[logging]", 'format = "json"', f"access_log = {'true' if observed else 'false'}", "",
         "[[deployments]]", 'name = "mock"', f'base_url = "{upstream_url}"', 'api_key = "bench"', "",
     ]
+    if ratelimit_url:
+        lines += ["[ratelimit]", f'url = "{ratelimit_url}"', ""]
     for model in models:
         lines += [
             "[[models]]", f'id = "{model}"', 'deployments = ["mock"]', "max_output_tokens = 64000",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -76,6 +77,25 @@ async def printed_key(served: ServeProcess) -> str:
         while not (found := re.search(r"Your local key: (\S+)\n", served.output())):
             await asyncio.sleep(0.05)
     return found.group(1)
+
+
+async def test_serve_raises_its_open_files_limit_to_the_hard_one(tmp_path):
+    # A stream holds two sockets (its client's and its upstream's): left at a common default of
+    # 1,024, the soft limit would cap the gateway near 500 streams.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"this machine's hard limit on open files is {hard}")
+    served = ServeProcess(tmp_path)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # what the gateway inherits
+    try:
+        await served.start("--port", str(served.port), wait=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        await served.wait_until_up()
+        assert resource.prlimit(served.process.pid, resource.RLIMIT_NOFILE) == (hard, hard)
+    finally:
+        await served.stop()
 
 
 async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_path):

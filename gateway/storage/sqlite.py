@@ -46,7 +46,7 @@ from gateway.storage.schema import (
 
 log = logging.getLogger("ezat.storage")
 # Writes on the event loop between two checkpoints of the WAL into the file: about 5 pages each
-# (more for batches of many rows), so the WAL stays near 20 MB.
+# (more for batches of many rows), so the WAL stays near 30 MB.
 CHECKPOINT_EVERY = 1000
 # A checkpoint's passes while writes go on: each copies what arrived during the last, until one
 # copies fewer than FEW_FRAMES pages; then one more with writes held off.
