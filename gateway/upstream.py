@@ -321,14 +321,12 @@ def _join_text_deltas(complete: bytes) -> bytes:
     The upstream sends one content block at a time, so after a block's first text delta, what
     is cut (a string's end, then that block's next text delta) only ever lies between two of
     its text deltas."""
-    if complete.count(b"\n\n") < 3:  # one or two events: nothing worth joining
-        return complete
     first = _TEXT_DELTA.search(complete)
     if first is None:
         return complete
     end = first.end()
-    between = b'"}}\n\nevent: content_block_delta\n' + first[0]
-    return complete[:end] + complete[end:].replace(between, b"")
+    texts = complete[end:].split(b'"}}\n\nevent: content_block_delta\n' + first[0])
+    return complete if len(texts) == 1 else complete[:end] + b"".join(texts)
 
 
 def _parse_event(raw: bytes) -> dict[str, Any] | None:
