@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import deque
 from typing import Any
 
 import aiohttp
@@ -128,7 +127,7 @@ class UpstreamEvents:
         self._content = response.content
         self._partial = bytearray()  # the start of an event whose end has not arrived
         self._held_cr = False  # the last read ended in "\r": the next may start with its "\n"
-        self._pending: deque[list[dict[str, Any]]] = deque()
+        self._pending: list[list[dict[str, Any]]] = []  # a list: an empty deque takes 600 bytes a stream
         self._finished = False
         self._closed = False
         self._stopped: dict[str, Any] | None = None  # the error the gateway ends the stream with
@@ -175,7 +174,7 @@ class UpstreamEvents:
     async def __anext__(self) -> list[dict[str, Any]]:
         """The next batch: what first_output kept, else what the next read brought."""
         if self._pending:
-            return self._pending.popleft()
+            return self._pending.pop(0)
         if self._finished:
             raise StopAsyncIteration
         try:
@@ -321,6 +320,8 @@ def _join_text_deltas(complete: bytes) -> bytes:
     The upstream sends one content block at a time, so after a block's first text delta, what
     is cut (a string's end, then that block's next text delta) only ever lies between two of
     its text deltas."""
+    if complete.find(b"\n\n") == len(complete) - 2:  # one event (as paced tokens come): nothing to join
+        return complete
     first = _TEXT_DELTA.search(complete)
     if first is None:
         return complete
