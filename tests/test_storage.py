@@ -578,6 +578,24 @@ async def test_sqlite_checkpoints_off_the_writes_path_and_keeps_the_wal_bounded(
     assert await store.spent(key.id) == Decimal("0.001") * writes
 
 
+async def test_hold_now_holds_as_hold_does_where_it_need_not_wait(store_url, opened):
+    from gateway.storage import Hold, Shortfall
+
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-now"), name="now", spend_limit_usd=Decimal("0.5"))
+    await store.hold([Hold("first", key.id, Decimal("0.1"), key.spend_limit_usd, 60.0)], [])
+
+    def hold(rid: str, amount: str) -> Hold:
+        return Hold(rid, key.id, Decimal(amount), key.spend_limit_usd, 60.0)
+
+    if store_url.startswith("sqlite"):  # its own file, unlocked: held on the event loop, "first" released with it
+        assert store.hold_now([hold("a", "0.3"), hold("b", "0.25")], ["first"]) == [None, Shortfall("key", Decimal("0.2"))]
+        assert await store.reserved() == {key.id: Decimal("0.3")}
+    else:  # every write is a round trip to the server: nothing held or released here
+        assert store.hold_now([hold("a", "0.3")], ["first"]) is None
+        assert await store.reserved() == {key.id: Decimal("0.1")}
+
+
 async def test_a_hold_takes_from_its_key_and_its_organization_or_from_neither(store_url, opened):
     from gateway.storage import Hold, Shortfall
 

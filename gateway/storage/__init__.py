@@ -67,6 +67,10 @@ class Store(Protocol):
         first) and what was left of it; a refused hold takes nothing. A reservation also ends when its request's
         ledger row is written, or after its `ttl` (a process that died holds none)."""
 
+    def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
+        """hold without leaving the event loop, where that cannot wait (SQLite's own file,
+        unlocked); None, with nothing held or released, where it would."""
+
     async def reserved(self) -> dict[int, Decimal]:
         """What each key's admitted requests hold now, by key id (keys holding nothing left out)."""
 

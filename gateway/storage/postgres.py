@@ -264,6 +264,9 @@ class PostgresStore:
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return False  # every write is a round trip to the server
 
+    def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
+        return None  # every write is a round trip to the server
+
     async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
         params: list[Any] = []

@@ -214,6 +214,10 @@ class SQLiteStore:
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         return await self._write_now_or_wait(_hold, holds, releases, datetime.now(timezone.utc))
 
+    def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
+        written, result = self._write_inline(_hold, holds, releases, datetime.now(timezone.utc))
+        return result if written else None
+
     async def reserved(self) -> dict[int, Decimal]:
         rows = await self._reader.call(_fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?",
                                        (_text(datetime.now(timezone.utc)),))
