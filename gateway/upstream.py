@@ -85,7 +85,9 @@ class UpstreamClient:
         if query:
             url = url.with_query(query)
         try:
-            data = orjson.dumps(body)
+            # An exact copy: orjson leaves its output in a buffer of 4 KB or more (several times
+            # a large body's size), which a request would hold until its body is sent.
+            data = bytes(memoryview(orjson.dumps(body)))
         except orjson.JSONEncodeError:
             raise too_deeply_nested() from None
         if len(data) > MAX_BODY_BYTES:  # inlined images (base64) can take it over

@@ -98,6 +98,7 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
             raise invalid_request("The request body must be a JSON object.")
         request[BODY] = body
         request[BODY_BYTES] = len(raw)
+        del raw  # not held while the request runs: its body may be large, and it may run long
         return await handler(request)
 
     return size_limit
