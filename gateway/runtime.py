@@ -1,6 +1,7 @@
 """How the project's servers run: on uvloop when it is installed, with the garbage collector
-tuned for serving and as many open files as the system lets them have, until SIGINT or SIGTERM. The gateway, the mock upstream and the benchmarks'
-floor all run this way, so that the benchmarks compare like with like."""
+tuned for serving and as many open files as the system allows, until SIGINT or SIGTERM. The
+gateway, the mock upstream and the benchmarks' floor all run this way, so that the benchmarks
+compare like with like."""
 
 from __future__ import annotations
 

@@ -547,8 +547,8 @@ async def test_sqlite_checkpoints_off_the_writes_path_and_keeps_the_wal_bounded(
     # No write waits for a checkpoint: every CHECKPOINT_EVERY writes a thread of the store's
     # copies the WAL into the file and starts it again from its beginning, while lone ledger
     # writes go on being committed at once on the event loop. Only a write that meets the
-    # restart's own brief write waits its turn on the writer thread. Without the checkpoints,
-    # all 6,000 writes stay in the WAL.
+    # checkpoint's last pass (a few pages, with writes held off) waits its turn on the writer
+    # thread. Without the checkpoints, all 6,000 writes stay in the WAL.
     url = f"sqlite:///{tmp_path / 'steady.db'}"
     store = await opened(url)
     key = await store.create_key(digest("sk-steady"), name="steady")
