@@ -6,7 +6,7 @@ with a load generator in a process of its own; reports medians and the gateway's
 the floor as Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
 bench/README.md explains the method and every figure.
 
-    python bench/run.py                      # the whole suite (about 7 minutes on 2 cores)
+    python bench/run.py                      # the whole suite (about 10 minutes on 2 cores)
     python bench/run.py --quick              # a smaller one (about a minute)
     python bench/run.py --profile stream50,nonstream   # py-spy flame graphs of the gateway
 """
