@@ -254,6 +254,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--client", choices=("auto", "asyncio", "wrk"), default="auto",
                         help="auto: wrk for non-streaming requests, the asyncio client for streams (first-token times)")
     parser.add_argument("--no-ledger", action="store_true", help="skip the ledger micro-benchmark")
+    parser.add_argument("--minimal", action="store_true",
+                        help="the gateway's minimal configuration: a key without limits, no metrics, no access log")
     parser.add_argument("--no-workers", action="store_true",
                         help="skip `serve --workers 2` against one process (skipped by --quick)")
     parser.add_argument("--profile", metavar="SCENARIOS", help="profile the gateway on these scenarios instead")
@@ -313,7 +315,7 @@ def main() -> int:
     models = [s.model for s in (*SCENARIOS.values(), SLOW)]
     mock = mock_system().start(workdir)
     mock_url = f"http://127.0.0.1:{mock.port}"
-    gateway = gateway_system(mock_url, workdir, models)
+    gateway = gateway_system(mock_url, workdir, models, limits=not args.minimal, observed=not args.minimal)
     floor = floor_system(mock_url)
     started = [mock]
     try:
@@ -366,7 +368,9 @@ def main() -> int:
         f"{meta['wrk'] or 'no wrk'}; commit {meta['commit']}{' (with uncommitted changes)' if meta['dirty'] else ''}. "
         f"{args.rounds} rounds of {args.duration:g} s per system and cell (longer where needed for "
         f"{ANSWERS_PER_ROUND} answers a round: {_longer_rounds(cells, args.duration) or 'none'}), medians; {elapsed / 60:.1f} minutes in all; "
-        f"the hypervisor took {100 * (meta['steal'] or 0):.1f}% of the machine's CPU time (steal).",
+        f"the hypervisor took {100 * (meta['steal'] or 0):.1f}% of the machine's CPU time (steal). The gateway's "
+        + ("minimal configuration: a key without limits, no metrics, no access log." if args.minimal else
+           "production configuration: a key with spend, rpm and tpm limits, /metrics, a JSON access line per request."),
         "",
         report.cells_table(cells),
         "",
