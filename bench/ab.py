@@ -15,9 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from statistics import median
 
-from drive import check, drive_wrk, in_turns
+from drive import nonstream_in_turns
 from environment import ensure_wrk, log, machine
-from scenarios import SCENARIOS, anthropic_request, openai_request
+from scenarios import SCENARIOS
 from systems import BENCH, floor_system, gateway_system, mock_system
 
 NONSTREAM = SCENARIOS["nonstream"]
@@ -37,36 +37,21 @@ def compare(name: str, without: dict, with_: dict, target: float, rounds: int, d
     a, b = f"gateway-no-{name}", f"gateway-{name}"
     gateways = [gateway_system(upstream, workdir, [NONSTREAM.model], name=a, **without),
                 gateway_system(upstream, workdir, [NONSTREAM.model], name=b, **with_)]
-    bodies = {"floor": workdir / "floor.json", "gateway": workdir / "gateway.json"}
-    bodies["floor"].write_bytes(anthropic_request(NONSTREAM))
-    bodies["gateway"].write_bytes(openai_request(NONSTREAM))
-    started = [mock]
     result = {"meta": machine(wrk) | {"rounds": rounds, "duration_s": duration, "concurrency": levels}, "levels": {}}
     lines = [f"| conc. | floor CPU µs/req | no {name} | {name} | {name} ÷ no {name} | rounds' range | ≤ {target:.2f}× |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    try:
-        for system in (floor, *gateways):
-            system.start(workdir)
-            started.append(system)
-            check(system, NONSTREAM, bodies[system.kind])
-        for concurrency in levels:
-            def drive(system, seconds):
-                return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
-
-            runs = in_turns([floor, *gateways], mock, drive, rounds, duration, f"c={concurrency}", swap=True)
-            cpu = {system: median(r["cpu_us"] for r in rs) for system, rs in runs.items()}
-            ratio = cpu[b] / cpu[a]
-            pairs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(runs[b], runs[a])]
-            met, verdict = None, "no target"
-            if concurrency == 64:
-                met = ratio <= target
-                verdict = ("yes" if met else "**no**") + (" (range straddles it)" if min(pairs) <= target < max(pairs) else "")
-            lines.append(f"| {concurrency} | {cpu['floor']:,.0f} | {cpu[a]:,.0f} | {cpu[b]:,.0f} | **{ratio:.3f}×** | "
-                         f"{min(pairs):.3f}–{max(pairs):.3f} | {verdict} |")
-            result["levels"][concurrency] = {"runs": runs, "cpu_us": cpu, "ratio": ratio, "round_ratios": pairs, "met": met}
-    finally:
-        for system in reversed(started):
-            system.stop()
+    for concurrency, runs in nonstream_in_turns(wrk, mock, [floor, *gateways], workdir, levels, rounds, duration,
+                                                swap=True):
+        cpu = {system: median(r["cpu_us"] for r in rs) for system, rs in runs.items()}
+        ratio = cpu[b] / cpu[a]
+        pairs = [x["cpu_us"] / y["cpu_us"] for x, y in zip(runs[b], runs[a])]
+        met, verdict = None, "no target"
+        if concurrency == 64:
+            met = ratio <= target
+            verdict = ("yes" if met else "**no**") + (" (range straddles it)" if min(pairs) <= target < max(pairs) else "")
+        lines.append(f"| {concurrency} | {cpu['floor']:,.0f} | {cpu[a]:,.0f} | {cpu[b]:,.0f} | **{ratio:.3f}×** | "
+                     f"{min(pairs):.3f}–{max(pairs):.3f} | {verdict} |")
+        result["levels"][concurrency] = {"runs": runs, "cpu_us": cpu, "ratio": ratio, "round_ratios": pairs, "met": met}
     shutil.rmtree(workdir, ignore_errors=True)
     return "\n".join(lines), result
 

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from environment import log
-from scenarios import Scenario, closing_marker
+from scenarios import SCENARIOS, Scenario, anthropic_request, closing_marker, openai_request
 from systems import BENCH, PYTHON, CpuClock, System, machine_ticks, memory_kib, reset_peak_rss
 
 LOADGEN = BENCH / "loadgen.py"
@@ -145,3 +145,28 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
     needs = [expected] + ([b"get_weather"] if scenario.tools else [b"Tokens a"])
     if status != 200 or not all(n in data for n in needs):
         raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")
+
+
+def nonstream_in_turns(wrk: str, mock: System, systems: list[System], workdir: Path, levels: list[int], rounds: int,
+                       duration: float, swap: bool = False):
+    """For each concurrency of `levels`: (it, in_turns' runs of `systems` driven by wrk with
+    non-streaming requests). Each system is started and checked first; all of them, the mock
+    (started already) included, are stopped at the end, whatever happens."""
+    nonstream = SCENARIOS["nonstream"]
+    bodies = {"floor": workdir / "floor.json", "gateway": workdir / "gateway.json"}
+    bodies["floor"].write_bytes(anthropic_request(nonstream))
+    bodies["gateway"].write_bytes(openai_request(nonstream))
+    started = [mock]
+    try:
+        for system in systems:
+            system.start(workdir)
+            started.append(system)
+            check(system, nonstream, bodies[system.kind])
+        for concurrency in levels:
+            def drive(system, seconds):
+                return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
+
+            yield concurrency, in_turns(systems, mock, drive, rounds, duration, f"c={concurrency}", swap=swap)
+    finally:
+        for system in reversed(started):
+            system.stop()

@@ -3,7 +3,8 @@
 Three systems, driven in turns with wrk (non-streaming requests, concurrency 1 and 64): the
 floor, the gateway, and the same gateway with `Ledger.record` made a no-op (this file run with
 `--serve` in front of `ezat-gateway serve`'s arguments, so the ledger is all that differs).
-Prints each one's CPU per request and its ratio to the floor, with the rounds' range.
+Both gateways' key has no spend limit: a row never written would never end its request's spend
+reservation, and the reservations left over would slow every later admission. Prints each one's CPU per request and its ratio to the floor, with the rounds' range.
 
 It is the evidence behind issue 5's non-streaming target: at concurrency 1 every request
 commits its own ledger row before its reply ends (docs/architecture.md, billing), and that commit alone is
@@ -22,9 +23,9 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from drive import check, drive_wrk, in_turns
+from drive import nonstream_in_turns
 from environment import ensure_wrk
-from scenarios import SCENARIOS, anthropic_request, openai_request
+from scenarios import SCENARIOS
 from systems import PYTHON, floor_system, gateway_system, mock_system
 
 NONSTREAM = SCENARIOS["nonstream"]
@@ -48,34 +49,18 @@ def compare(rounds: int, duration: float, levels: list[int]) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="ezat-unbilled-"))
     mock = mock_system().start(workdir)
     upstream = f"http://127.0.0.1:{mock.port}"
-    unbilled = gateway_system(upstream, workdir, [NONSTREAM.model], name="gateway-unbilled")
+    unbilled = gateway_system(upstream, workdir, [NONSTREAM.model], name="gateway-unbilled", limits=False)
     unbilled.argv = [PYTHON, __file__, "--serve", *unbilled.argv[1:]]
-    systems = [floor_system(upstream), gateway_system(upstream, workdir, [NONSTREAM.model]), unbilled]
-    bodies = {"floor": workdir / "floor.json", "gateway": workdir / "gateway.json"}
-    bodies["floor"].write_bytes(anthropic_request(NONSTREAM))
-    bodies["gateway"].write_bytes(openai_request(NONSTREAM))
-    started = [mock]
+    systems = [floor_system(upstream), gateway_system(upstream, workdir, [NONSTREAM.model], limits=False), unbilled]
     lines = ["| conc. | system | req/s | CPU µs/req | ÷ floor | rounds' range |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
-    try:
+    for concurrency, runs in nonstream_in_turns(wrk, mock, systems, workdir, levels, rounds, duration):
+        floor = runs["floor"]
         for system in systems:
-            system.start(workdir)
-            started.append(system)
-            check(system, NONSTREAM, bodies[system.kind])
-        for concurrency in levels:
-            def drive(system, seconds):
-                return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
-
-            runs = in_turns(systems, mock, drive, rounds, duration, f"c={concurrency}")
-            floor = runs["floor"]
-            for system in systems:
-                mine = runs[system.name]
-                cpu = median(r["cpu_us"] for r in mine)
-                pairs = [r["cpu_us"] / f["cpu_us"] for r, f in zip(mine, floor)]
-                lines.append(f"| {concurrency} | {system.name} | {median(r['rps'] for r in mine):,.0f} | {cpu:,.0f} | "
-                             f"{cpu / median(f['cpu_us'] for f in floor):.2f}× | {min(pairs):.2f}–{max(pairs):.2f} |")
-    finally:
-        for system in reversed(started):
-            system.stop()
+            mine = runs[system.name]
+            cpu = median(r["cpu_us"] for r in mine)
+            pairs = [r["cpu_us"] / f["cpu_us"] for r, f in zip(mine, floor)]
+            lines.append(f"| {concurrency} | {system.name} | {median(r['rps'] for r in mine):,.0f} | {cpu:,.0f} | "
+                         f"{cpu / median(f['cpu_us'] for f in floor):.2f}× | {min(pairs):.2f}–{max(pairs):.2f} |")
     return "\n".join(lines)
 
 
