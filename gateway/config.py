@@ -168,7 +168,7 @@ class LoggingConfig:
 class TracingConfig:
     """OpenTelemetry traces, sent over OTLP/HTTP (`pip install 'ezat-gateway[otel]'`)."""
 
-    endpoint: str = _field("", check=_rule(lambda v: v == "" or _http_url(v) is None, "expected an http(s) URL"))
+    endpoint: str = _field("", check=lambda v: v and _http_url(v), clean=lambda url: url.rstrip("/"))
     service_name: str = _field("ezat-gateway", check=_non_empty)
 
 

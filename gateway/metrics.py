@@ -144,6 +144,7 @@ class NoMetrics:
     """What an app without /metrics counts with: nothing, at the cost of a call."""
 
     def __getattr__(self, name: str):
+        self.__dict__[name] = _nothing  # found directly from then on: __getattr__ runs after a failed lookup
         return _nothing
 
 

@@ -9,6 +9,7 @@ scrapes would drown them.
 from __future__ import annotations
 
 import asyncio
+from contextlib import nullcontext
 import logging
 from functools import partial
 from typing import Any
@@ -43,11 +44,8 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
         span = tracing.server_span(request, route, pattern) if tracing is not None else None
         end = partial(finish, request, route, pattern, started, span)
         try:
-            if span is None:
+            with tracing.current(span) if span is not None else nullcontext():  # the attempts' spans are its children
                 reply = await handler(request)
-            else:
-                with tracing.current(span):  # the upstream attempts' spans are its children
-                    reply = await handler(request)
         except web.HTTPException as exc:
             refusal = getattr(exc, "refusal", None)
             end(exc.status, None, f"refused:{refusal}" if refusal else "failed", refusal)

@@ -196,7 +196,11 @@ class Attempts:
             return await attempt(deployment, body, forward)
         headers = dict(forward.get("headers") or {})
         with self.tracing.attempt(operation, body.get("model"), deployment, headers) as span:
-            reply = await attempt(deployment, body, {**forward, "headers": headers})
+            try:
+                reply = await attempt(deployment, body, {**forward, "headers": headers})
+            except GatewayError as failure:
+                self.tracing.failed(span, attempt_outcome(failure))  # in the metric's words
+                raise
             self.tracing.answered(span, reply)
             return reply
 

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from gateway.config import TracingConfig
 from middlewares.core.context import ANSWERED_MODEL, LEDGER_ROW, MODEL
-from middlewares.core.errors import GatewayError
 from middlewares.core.reply import EventStreamReply, MessageReply
 
 PROVIDER = "anthropic"
@@ -59,7 +58,7 @@ class Tracing:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint.rstrip("/") + "/v1/traces")))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint + "/v1/traces")))
         return cls(provider)
 
     async def lifespan(self, app: web.Application):
@@ -116,12 +115,12 @@ class Tracing:
             record_exception=False, set_status_on_exception=False,
         ) as span:
             self._propagate.inject(headers)
-            try:
-                yield span
-            except GatewayError as failure:
-                span.set_attribute("error.type", str(failure.anthropic_status_and_type()[0]))
-                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
-                raise
+            yield span
+
+    def failed(self, span: Any, outcome: str) -> None:
+        """An attempt that failed, as ezat_upstream_attempts_total counts it (`outcome`)."""
+        span.set_attribute("error.type", outcome)
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
 
     @staticmethod
     def answered(span: Any, reply: Any) -> None:

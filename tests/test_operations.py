@@ -515,7 +515,7 @@ def test_the_operations_settings_are_checked():
     with pytest.raises(ConfigError) as caught:
         parse_config('[tracing]\nendpoint = "collector:4318"\n[logging]\nformat = "xml"\n[server]\ndrain_seconds = -1\n')
     assert caught.value.problems == ["server.drain_seconds: expected a non-negative number",
-                                     'logging.format: expected "text" or "json"', "tracing.endpoint: expected an http(s) URL"]
+                                     'logging.format: expected "text" or "json"', "tracing.endpoint: expected an http(s) URL with a host"]
 
 
 async def test_an_attempt_past_the_deadline_counts_as_a_timeout(start_gateway, upstream):
