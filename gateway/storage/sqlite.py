@@ -27,6 +27,7 @@ import contextvars
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,7 @@ class SQLiteStore:
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._checkpointer = None if path == ":memory:" else Connection(path)
         self._holder: sqlite3.Connection | None = None  # the checkpointer's, to hold writes off
+        self._holding = threading.Event()  # set while it does: writes go to the writer thread
         self._checkpoint: asyncio.Task[None] | None = None
         self._since_checkpoint = 0
 
@@ -136,6 +138,7 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
+        checkpointer, self._checkpointer = self._checkpointer, None  # no checkpoint starts from here on
         if self._checkpoint is not None:
             await self._checkpoint
         for connection in (self._inline, self._holder):
@@ -143,12 +146,12 @@ class SQLiteStore:
                 connection.close()
         self._inline = self._holder = None
         await self._writer.close()
-        if self._checkpointer is not None:
+        if checkpointer is not None:
             await self._reader.close()
-            await self._checkpointer.close()
+            await checkpointer.close()
 
     async def ping(self) -> None:
-        await self._reader.call(lambda db: db.execute("SELECT 1").fetchone())
+        await self._reader.call(_fetch_all, "SELECT 1")
 
     # --- keys
 
@@ -248,7 +251,7 @@ class SQLiteStore:
         writer has the file. A small write (a ledger batch, a group of reservations) costs less
         than the hop to a thread. (write_ledger calls this, not write_ledger_now, so a subclass
         may tell the two apart.)"""
-        if self._inline is None:
+        if self._inline is None or self._holding.is_set():
             return False, None
         try:
             result = _transaction(self._inline, work, *args, wait=False)
@@ -265,13 +268,14 @@ class SQLiteStore:
         self._since_checkpoint += 1
         if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None and self._checkpointer is not None:
             self._since_checkpoint = 0
-            self._checkpoint = asyncio.create_task(self._checkpoint_wal(), context=contextvars.Context())
+            self._checkpoint = asyncio.create_task(self._checkpoint_wal(self._checkpointer), context=contextvars.Context())
 
-    async def _checkpoint_wal(self) -> None:
+    async def _checkpoint_wal(self, checkpointer: Connection) -> None:
         try:
-            if not await self._checkpointer.call(_checkpoint, self._holder):
-                log.warning("WAL checkpoint could not copy the whole WAL (a reader used it); trying again later")
-        except sqlite3.Error as exc:  # the next CHECKPOINT_EVERY writes try again
+            if not await checkpointer.call(_checkpoint, self._holder, self._holding):
+                log.warning("WAL checkpoint could not copy the whole WAL (a reader or another checkpoint used it); "
+                            "trying again later")
+        except Exception as exc:  # the next CHECKPOINT_EVERY writes try again
             log.warning("WAL checkpoint failed: %r", exc)
         finally:
             self._checkpoint = None
@@ -423,29 +427,34 @@ def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any])
     return _select_key(db, "k.id = ?", found.id)
 
 
-def _checkpoint(db: sqlite3.Connection, holder: sqlite3.Connection) -> bool:
+def _checkpoint(db: sqlite3.Connection, holder: sqlite3.Connection, holding: threading.Event) -> bool:
     """Copies the WAL into the file and starts it again from its beginning, in passive
     checkpoints that writers never wait for (their fsyncs included), each copying what arrived
     during the last, until one copies only a few pages. The last is made with writes held off
-    (`holder` takes the write lock: a write that comes meanwhile waits on the writer thread,
-    for a pass of a few pages), so that it copies the whole WAL; then a write of nothing
-    starts the WAL again and syncs its header, here, not in a request's write. False when a
-    reader still used the WAL's end: the next checkpoint tries again."""
+    (`holder` takes the write lock, and `holding` sends writes to the writer thread, which
+    waits for that pass: a few pages and its fsyncs), so that it copies the whole WAL; then a
+    write of nothing starts the WAL again and syncs its header, here, never on the event loop.
+    False when a reader still used the WAL's end, or another checkpoint ran: the next one tries
+    again."""
     frames = 0
     for _ in range(CATCH_UP_PASSES):
         _, now, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if now - frames < FEW_FRAMES:
             break
         frames = now
-    _when_unlocked(holder, "BEGIN IMMEDIATE")
+    holding.set()
     try:
-        _, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        holder.execute("BEGIN IMMEDIATE")  # its busy timeout waits for a write under way
+        try:
+            busy, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        finally:
+            holder.execute("ROLLBACK")
+        if busy or frames != copied:
+            return False
+        _transaction(db, _restart_wal)
+        return True
     finally:
-        holder.execute("ROLLBACK")
-    if frames != copied:
-        return False
-    _transaction(db, _restart_wal)
-    return True
+        holding.clear()
 
 
 def _restart_wal(db: sqlite3.Connection) -> None:
