@@ -85,6 +85,21 @@ async def test_a_message_goes_upstream_as_sent_with_the_model_mapped(start_gatew
     assert (row.input_tokens, row.output_tokens) == (message.usage.input_tokens, message.usage.output_tokens)
 
 
+async def test_a_burst_of_text_deltas_reaches_an_anthropic_client_exactly(gateway, upstream, claude):
+    # The deltas of one read are joined before they are parsed, on this route too: text whose
+    # escapes and raw look could confuse that, in 3-character deltas, then a tool call.
+    from tests.test_streaming import AWKWARD
+
+    upstream.enqueue(Scenario(blocks=[
+        {"type": "text", "text": AWKWARD},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+    ], chunk_size=3))
+    async with claude.messages.stream(model=MODEL, max_tokens=100, messages=HELLO) as stream:
+        final = await stream.get_final_message()
+    assert final.content[0].text == AWKWARD
+    assert (final.content[1].name, final.content[1].input) == ("get_weather", {"city": "Paris"})
+
+
 async def test_a_stream_comes_back_event_by_event_and_is_billed(gateway, upstream, claude):
     upstream.enqueue(Scenario(usage={"input_tokens": 12, "output_tokens": 20}, event_delay=0.01))
     async with claude.messages.stream(model=MODEL, max_tokens=100, messages=HELLO) as stream:
@@ -227,7 +242,7 @@ async def test_a_failing_deployment_is_passed_over_unseen(start_gateway, upstrea
             message = await events.get_final_message()
     else:
         message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
-    assert message.content[0].text.endswith("Hello")
+    assert message.content[0].text == "Hello from the mock upstream. You said: Hello"  # the failed one's none of it
     assert (len(upstream.requests), len(second.requests)) == (1, 1)
     [row] = await gateway.app[STORE].ledger()
     assert row.deployment == "second"
@@ -266,6 +281,32 @@ async def test_an_upstream_error_reaches_the_client_unchanged(gateway, upstream,
     if status == 529:
         assert isinstance(error, anthropic.OverloadedError) and int(error.response.headers["retry-after"]) >= 1
     assert await gateway.app[STORE].ledger() == []  # failures are not billed
+
+
+async def test_no_deployment_left_to_try_is_anthropics_overloaded_529(gateway, upstream, claude):
+    # The gateway's own overload, in the status and type Anthropic's clients know and retry.
+    upstream.enqueue(Scenario(status=429, headers={"retry-after": "30"}, error_message="Slow down"))
+    with pytest.raises(anthropic.RateLimitError):
+        await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    with pytest.raises(anthropic.OverloadedError) as caught:  # the one deployment cools down for 30 s
+        await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    error = caught.value
+    assert (error.status_code, error.body["error"]) == (
+        529, {"type": "overloaded_error", "message": "No deployment of this model is available right now."})
+    assert int(error.response.headers["retry-after"]) >= 1 and len(upstream.requests) == 1
+
+
+async def test_an_upstream_refusing_the_gateways_key_is_a_500_not_the_clients_401(gateway, upstream, claude):
+    # Claude Code would otherwise tell its user that their own key is wrong.
+    refused = {"type": "api_error", "message": "The upstream rejected the gateway's credentials."}
+    upstream.enqueue(Scenario(status=401, error_message="invalid x-api-key"))
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+    assert (caught.value.status_code, caught.value.body["error"]) == (500, refused)
+    upstream.count_tokens_status = 401
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        await claude.messages.count_tokens(model=MODEL, messages=HELLO)
+    assert (caught.value.status_code, caught.value.body["error"]) == (500, refused)
 
 
 async def test_the_gateways_own_errors(start_gateway, upstream):
@@ -579,7 +620,7 @@ async def test_an_unreachable_deployment_is_passed_over(start_gateway, upstream,
     closed = Deployment(name="primary", base_url="http://127.0.0.1:9", api_key=UPSTREAM_KEY, connect_timeout_seconds=2)
     claude = client_of(await start_gateway(dataclasses.replace(config, deployments=(closed, config.deployments[1]))))
     message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
-    assert message.content[0].text.endswith("Hello") and len(upstream.requests) == 1
+    assert message.content[0].text == "Hello from the mock upstream. You said: Hello" and len(upstream.requests) == 1
 
 
 async def test_a_fallback_keeps_a_thinking_budget_below_its_own_limit(start_gateway, upstream, client_of):

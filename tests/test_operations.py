@@ -112,6 +112,7 @@ async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_g
     assert sample(m, "ezat_time_to_first_token_seconds_count", route="chat_completions", model=MODEL) == 6
     assert sample(m, "ezat_request_duration_seconds_count", route="chat_completions", model=MODEL) == 7
     assert sample(m, "ezat_open_streams") == 0 and sample(m, "ezat_ledger_pending") == 0
+    assert ("ezat_open_streams", ()) in m and ("ezat_ledger_pending", ()) in m  # there, not just missing
 
     rows = await gateway.app[STORE].ledger()
     assert sample(m, "ezat_ledger_rows_total") == len(rows) == 6
@@ -274,6 +275,7 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
     assert (refused["status"], refused["outcome"], refused["key"]) == (401, "refused:auth", None)
     log = served.log.read_text()
     assert KEY not in log and "sk-wrong-secret" not in log  # no key, anywhere in the log
+    assert UPSTREAM_KEY not in log  # the gateway's own either, though the upstream refused it
     assert all(json.loads(line) for line in log.splitlines() if line.strip())  # every line is JSON
 
 
@@ -320,6 +322,8 @@ async def test_the_access_log_can_be_off(tmp_path, upstream):
     finally:
         await served.stop()
     assert access_lines(served) == []
+    lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
+    assert any(line["message"].startswith("ezat-gateway listening") for line in lines)  # the rest of the log is on
 
 
 # --- Several workers
@@ -362,6 +366,27 @@ async def test_readyz_fails_while_the_database_is_unreachable(start_gateway, ups
                 assert response.status == 200
     finally:
         await link.close()
+
+
+async def test_a_stream_being_answered_is_counted_open(gateway, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                             json={"model": MODEL, "messages": HELLO, "stream": True}) as response:
+            await response.content.readany()  # it has begun
+            assert sample(await scrape(gateway.url), "ezat_open_streams") == 1
+            await response.read()
+    async with asyncio.timeout(5):
+        while sample(await scrape(gateway.url), "ezat_open_streams") != 0:
+            await asyncio.sleep(0.02)
+
+
+async def test_readyz_is_ready_with_a_reachable_redis(start_gateway, upstream, redis_url):
+    config = dataclasses.replace(make_config(upstream.url), ratelimit=RateLimitConfig(url=redis_url))
+    gateway = await start_gateway(config)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/readyz") as response:
+            assert (response.status, await response.json()) == (200, {"status": "ready"})
 
 
 async def test_readyz_fails_while_redis_is_unreachable(start_gateway, upstream):

@@ -567,8 +567,8 @@ async def test_sqlite_checkpoints_off_the_writes_path_and_keeps_the_wal_bounded(
         await asyncio.sleep(0)
         time.sleep(0.00005)
 
-    assert during_checkpoints > 0
-    assert waited <= writes // CHECKPOINT_EVERY, waited
+    # Most writes that meet a checkpoint are committed at once; only those of its last pass wait.
+    assert during_checkpoints > 10 * waited, (during_checkpoints, waited)
 
     page = (await query(url, "PRAGMA page_size"))[0][0]
     wal = (tmp_path / "steady.db-wal").stat().st_size
