@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.logs import ACCESS, CURRENT_REQUEST, access
-from gateway.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.metrics import NO_METRICS, TOKEN_COLUMNS, Metrics, NoMetrics
 from gateway.tracing import Tracing
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
 from middlewares.core.reply import EventStreamReply
@@ -98,7 +98,5 @@ def access_fields(request: web.Request, route: str, status: int, seconds: float,
         "outcome": outcome,
     }
     if row is not None:
-        fields.update(input_tokens=row.input_tokens, output_tokens=row.output_tokens,
-                      cache_read_tokens=row.cache_read_tokens, cache_write_tokens=row.cache_write_tokens,
-                      reasoning_tokens=row.reasoning_tokens, cost_usd=row.cost_usd)
+        fields.update({column: getattr(row, column) for _, column in TOKEN_COLUMNS}, cost_usd=row.cost_usd)
     return fields

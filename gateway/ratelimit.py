@@ -75,7 +75,7 @@ class MemoryRateLimiter:
         if self._workers > 1 and (buckets or key.max_concurrent):
             raise unshared_limits()
         now = time.monotonic()
-        wait = Wait(0)
+        wait = 0.0
         balances = [self._balance(name, limit, now) for name, limit, _, _ in buckets]
         for (name, limit, _, need), balance in zip(buckets, balances):
             seconds = (need - balance) * 60 / limit

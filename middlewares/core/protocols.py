@@ -36,6 +36,8 @@ class ModelSpec(Protocol):
 class Wait(float):
     """Seconds to wait, and which of a key's limits asks for them: "rpm" or "tpm" (None: not said)."""
 
+    __slots__ = ("limit",)
+
     def __new__(cls, seconds: float, limit: str | None = None) -> Wait:
         wait = super().__new__(cls, seconds)
         wait.limit = limit
