@@ -164,13 +164,21 @@ async def test_a_long_pause_gets_anthropics_ping_event(start_gateway, upstream):
     assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
 
 
-async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, second, client_of):
+@pytest.mark.parametrize("by", ["session", "system"])
+async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, second, client_of, by):
+    # By its x-ezat-session header, else (as Claude Code sends none) by its system prompt, whether
+    # or not a turn marks it for caching.
     claude = client_of(await start_gateway(two_deployments(upstream.url, second.url)))
     sessions = [f"conversation {n}" for n in range(8)]
-    for _ in range(3):
+    for turn in range(3):
         for session in sessions:  # each one's text says which it is
-            await claude.messages.create(model=MODEL, max_tokens=10, extra_headers={"x-ezat-session": session},
-                                         messages=[{"role": "user", "content": session}])
+            if by == "session":
+                how = {"extra_headers": {"x-ezat-session": session}}
+            else:
+                marked = {"cache_control": {"type": "ephemeral"}} if turn == 1 else {}
+                how = {"system": [{"type": "text", "text": f"You help with {session}.", **marked}]}
+            await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": session}],
+                                         **how)
     got = [[r.body["messages"][0]["content"] for r in mock.requests] for mock in (upstream, second)]
     assert sorted(got[0] + got[1]) == sorted(sessions * 3)
     assert not set(got[0]) & set(got[1])  # no conversation on both
@@ -244,6 +252,20 @@ async def test_a_failing_deployment_is_passed_over_unseen(start_gateway, upstrea
         message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
     assert message.content[0].text == "Hello from the mock upstream. You said: Hello"  # the failed one's none of it
     assert (len(upstream.requests), len(second.requests)) == (1, 1)
+    [row] = await gateway.app[STORE].ledger()
+    assert row.deployment == "second"
+
+
+async def test_a_stream_without_a_first_token_in_time_is_passed_over_unseen(start_gateway, upstream, second, client_of):
+    config = two_deployments(upstream.url, second.url)
+    primary = dataclasses.replace(config.deployments[0], first_token_timeout_seconds=0.3)
+    upstream.enqueue(Scenario(event_delay=2))  # its status line, then nothing in time
+    gateway = await start_gateway(dataclasses.replace(config, deployments=(primary, config.deployments[1])))
+    async with client_of(gateway).messages.stream(model=MODEL, max_tokens=10, messages=HELLO) as events:
+        message = await events.get_final_message()
+    assert message.content[0].text == "Hello from the mock upstream. You said: Hello"  # none of the slow one's
+    assert (len(upstream.requests), len(second.requests)) == (1, 1)
+    await upstream.wait_disconnect(timeout=2)  # the slow attempt was given up upstream too
     [row] = await gateway.app[STORE].ledger()
     assert row.deployment == "second"
 
