@@ -137,8 +137,12 @@ class UpstreamEvents:
         self._clock = loop.time
         self._last_read = self._clock()
         self._idle_timeout = idle_timeout
-        self._idle: asyncio.TimerHandle | None = None
-        self._too_long = None if max_duration is None else loop.call_later(max_duration, self._over, max_duration)
+        self._begun = False  # the model has produced output: from then on, silence counts
+        self._max_duration = max_duration
+        self._ends_at = None if max_duration is None else self._last_read + max_duration
+        # One timer a stream for both limits (a timer takes about 600 bytes), moved on only when
+        # it fires: a read just notes its time.
+        self._watch = None if self._ends_at is None else loop.call_at(self._ends_at, self._check_limits)
 
     async def first_output(self) -> None:
         """Read until the model has produced output, keeping what was read for the client.
@@ -156,19 +160,30 @@ class UpstreamEvents:
                     if event["type"] in _FIRST_OUTPUT:
                         self._pending.extend(primed)
                         if self._idle_timeout is not None and not self._closed:
-                            self._watch_idle()
+                            self._begun = True
+                            self._check_limits()
                         return
         except BaseException:  # an error, or the client went away: the upstream goes too
             await self.aclose()
             raise
 
-    def _watch_idle(self) -> None:
-        """One timer per stream, moved on when it fires, not on every read: a read only notes its time."""
-        quiet = self._clock() - self._last_read
-        if quiet >= self._idle_timeout:
-            self.stop(error_event(f"The upstream sent nothing for {self._idle_timeout:g} seconds."))
-        else:
-            self._idle = asyncio.get_running_loop().call_later(self._idle_timeout - quiet, self._watch_idle)
+    def _check_limits(self) -> None:
+        """End the stream if it has reached its maximum duration, or (once it has begun) has
+        been silent for its idle timeout; else look again when the first of them could be."""
+        now = self._clock()
+        if self._ends_at is not None and now >= self._ends_at:
+            self.stop(error_event(f"The stream reached its maximum duration of {self._max_duration:g} seconds."))
+            return
+        next_check = self._ends_at
+        if self._begun:
+            if now - self._last_read >= self._idle_timeout:
+                self.stop(error_event(f"The upstream sent nothing for {self._idle_timeout:g} seconds."))
+                return
+            idle_at = self._last_read + self._idle_timeout
+            next_check = idle_at if next_check is None else min(next_check, idle_at)
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch = None if next_check is None else asyncio.get_running_loop().call_at(next_check, self._check_limits)
 
     def __aiter__(self) -> UpstreamEvents:
         return self
@@ -236,9 +251,6 @@ class UpstreamEvents:
         del partial[:end]
         return complete
 
-    def _over(self, max_duration: float) -> None:
-        self.stop(error_event(f"The stream reached its maximum duration of {max_duration:g} seconds."))
-
     def stop(self, event: dict[str, Any]) -> None:
         """End the stream now with `event`, an error: the read under way (if any) is cut off by
         closing the connection, and the batch it returns is `event`. A finished stream stays as it is."""
@@ -252,9 +264,8 @@ class UpstreamEvents:
         if self._closed:
             return
         self._closed = True
-        for timer in (self._idle, self._too_long):
-            if timer is not None:
-                timer.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
         ended = self._finished  # message_stop or error read (a cut stream closes before it is set)
         self._finished = True
         if self._content.at_eof():
