@@ -101,6 +101,9 @@ def proxy_handler(
         reply, name, model = await attempts.first(tries, stream if body.get("stream") else message, stick_by,
                                                   _forwarded(request) if native else {}, deadline)
         request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
+        # The prompt is not held while its answer streams: it may be megabytes (images
+        # included), and a stream may run for minutes.
+        del request[BODY]
         reply.headers["x-ezat-model"] = model.id
         if model is not asked:
             reply.headers["x-ezat-routed-from"] = asked.id
@@ -108,7 +111,8 @@ def proxy_handler(
         return reply
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        """Requires `request[BODY]`, an Anthropic Messages request, and `request[MODEL]`."""
+        """Requires `request[BODY]`, an Anthropic Messages request, and `request[MODEL]`; takes
+        `request[BODY]` away once an answer has begun."""
         if request[BODY].get("stream"):
             return await first_answer(request, None)
         try:

@@ -30,6 +30,8 @@ from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
 from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked
+from middlewares.core import MODEL as MODEL_KEY
+from middlewares.core.chain import Stage
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
 from middlewares.refusals import refusals_middleware
@@ -214,6 +216,34 @@ def test_the_stages_are_new_style_middlewares():
         auth_middleware(find_key=lambda digest: None),
     ]
     assert all(getattr(stage, "__middleware_version__", None) == 1 for stage in stages)
+
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_proxy_lets_go_of_the_prompt_once_its_answer_has_begun(foreign, upstream, stream):
+    # A stream may run for minutes and a prompt be megabytes: a stage in front of the proxy
+    # reads the body before calling on; after, it is gone, and the answer is whole.
+    config = make_config(upstream.url)
+    seen = []
+
+    @web.middleware
+    async def probe(request: web.Request, handler) -> web.StreamResponse:
+        seen.append(BODY in request)
+        reply = await handler(request)
+        seen.append(BODY in request)
+        return reply
+
+    probe.stage = Stage("probe", requires=frozenset({BODY}))
+    upstream_client = UpstreamClient()
+    app = await foreign([size_limit_middleware(), setting("the_model", MODEL_KEY, config.model(MODEL)), probe],
+                        proxy_handler(config, upstream_client), on_app=lambda app: app.cleanup_ctx.append(upstream_client.lifespan))
+    body = {"model": MODEL, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hi"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(app.url + "/chat", json=body, headers={"x-api-key": "any"}) as response:
+            assert response.status == 200
+            answer = await response.read()
+    assert seen == [True, False]
+    assert (b"event: message_stop" in answer) if stream else (json.loads(answer)["stop_reason"] == "end_turn")
 
 
 # --- Admission before work: the limits stage refuses before any image is downloaded -----------------

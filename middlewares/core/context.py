@@ -33,7 +33,9 @@ def key_name(key: web.RequestKey) -> str:
 
 
 # The parsed JSON body, a dict. size_limit sets it; the translator replaces the OpenAI request
-# with the Anthropic one; the proxy handler sends it. A foreign handler reads it here.
+# with the Anthropic one; the proxy handler sends it, and takes it away once an answer has begun
+# (a prompt is not held while its answer streams), so a stage reads it before calling on. A
+# foreign handler reads it here.
 BODY = _key("body", dict[str, Any])
 # The size of the request body in bytes, set by size_limit.
 BODY_BYTES = _key("body_bytes", int)
