@@ -218,6 +218,7 @@ class EventStreamReply(web.StreamResponse):
                     return
                 if data:
                     await self._write(data)
+                del batch, data  # not held while the next is awaited, which may be seconds
         except ConnectionError:
             raise  # the client is gone; aiohttp notes it
         except Exception as exc:

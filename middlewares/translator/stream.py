@@ -1,7 +1,7 @@
 """Anthropic stream events → OpenAI `chat.completion.chunk` SSE lines.
 
-Chunks are built from a prefix and suffix made once per stream, so a text delta costs one
-string encode; the text deltas of one batch leave as one chunk.
+Chunks are built from a head made once per stream (id, model, created) and constant suffixes,
+so a text delta costs one string encode; the text deltas of one batch leave as one chunk.
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ from middlewares.core.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
+# What follows a chunk's delta, with and without the usage field. Only a chunk's head (id,
+# model, created) is made per stream: a stream holds a few hundred bytes less.
+_USAGE_FIELDS = (b"", b',"usage":null')
+_SUFFIX = {usage: b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n" for usage in _USAGE_FIELDS}
+_CONTENT_SUFFIX = {usage: b"}" + suffix for usage, suffix in _SUFFIX.items()}  # after a text chunk's text
+_FINISH_SUFFIX = {usage: b',"logprobs":null,"finish_reason":"%s"}]' + usage + b"}\n\n" for usage in _USAGE_FIELDS}
+_CHOICE = b',"choices":[{"index":0,"delta":'
 
 
 class ChunkEncoder:
@@ -35,12 +42,11 @@ class ChunkEncoder:
             {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
         self._head = b"data: " + head
-        self._prefix = self._head + b',"choices":[{"index":0,"delta":'
         usage_field = b',"usage":null' if include_usage else b""
-        self._suffix = b',"logprobs":null,"finish_reason":null}]' + usage_field + b"}\n\n"
-        self._content_prefix = self._prefix + b'{"content":'  # a text chunk: these around its text
-        self._content_suffix = b"}" + self._suffix
-        self._finish_suffix = b',"logprobs":null,"finish_reason":"%s"}]' + usage_field + b"}\n\n"
+        self._suffix = _SUFFIX[usage_field]
+        self._content_suffix = _CONTENT_SUFFIX[usage_field]
+        self._finish_suffix = _FINISH_SUFFIX[usage_field]
+        self._content_prefix = self._head + _CHOICE + b'{"content":'  # a text chunk: these around its text
         self._include_usage = include_usage
         self._usage = usage  # the stream's meter: the usage chunk's figures
         self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
@@ -78,7 +84,7 @@ class ChunkEncoder:
                     out.append(self._tool_arguments(tool[0], "{}"))  # a tool with no arguments
             elif kind == "message_delta":
                 reason = finish_reason(event.get("delta", {}).get("stop_reason"))
-                out.append(self._prefix + b"{}" + self._finish_suffix % reason.encode())
+                out.append(self._head + _CHOICE + b"{}" + self._finish_suffix % reason.encode())
             elif kind == "message_stop":
                 if self._include_usage:
                     usage = openai_usage(self._usage.total())
@@ -125,4 +131,4 @@ class ChunkEncoder:
         )
 
     def _chunk(self, delta: bytes) -> bytes:
-        return self._prefix + delta + self._suffix
+        return self._head + _CHOICE + delta + self._suffix
