@@ -45,14 +45,14 @@ def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: 
 
 
 def drive_asyncio(system: System, body: Path, expect: str, concurrency: int, duration: float,
-                  streams: int | None = None) -> dict:
+                  streams: int | None = None, ramp: float = 0.0) -> dict:
     argv = [PYTHON, str(LOADGEN), "--port", str(system.port), "--path", system.path, "--body-file", str(body),
             "--expect", expect, "-H", "Content-Type: application/json"]
     for header in system.headers:
         argv += ["-H", header]
-    argv += ["--streams", str(streams), "--timeout", "60"] if streams else [
+    argv += ["--streams", str(streams), "--ramp", str(ramp), "--timeout", "60"] if streams else [
         "--concurrency", str(concurrency), "--duration", str(duration)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 120)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + ramp + 120)
     if done.returncode != 0:
         raise RuntimeError(f"loadgen failed: {done.stderr[-3000:]}")
     data = json.loads(done.stdout)

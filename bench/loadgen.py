@@ -12,6 +12,7 @@ covers the load phase only.
     python bench/loadgen.py --port 8080 --path /v1/chat/completions --body-file req.json \
         -H "authorization: Bearer sk-..." --concurrency 64 --duration 3
     python bench/loadgen.py ... --streams 2000        # each connection: one request, all at once
+    python bench/loadgen.py ... --streams 2000 --ramp 8   # the requests spread evenly over 8 s
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ async def run_duration(args, request: bytes, stats: Stats) -> float:
 
 
 async def run_streams(args, request: bytes, stats: Stats) -> float:
-    """`streams` connections opened first, then one request on each, all at once."""
+    """`streams` connections opened first, then one request on each: all at once, or spread
+    evenly over `ramp` seconds."""
     gate = asyncio.Semaphore(128)  # the servers' listen backlog is 128
     conns = await asyncio.gather(*(connect(args, request, gate) for _ in range(args.streams)), return_exceptions=True)
     opened = [c for c in conns if isinstance(c, Connection)]
@@ -214,7 +216,13 @@ async def run_streams(args, request: bytes, stats: Stats) -> float:
         if not isinstance(exc, Connection):
             stats.error(exc)
     start = time.perf_counter()
-    await asyncio.gather(*(one(c, stats, args.timeout) for c in opened))
+
+    async def at(i: int, conn: Connection) -> bool:
+        if args.ramp:
+            await asyncio.sleep(start + i * args.ramp / len(opened) - time.perf_counter())
+        return await one(conn, stats, args.timeout)
+
+    await asyncio.gather(*(at(i, c) for i, c in enumerate(opened)))
     for c in opened:
         c.transport.close()
     return start
@@ -238,6 +246,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--streams", type=int, help="open this many connections, then one request on each at once")
+    parser.add_argument("--ramp", type=float, default=0.0,
+                        help="with --streams: send the requests evenly over this many seconds, not all at once")
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args()
 

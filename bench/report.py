@@ -77,6 +77,11 @@ def _cpu_ratio(cell: dict) -> str:
     return f"**{cell['ratio']['cpu_us']:.2f}×**{spread}"
 
 
+def arrival(slow: dict) -> str:
+    """How a slow-stream run's requests came."""
+    return f"arriving over {slow['ramp_s']:g} s" if slow.get("ramp_s") else "arriving all at once"
+
+
 def slow_table(slow: dict) -> str:
     lines = [
         "| system | streams | completed | dropped | simultaneous | p50 s | max s | 1st token p50 ms | peak RSS MiB | RSS per stream KiB | CPU µs/stream |",
@@ -120,7 +125,7 @@ def workers_table(workers: dict) -> str:
     return "\n".join(lines)
 
 
-def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: dict | None,
+def targets(cells: list[dict], slow: list[dict], ledger: dict | None, workers: dict | None,
             cores: int | None = None) -> list[dict]:
     """The issue's targets, each with the measured figure and whether it is met; `cores`: the
     machine's, when known."""
@@ -143,11 +148,12 @@ def targets(cells: list[dict], slow: dict | None, ledger: dict | None, workers: 
         found.append({"target": "latency added to the floor's at concurrency 1, non-streaming: p50 ≤ 0.5 ms, p99 ≤ 2 ms",
                       "measured": f"p50 {c1['added_p50_ms']:+.3f} ms, p99 {c1['added_p99_ms']:+.3f} ms",
                       "met": c1["added_p50_ms"] <= 0.5 and c1["added_p99_ms"] <= 2.0})
-    if slow:
-        g = slow["median"]["gateway"]
+    for run in slow:
+        g = run["median"]["gateway"]
         mb = g["peak_rss_mib"] * 1.048576
-        found.append({"target": "10,000 simultaneous slow streams in one process: under 400 MB RSS, none dropped",
-                      "measured": f"{slow['streams']:,} streams: {mb:.0f} MB peak ({g['rss_per_stream_kib']:.1f} KiB a stream), "
+        found.append({"target": f"10,000 simultaneous slow streams in one process, {arrival(run)}: under 400 MB RSS, "
+                                "none dropped",
+                      "measured": f"{run['streams']:,} streams: {mb:.0f} MB peak ({g['rss_per_stream_kib']:.1f} KiB a stream), "
                                   f"{g['dropped']:.0f} dropped, {g['max_in_flight']:.0f} at once",
                       "met": mb < 400 and g["dropped"] == 0 and g["max_in_flight"] >= 10_000})
     if ledger:
