@@ -491,6 +491,31 @@ async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, ups
                    for value in s.attributes.values())  # no completion text ("Hello from the mock upstream…")
 
 
+
+async def test_a_streamed_messages_request_has_its_access_line_and_span(start_gateway, upstream, spans, caplog):
+    # Claude Code's way in: Anthropic's Messages API, streamed.
+    exporter, tracing = spans
+    gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
+    caplog.set_level("INFO", logger="ezat.access")
+    upstream.enqueue(Scenario(usage={"input_tokens": 9, "cache_read_input_tokens": 40, "output_tokens": 30}))
+    claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0)
+    async with claude.messages.stream(model=MODEL, max_tokens=64, messages=HELLO) as stream:
+        message = await stream.get_final_message()
+    await claude.close()
+    [row] = await gateway.app[STORE].ledger()
+    [record] = [r for r in caplog.records if r.name == "ezat.access"]
+    line = record.fields
+    assert (line["route"], line["stream"], line["status"], line["outcome"], line["model"], line["answered_model"]) == (
+        "messages", True, 200, "ok", MODEL, MODEL)
+    assert (line["input_tokens"], line["cache_read_tokens"], line["output_tokens"]) == (
+        9, 40, message.usage.output_tokens) == (row.input_tokens, row.cache_read_tokens, row.output_tokens)
+    assert line["ttft_ms"] is not None and line["ttft_ms"] <= line["duration_ms"]
+    [server] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert (server.name, server.attributes["gen_ai.usage.input_tokens"], server.attributes["gen_ai.usage.output_tokens"],
+            server.attributes["gen_ai.response.finish_reasons"], server.attributes["gen_ai.response.id"]) == (
+        "POST /v1/messages", 49, row.output_tokens, ("end_turn",), message.id)
+
+
 async def test_spans_reach_an_otlp_receiver(start_gateway, upstream):
     received: list[tuple[str, bytes]] = []
 
