@@ -146,7 +146,6 @@ def serve(config_path: str | None, overrides: Overrides) -> None:
     here once, and handed to the workers: a bad file is one message, not one per worker."""
     config = overrides.applied(load_config(config_path)) if config_path else None
     if config is not None:
-        configure_logging(config.logging)
         Tracing.require_sdk(config.tracing)  # one message here, not a traceback from each worker
     workers = config.server.workers if config else (overrides.workers or 1)
     if workers == 1:
@@ -161,9 +160,10 @@ def serve(config_path: str | None, overrides: Overrides) -> None:
             "each worker's own buckets would let through N times their limits"
         )
     # The workers' metrics go to one directory, so that a scrape of any of them counts all.
-    metrics_dir = tempfile.mkdtemp(prefix="ezat-metrics-")
+    metrics_dir = tempfile.mkdtemp(prefix="ezat-metrics-") if config.metrics.enabled else None
     before = os.environ.get(MULTIPROCESS_DIR)
-    os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
+    if metrics_dir:
+        os.environ[MULTIPROCESS_DIR] = metrics_dir  # spawned workers inherit it
     spawn = multiprocessing.get_context("spawn")
     processes = [spawn.Process(target=_worker, args=(config,)) for _ in range(workers)]
     for process in processes:
@@ -183,11 +183,12 @@ def serve(config_path: str | None, overrides: Overrides) -> None:
                 if process.exitcode not in (None, 0):  # a worker that died takes the others down: fail loudly
                     stop(None, None)
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-        if before is None:
-            os.environ.pop(MULTIPROCESS_DIR, None)
-        else:
-            os.environ[MULTIPROCESS_DIR] = before
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            if before is None:
+                os.environ.pop(MULTIPROCESS_DIR, None)
+            else:
+                os.environ[MULTIPROCESS_DIR] = before
     if any(process.exitcode != 0 for process in processes):
         raise SystemExit(1)
 
