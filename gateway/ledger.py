@@ -1,27 +1,20 @@
-"""Group commit for the usage ledger: rows recorded while one batch is being written go
-together in the next, so many concurrent requests cost one transaction, not one each; under
-concurrent load a batch also waits a couple of event-loop turns for more rows. A row alone
-(nothing being written or waiting, the last batch not shared, no row in the last ALONE_AFTER)
-is written at once by the request itself, when the store can do that without waiting."""
+"""Group commit for the usage ledger (gateway/group_commit.py): rows recorded while one batch
+is being written go together in the next, so many concurrent requests cost one transaction, not
+one each. A row alone is written at once by the request itself, when the store can do that
+without waiting."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 
+from gateway.group_commit import GroupCommit
 from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.ledger")
-# Loop turns a batch waits for company when the last one was shared. Measured on SQLite at 64
-# concurrent requests: twice the rows a transaction, a tenth less CPU a request.
-LINGER_TURNS = 2
-# A row is alone when the row before it came (or was committed) at least this long before: not
-# one of a burst of replies finishing together, which had better share a transaction.
-ALONE_AFTER = 0.0002
 
 
 class LedgerError(GatewayError):
@@ -42,58 +35,43 @@ class Ledger:
         self._max_batch = max_batch
         self._attempts = attempts
         self._pending: list[tuple[LedgerRow, asyncio.Future[None]]] = []
-        self._writer: asyncio.Task[None] | None = None
-        self._last_shared = False  # the batch written last held more than one row
-        self._last_record = 0.0  # time.monotonic() of the last record()
+        self._commit = GroupCommit(self._write_batches)
 
     async def record(self, row: LedgerRow) -> None:
         """Returns once the row is committed. A caller cancelled meanwhile does not unwrite it:
         the batch goes on, so a reply that finished is never lost."""
-        now = time.monotonic()
-        alone, self._last_record = now - self._last_record >= ALONE_AFTER, now
-        if alone and self._writer is None and not self._pending and not self._last_shared:
+        if self._commit.alone() and not self._pending:
             # Nothing to share a transaction with: written here and now, which spares a task, a
             # future and the event-loop turns between them (measured at concurrency 1: 5% of a
             # request's CPU). The store does it only where nothing can wait or be cancelled.
+            started = time.monotonic()
             try:
                 written = self._store.write_ledger_now([row])
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)
             else:
                 if written:
-                    # From the commit's end: a row right behind it (of the same burst, say) is
-                    # not alone, however long the commit took.
-                    self._last_record = time.monotonic()
-                    self._committed([row], now)
+                    self._commit.written_alone()
+                    self._committed([row], started)
                     return
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, done))
-        if self._writer is None:
-            # In a context of its own: not the first request's (its id, its span) that made it.
-            self._writer = asyncio.create_task(self._write_batches(), context=contextvars.Context())
+        self._commit.start()
         await done  # cancelling the caller cancels only this future; _settle skips it
 
     async def close(self) -> None:
         """Wait for every recorded row to be written."""
-        while self._writer is not None:
-            await asyncio.shield(self._writer)
+        await self._commit.idle()
 
     async def _write_batches(self) -> None:
-        try:
-            while self._pending:
-                if self._last_shared:
-                    # Requests are finishing together: a few more turns of the event loop let
-                    # more of them share this transaction. A lone request is written at once.
-                    for _ in range(LINGER_TURNS):
-                        await asyncio.sleep(0)
-                batch = self._pending[: self._max_batch]
-                del self._pending[: self._max_batch]
-                self._last_shared = len(batch) > 1
-                self._metrics.pending(len(batch) + len(self._pending))  # per batch: a scrape sees no finer
-                await self._write(batch)
-            self._metrics.pending(0)
-        finally:
-            self._writer = None
+        while self._pending:
+            await self._commit.linger()
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            self._commit.taken(len(batch))
+            self._metrics.pending(len(batch) + len(self._pending))  # per batch: a scrape sees no finer
+            await self._write(batch)
+        self._metrics.pending(0)
 
     async def _write(self, batch: list[tuple[LedgerRow, asyncio.Future[None]]]) -> None:
         rows = [row for row, _ in batch]

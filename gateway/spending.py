@@ -1,19 +1,17 @@
-"""Spend reservations in groups: what requests ask to hold while one group is being written go
-together in the next, so many concurrent admissions cost one transaction, as the ledger's
-rows do (a transaction on the SQLite file costs a few hundred µs; 64 at once, one). A request
-alone is written at once, by the request itself where the store can do that without waiting.
-Releases wait for the next group: a reservation released a little late only holds back, for a
-moment, what the key may spend."""
+"""Spend reservations in groups (gateway/group_commit.py): what requests ask to hold while one
+group is being written go together in the next, so many concurrent admissions cost one
+transaction, as the ledger's rows do (a transaction on the SQLite file costs a few hundred µs;
+64 at once, one). A request alone is written at once, by the request itself where the store can
+do that without waiting. Releases wait for the next group: a reservation released a little late
+only holds back, for a moment, what the key may spend."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import time
 from decimal import Decimal
 
-from gateway.ledger import ALONE_AFTER, LINGER_TURNS
+from gateway.group_commit import GroupCommit
 from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
 from middlewares.core.errors import GatewayError
 
@@ -27,18 +25,14 @@ class SpendReservations:
         self._store = store
         self._holds: list[tuple[Hold, asyncio.Future[Shortfall | None]]] = []
         self._releases: list[str] = []
-        self._writer: asyncio.Task[None] | None = None
-        self._last_shared = False  # the group written last held more than one request
-        self._last_reserve = 0.0  # time.monotonic() of the last reserve()
+        self._commit = GroupCommit(self._write_groups)
 
     async def reserve(
         self, request_id: str, key_id: int, amount: Decimal, limit: Decimal | None, ttl: float, *,
         organization_id: int = DEFAULT_ORGANIZATION_ID, balance: Decimal | None = None,
     ) -> Shortfall | None:
         hold = Hold(request_id, key_id, amount, limit, ttl, organization_id, balance)
-        now = time.monotonic()
-        alone, self._last_reserve = now - self._last_reserve >= ALONE_AFTER, now
-        if alone and self._writer is None and not self._holds and not self._last_shared:
+        if self._commit.alone() and not self._holds:
             # Nothing to share a transaction with (as the ledger's rows): held here and now, with
             # what releases wait, which spares a task, a future and the event-loop turns between
             # them. The store does it only where nothing can wait.
@@ -49,66 +43,53 @@ class SpendReservations:
                 log.warning("spend reservation of 1 request failed: %r", exc)
                 results = None
             if results is not None:
-                self._last_reserve = time.monotonic()  # from the commit's end, as the ledger's
+                self._commit.written_alone()
                 return results[0]
             self._releases[:0] = releases
         done = asyncio.get_running_loop().create_future()
         self._holds.append((hold, done))
-        self._write_soon()
+        self._commit.start()
         try:
             return await done
         except asyncio.CancelledError:
             self._releases.append(request_id)  # written or not, it holds nothing for a request gone
-            self._write_soon()
+            self._commit.start()
             raise
 
     async def release(self, request_id: str) -> None:
         self._releases.append(request_id)
-        self._write_soon()
+        self._commit.start()
 
     async def close(self) -> None:
         """Wait for what is pending to be written (releases a failed write kept get one more try)."""
-        while self._writer is not None:
-            await asyncio.shield(self._writer)
+        await self._commit.idle()
         if self._releases:
-            self._write_soon()
-            await asyncio.shield(self._writer)
-
-    def _write_soon(self) -> None:
-        if self._writer is None:
-            # In a context of its own: not the first request's (its id, its span) that made it.
-            self._writer = asyncio.create_task(self._write_groups(), context=contextvars.Context())
+            self._commit.start()
+            await self._commit.idle()
 
     async def _write_groups(self) -> None:
-        try:
-            while self._holds or self._releases:
-                if self._last_shared:
-                    # Admissions are arriving together: a few more turns of the event loop let
-                    # more of them share this transaction. A lone request is written at once.
-                    for _ in range(LINGER_TURNS):
-                        await asyncio.sleep(0)
-                # A request cancelled before its hold was written needs none (its release,
-                # queued meanwhile, would run first and find nothing).
-                group = [(hold, done) for hold, done in self._holds if not done.done()]
-                self._holds = []
-                self._last_shared = len(group) > 1
-                releases, self._releases = self._releases, []
-                try:
-                    results = await self._store.hold([hold for hold, _ in group], releases)
-                except Exception as exc:
-                    log.error("spend reservations of %d requests could not be written: %r", len(group), exc)
-                    for _, done in group:
-                        if not done.done():
-                            done.set_exception(_unreserved())
-                    self._releases[:0] = releases  # tried again with the next group
-                    if not group:
-                        break  # releases alone: the next reserve or release tries again, no busy loop
-                    continue
-                for (_, done), left in zip(group, results):
+        while self._holds or self._releases:
+            await self._commit.linger()
+            # A request cancelled before its hold was written needs none (its release, queued
+            # meanwhile, would run first and find nothing).
+            group = [(hold, done) for hold, done in self._holds if not done.done()]
+            self._holds = []
+            self._commit.taken(len(group))
+            releases, self._releases = self._releases, []
+            try:
+                results = await self._store.hold([hold for hold, _ in group], releases)
+            except Exception as exc:
+                log.error("spend reservations of %d requests could not be written: %r", len(group), exc)
+                for _, done in group:
                     if not done.done():
-                        done.set_result(left)
-        finally:
-            self._writer = None
+                        done.set_exception(_unreserved())
+                self._releases[:0] = releases  # tried again with the next group
+                if not group:
+                    break  # releases alone: the next reserve or release tries again, no busy loop
+                continue
+            for (_, done), left in zip(group, results):
+                if not done.done():
+                    done.set_result(left)
 
 
 def _unreserved() -> GatewayError:

@@ -16,7 +16,8 @@ import asyncpg
 import pytest
 
 from gateway.config import KeyConfig, parse_config
-from gateway.ledger import ALONE_AFTER, Ledger
+from gateway.group_commit import ALONE_AFTER
+from gateway.ledger import Ledger
 from gateway.storage import LedgerRow, open_store, schema
 from gateway.storage.sqlite import CHECKPOINT_EVERY
 
