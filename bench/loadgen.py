@@ -209,7 +209,7 @@ async def run_duration(args, request: bytes, stats: Stats) -> float:
 async def run_streams(args, request: bytes, stats: Stats) -> float:
     """`streams` connections opened first, then one request on each: all at once, or spread
     evenly over `ramp` seconds."""
-    gate = asyncio.Semaphore(128)  # the servers' listen backlog is 128
+    gate = asyncio.Semaphore(128)  # connecting, far fewer at once than the servers' listen backlog
     conns = await asyncio.gather(*(connect(args, request, gate) for _ in range(args.streams)), return_exceptions=True)
     opened = [c for c in conns if isinstance(c, Connection)]
     for exc in conns:

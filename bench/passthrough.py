@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.runtime import run, tune_garbage_collector, until_stopped
+from gateway.server import LISTEN_BACKLOG
 
 # Hop-by-hop headers (and those aiohttp recomputes) are not forwarded; everything else is.
 HOP_BY_HOP = frozenset(
@@ -61,11 +62,12 @@ def make_app(upstream: str) -> web.Application:
 
 async def serve(host: str, port: int, upstream: str) -> None:
     # As `ezat-gateway serve` runs the gateway: handler cancellation, no access log, the garbage
-    # collector tuned once the app is built, uvloop (gateway.runtime.run, below) when installed.
+    # collector tuned once the app is built, its listen backlog, uvloop (gateway.runtime.run,
+    # below) when installed.
     runner = web.AppRunner(make_app(upstream), handler_cancellation=True, access_log=None)
     await runner.setup()
     tune_garbage_collector()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
     print(f"pass-through proxy on http://{host}:{port} -> {upstream}", flush=True)
     await until_stopped()
     await runner.cleanup()

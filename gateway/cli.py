@@ -25,7 +25,7 @@ from gateway.app import READINESS, build_app
 from gateway.logs import configure_logging
 from gateway.metrics import MULTIPROCESS_DIR
 from gateway.tracing import Tracing, TracingUnavailable
-from gateway.server import app_runner
+from gateway.server import LISTEN_BACKLOG, app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
     LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
@@ -218,7 +218,7 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
     runner = app_runner(build_app(config), server)
     await runner.setup()
     tune_garbage_collector()
-    await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None).start()
+    await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None, backlog=LISTEN_BACKLOG).start()
     log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
     if demo_key:
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)

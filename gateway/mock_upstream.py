@@ -24,6 +24,7 @@ from aiohttp import web
 from gateway import runtime
 from gateway.mock_cache import PromptCache, prompt_tokens
 from gateway.mock_validation import ALLOWED_FIELDS, COUNT_TOKENS_FIELDS, Invalid, validate, validate_betas
+from gateway.server import LISTEN_BACKLOG
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.
 ANTHROPIC_VERSIONS = frozenset({"2023-06-01", "2026-10-21"})
@@ -135,7 +136,7 @@ class MockUpstream:
         # handler_cancellation: a client disconnect cancels the handler, which we count.
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        await web.TCPSite(self._runner, host, port, backlog=LISTEN_BACKLOG).start()  # as a real upstream's, not 128
         real_port = self._runner.addresses[0][1]  # port=0 picks a free one
         self.url = f"http://{host}:{real_port}"
         return self.url

@@ -30,6 +30,11 @@ log = logging.getLogger("ezat.server")
 # and its own, which only helps someone matching them against known flaws).
 SERVER = "ezat-gateway"
 NOT_HTTP = GatewayError(400, "The request is not valid HTTP.").body  # the envelope, fixed text
+# Connections the kernel completes while the server is busy, before it accepts them (capped at
+# net.core.somaxconn). aiohttp's 128 overflows when many clients, or a load balancer, connect at
+# once: the connections past it wait for their SYN to be sent again, 1, 3, 7, 15 s… later.
+# 2,048 is what uvicorn and gunicorn listen with.
+LISTEN_BACKLOG = 2048
 
 
 def app_runner(app: web.Application, server: ServerConfig = ServerConfig()) -> web.AppRunner:

@@ -98,6 +98,35 @@ async def test_serve_raises_its_open_files_limit_to_the_hard_one(tmp_path):
         await served.stop()
 
 
+
+async def test_serve_holds_a_burst_of_connections_it_has_not_accepted_yet(tmp_path):
+    # A busy gateway accepts late; the kernel completes the connections meanwhile, as many as the
+    # listen queue holds. With aiohttp's 128, a burst's later clients would wait 1, 3, 7 s… for
+    # their SYN to be sent again.
+    burst = 600
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    if somaxconn < burst:
+        pytest.skip(f"this machine caps every listen queue at {somaxconn} (net.core.somaxconn)")
+    served = ServeProcess(tmp_path)
+    await served.start("--port", str(served.port))
+    connections = []
+    try:
+        os.kill(served.process.pid, signal.SIGSTOP)  # busy: it accepts nothing
+        try:
+            async def connect():
+                async with asyncio.timeout(0.8):  # less than a first SYN retry's wait
+                    connections.append(await asyncio.open_connection("127.0.0.1", served.port))
+
+            results = await asyncio.gather(*(connect() for _ in range(burst)), return_exceptions=True)
+        finally:
+            os.kill(served.process.pid, signal.SIGCONT)
+        assert [r for r in results if r is not None] == [] and len(connections) == burst
+    finally:
+        for _, writer in connections:
+            writer.close()
+        await served.stop()
+
+
 async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_path):
     served = ServeProcess(tmp_path)  # no config file
     try:
