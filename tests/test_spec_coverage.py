@@ -1,5 +1,5 @@
-"""Behaviours of the product page (../shared/spec/000_1adce5796a0c04e3.txt, and the part of
-004_468afdd32e302f84.txt issue 8 takes) that no other test file exercised. Each test goes through
+"""Behaviours of the product page (and of the second product page, the part of it issue 8 takes)
+that no other test file exercised. Each test goes through
 the real interface (the official openai SDK or raw HTTP against a served gateway, the mock
 upstream as a real server) and asserts what the page says, quoted above each test."""
 
