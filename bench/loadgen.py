@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--expect", default="", help="bytes the end of each response body must contain")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=3.0)
-    parser.add_argument("--streams", type=int, help="open this many connections, then one request on each at once")
+    parser.add_argument("--streams", type=int, help="open this many connections, then one request on each (at once, unless --ramp)")
     parser.add_argument("--ramp", type=float, default=0.0,
                         help="with --streams: send the requests evenly over this many seconds, not all at once")
     parser.add_argument("--timeout", type=float, default=30.0)

@@ -92,13 +92,13 @@ def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
     return cells
 
 
-def bench_slow(args, mock, systems, bodies, workdir: Path, ramp: float = 0.0) -> dict:
+def bench_slow(args, mock, systems, bodies, workdir: Path, mock_files: int, ramp: float = 0.0) -> dict:
     """Thousands of slow streams open at once, for memory; none may be dropped. `ramp`: their
     requests are sent evenly over that many seconds (less than a stream lasts, so that all are
     open together), not all in one instant. Each run is a system's first since it started: a
-    process keeps the memory it has freed, so a second run would be measured in the first's."""
+    process keeps the memory it has freed, so a second run would be measured in the first's.
+    `mock_files`: the mock's open files before any load, which each run waits for it to be back to."""
     runs = {s.name: [] for s in systems}
-    mock_files = open_files(mock.pid)
     for round_ in range(args.slow_rounds):
         for system in systems:
             system.stop()
@@ -321,6 +321,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ezat-bench-"))
     models = [s.model for s in (*SCENARIOS.values(), SLOW)]
     mock = mock_system().start(workdir)
+    mock_files = open_files(mock.pid)  # before any load: what the slow streams wait for it to be back to
     mock_url = f"http://127.0.0.1:{mock.port}"
     gateway = gateway_system(mock_url, workdir, models, limits=not args.minimal, observed=not args.minimal)
     floor = floor_system(mock_url)
@@ -351,7 +352,8 @@ def main() -> int:
         cells = bench_cells(args, wrk, mock, systems, bodies)
         # Both ways streams come: all in one instant (the admission of every one at once is the
         # peak), and over a few seconds, as a busy replica's do.
-        slow = [bench_slow(args, mock, systems, bodies, workdir, ramp) for ramp in (0.0, SLOW_RAMP)] if args.slow_streams else []
+        slow = [bench_slow(args, mock, systems, bodies, workdir, mock_files, ramp)
+                for ramp in (0.0, SLOW_RAMP)] if args.slow_streams else []
         workers = None
         if not args.no_workers:
             workers = bench_workers(args, wrk, mock, workdir, models, bodies[("gateway", "nonstream")])

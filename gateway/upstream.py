@@ -140,8 +140,8 @@ class UpstreamEvents:
         self._begun = False  # the model has produced output: from then on, silence counts
         self._max_duration = max_duration
         self._ends_at = None if max_duration is None else self._last_read + max_duration
-        # One timer a stream for both limits (a timer takes about 600 bytes), moved on only when
-        # it fires: a read just notes its time.
+        # One timer a stream for both limits (a timer takes about 600 bytes), moved on when it
+        # fires and once when the stream begins, never by a read: a read just notes its time.
         self._watch = None if self._ends_at is None else loop.call_at(self._ends_at, self._check_limits)
 
     async def first_output(self) -> None:

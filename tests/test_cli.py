@@ -98,7 +98,6 @@ async def test_serve_raises_its_open_files_limit_to_the_hard_one(tmp_path):
         await served.stop()
 
 
-
 async def test_serve_holds_a_burst_of_connections_it_has_not_accepted_yet(tmp_path):
     # A busy gateway accepts late; the kernel completes the connections meanwhile, as many as the
     # listen queue holds. With aiohttp's 128, a burst's later clients would wait 1, 3, 7 s… for

@@ -491,7 +491,6 @@ async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, ups
                    for value in s.attributes.values())  # no completion text ("Hello from the mock upstream…")
 
 
-
 async def test_a_streamed_messages_request_has_its_access_line_and_span(start_gateway, upstream, spans, caplog):
     # Claude Code's way in: Anthropic's Messages API, streamed.
     exporter, tracing = spans

@@ -218,7 +218,6 @@ def test_the_stages_are_new_style_middlewares():
     assert all(getattr(stage, "__middleware_version__", None) == 1 for stage in stages)
 
 
-
 @pytest.mark.parametrize("stream", [True, False])
 async def test_the_proxy_lets_go_of_the_prompt_once_its_answer_has_begun(foreign, upstream, stream):
     # A stream may run for minutes and a prompt be megabytes: a stage in front of the proxy

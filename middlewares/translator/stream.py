@@ -16,8 +16,8 @@ from middlewares.core.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
-# What follows a chunk's delta, with and without the usage field. Only a chunk's head (id,
-# model, created) is made per stream: a stream holds a few hundred bytes less.
+# What follows a chunk's delta, with and without the usage field: made once for all streams,
+# which hold only what starts their chunks (id, model, created), a few hundred bytes less each.
 _USAGE_FIELDS = (b"", b',"usage":null')
 _SUFFIX = {usage: b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n" for usage in _USAGE_FIELDS}
 _CONTENT_SUFFIX = {usage: b"}" + suffix for usage, suffix in _SUFFIX.items()}  # after a text chunk's text
