@@ -4,11 +4,12 @@ Three systems, driven in turns with wrk (non-streaming requests, concurrency 1 a
 floor, the gateway, and the same gateway with `Ledger.record` made a no-op (this file run with
 `--serve` in front of `ezat-gateway serve`'s arguments, so the ledger is all that differs).
 Both gateways' key has no spend limit: a row never written would never end its request's spend
-reservation, and the reservations left over would slow every later admission. Prints each one's CPU per request and its ratio to the floor, with the rounds' range.
+reservation, and the reservations left over would slow every later admission. Prints each
+one's CPU per request and its ratio to the floor, with the rounds' range.
 
 It is the evidence behind issue 5's non-streaming target: at concurrency 1 every request
-commits its own ledger row before its reply ends (docs/architecture.md, billing), and that commit alone is
-about as large as what the target allows the gateway over the floor; at concurrency 64 the
+commits its own ledger row before its reply ends (docs/architecture.md, billing), and that
+commit alone is about as large as what the target allows the gateway over the floor; at concurrency 64 the
 rows share commits and the ledger costs little. Not a test of the gateway: never serve with
 `--serve`.
 

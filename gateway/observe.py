@@ -9,8 +9,8 @@ scrapes would drown them.
 from __future__ import annotations
 
 import asyncio
-from contextlib import nullcontext
 import logging
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 

@@ -584,11 +584,11 @@ async def test_hold_now_holds_as_hold_does_where_it_need_not_wait(store_url, ope
 
     store = await opened(store_url)
     key = await store.create_key(digest("sk-now"), name="now", spend_limit_usd=Decimal("0.5"))
-    await store.hold([Hold("first", key.id, Decimal("0.1"), key.spend_limit_usd, 60.0)], [])
 
     def hold(rid: str, amount: str) -> Hold:
         return Hold(rid, key.id, Decimal(amount), key.spend_limit_usd, 60.0)
 
+    await store.hold([hold("first", "0.1")], [])
     if store_url.startswith("sqlite"):  # its own file, unlocked: held on the event loop, "first" released with it
         assert store.hold_now([hold("a", "0.3"), hold("b", "0.25")], ["first"]) == [None, Shortfall("key", Decimal("0.2"))]
         assert await store.reserved() == {key.id: Decimal("0.3")}

@@ -16,13 +16,18 @@ from middlewares.core.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
 DONE = b"data: [DONE]\n\n"
-# What follows a chunk's delta, with and without the usage field: made once for all streams,
-# which hold only what starts their chunks (id, model, created), a few hundred bytes less each.
-_USAGE_FIELDS = (b"", b',"usage":null')
-_SUFFIX = {usage: b',"logprobs":null,"finish_reason":null}]' + usage + b"}\n\n" for usage in _USAGE_FIELDS}
-_CONTENT_SUFFIX = {usage: b"}" + suffix for usage, suffix in _SUFFIX.items()}  # after a text chunk's text
-_FINISH_SUFFIX = {usage: b',"logprobs":null,"finish_reason":"%s"}]' + usage + b"}\n\n" for usage in _USAGE_FIELDS}
 _CHOICE = b',"choices":[{"index":0,"delta":'
+
+
+def _suffixes(usage_field: bytes) -> tuple[bytes, bytes, bytes]:
+    """What follows a chunk's delta; a text chunk's text; a finishing chunk's delta (%s: the reason)."""
+    suffix = b',"logprobs":null,"finish_reason":null}]' + usage_field + b"}\n\n"
+    return suffix, b"}" + suffix, b',"logprobs":null,"finish_reason":"%s"}]' + usage_field + b"}\n\n"
+
+
+# Made once for all streams, by whether their chunks carry "usage": a stream holds only what
+# starts its chunks (id, model, created), a few hundred bytes less each.
+_SUFFIXES = {False: _suffixes(b""), True: _suffixes(b',"usage":null')}
 
 
 class ChunkEncoder:
@@ -42,10 +47,7 @@ class ChunkEncoder:
             {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
         self._head = b"data: " + head
-        usage_field = b',"usage":null' if include_usage else b""
-        self._suffix = _SUFFIX[usage_field]
-        self._content_suffix = _CONTENT_SUFFIX[usage_field]
-        self._finish_suffix = _FINISH_SUFFIX[usage_field]
+        self._suffix, self._content_suffix, self._finish_suffix = _SUFFIXES[include_usage]
         self._content_prefix = self._head + _CHOICE + b'{"content":'  # a text chunk: these around its text
         self._include_usage = include_usage
         self._usage = usage  # the stream's meter: the usage chunk's figures
