@@ -127,7 +127,8 @@ async def test_a_used_up_balance_is_said_plainly(start_gateway, upstream):
     async with gateway.client(api_key=OTHER_KEY) as client:
         with pytest.raises(openai.APIStatusError) as refused:
             await client.chat.completions.create(model=MODEL, messages=HI)
-    assert refused.value.status_code == 402
+    assert (refused.value.status_code, refused.value.body["type"], refused.value.body["code"]) == (
+        402, "insufficient_quota", "insufficient_quota")
     assert refused.value.body["message"] == "This key's organization `acme` has used up its balance of $0."
     assert upstream.requests == []
 
@@ -141,7 +142,7 @@ async def test_a_key_of_a_suspended_organization_gets_403_and_the_others_are_unt
             with pytest.raises(openai.PermissionDeniedError) as refused:
                 await client.chat.completions.create(model=MODEL, messages=HI)
         assert refused.value.body["message"] == "This key's organization `acme` is suspended."
-        assert refused.value.body["type"] == "permission_error"
+        assert (refused.value.body["type"], refused.value.body["code"]) == ("permission_error", None)
     assert upstream.requests == []
     async with gateway.client(api_key="sk-free") as client:
         await client.chat.completions.create(model=MODEL, messages=HI)
