@@ -3,6 +3,7 @@ its SHA-256 digest (keys are only ever stored hashed), with lookups cached for a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -33,20 +34,32 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
     a key by the SHA-256 hex digest of its secret (so the secret is never stored), or None.
 
     `cache_seconds` bounds how long a revoked or changed key keeps its old record here (0: no
-    cache). Matching by digest compares digests, never the secret, so timing says nothing of
-    a key."""
+    cache). Requests that miss the cache together share one `find_key` call for their key: a
+    replica that starts under load asks its store once, not once per request waiting. Matching
+    by digest compares digests, never the secret, so timing says nothing of a key."""
     if not callable(find_key):
         raise TypeError("auth_middleware: find_key must be an async callable")
     if not cache_seconds >= 0 or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError("auth_middleware: cache_seconds must be 0 or more, cache_size a positive integer")
     cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
+    finding: dict[str, asyncio.Task] = {}  # the lookups under way, by digest
 
     async def lookup(digest: str) -> KeyRecord | None:
-        now = time.monotonic()
         hit = cache.get(digest)
-        if hit is not None and now - hit[1] < cache_seconds:
+        if hit is not None and time.monotonic() - hit[1] < cache_seconds:
             return hit[0]
-        key = await find_key(digest)
+        task = finding.get(digest)
+        if task is None:
+            task = finding[digest] = asyncio.ensure_future(find(digest))
+        # Shielded: a waiter that goes (its client hung up) does not end the lookup for the others.
+        return await asyncio.shield(task)
+
+    async def find(digest: str) -> KeyRecord | None:
+        now = time.monotonic()
+        try:
+            key = await find_key(digest)
+        finally:
+            del finding[digest]
         cache[digest] = (key, now)
         cache.move_to_end(digest)
         if len(cache) > cache_size:  # unknown keys are cached too: bound what a flood of them costs

@@ -187,6 +187,57 @@ async def test_auth_with_a_dict_backed_lookup(foreign):
     assert (status, answer["error"]["code"], answer["error"]["message"]) == (401, "invalid_api_key", "Incorrect API key provided.")
 
 
+async def test_requests_that_arrive_together_share_one_lookup_of_their_key(foreign):
+    # A replica that starts under load: every request misses the empty cache at once.
+    team = KeyRecord(id=7, name="team", key_sha256="…")
+    asked: list[str] = []
+    answer = asyncio.Event()
+
+    async def find_key(digest: str) -> KeyRecord | None:
+        asked.append(digest)
+        await answer.wait()
+        return team if digest == hashlib.sha256(b"sk-team").hexdigest() else None
+
+    async def whoami(request: web.Request) -> web.Response:
+        return web.json_response({"name": request[API_KEY].name})
+
+    app = await foreign([auth_middleware(find_key=find_key)], whoami)
+    waiting = [asyncio.ensure_future(post(app, b"{}", {"Authorization": f"Bearer {key}"}))
+               for key in ["sk-team"] * 20 + ["sk-other"] * 5]
+    while len(asked) < 2:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # time for all 25 to arrive and wait
+    answer.set()
+    answers = await asyncio.gather(*waiting)
+    assert sorted(asked) == sorted(hashlib.sha256(key).hexdigest() for key in (b"sk-team", b"sk-other"))
+    assert answers[:20] == [(200, {"name": "team"})] * 20
+    assert {(status, body["error"]["code"]) for status, body in answers[20:]} == {(401, "invalid_api_key")}
+
+
+async def test_a_lookup_that_fails_fails_the_requests_waiting_on_it_and_is_not_kept(foreign):
+    team = KeyRecord(id=7, name="team", key_sha256="…")
+    store_down = True
+
+    async def find_key(digest: str) -> KeyRecord | None:
+        await asyncio.sleep(0.05)
+        if store_down:
+            raise ConnectionError("the key store is down")
+        return team
+
+    async def whoami(request: web.Request) -> web.Response:
+        return web.json_response({"name": request[API_KEY].name})
+
+    app = await foreign([auth_middleware(find_key=find_key)], whoami)
+    async with aiohttp.ClientSession() as http:
+        async def status() -> int:
+            async with http.post(app.url + "/chat", data=b"{}", headers={"x-api-key": "sk-team"}) as response:
+                return response.status
+
+        assert await asyncio.gather(status(), status(), status()) == [500, 500, 500]
+        store_down = False
+        assert await post(app, b"{}", {"x-api-key": "sk-team"}) == (200, {"name": "team"})
+
+
 # --- The chain's order, checked when it is built -----------------------------------------------------
 
 
