@@ -1,10 +1,12 @@
 import dataclasses
 import hashlib
+import inspect
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
 
+from gateway.app import build_app
 from gateway.config import (
     Config,
     ConfigError,
@@ -762,8 +764,13 @@ expires_at = 2026-03-01T00:00:01Z
 
 def test_the_deadlines_default_to_what_the_docs_promise():
     """A connection idle (or its headers unfinished) for 75 s, a body unfinished after 60 s, a
-    client not reading for 30 s; an upstream stream silent for 60 s or running 30 minutes."""
+    client not reading for 30 s; an upstream connecting for 10 s, a stream's first output after
+    300 s, its silence for 60 s or its running 30 minutes; an image download 15 s; a
+    non-streamed request 590 s (the 504 the error table names)."""
     config = parse_config('[[deployments]]\nname = "d"\nbase_url = "https://api.anthropic.com"\n')
     server, deployment = config.server, config.deployments[0]
     assert (server.keepalive_timeout_seconds, server.body_timeout_seconds, server.write_timeout_seconds) == (75, 60, 30)
+    assert (deployment.connect_timeout_seconds, deployment.first_token_timeout_seconds) == (10, 300)
     assert (deployment.stream_idle_timeout_seconds, deployment.max_stream_duration_seconds) == (60, 1800)
+    assert config.images.timeout_seconds == 15
+    assert inspect.signature(build_app).parameters["non_streaming_deadline"].default == 590

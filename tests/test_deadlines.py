@@ -11,6 +11,9 @@ import threading
 import time
 from dataclasses import replace
 
+import openai
+import pytest
+
 from gateway.app import STORE
 from gateway.mock_upstream import Scenario
 from tests.support import KEY, MODEL, data, make_config, raw_stream
@@ -65,6 +68,21 @@ async def test_a_stream_ends_at_its_maximum_duration(upstream, start_gateway):
     assert 1.0 <= time.monotonic() - started < 1.5  # at the deadline, not before (the stream would take 5 s)
     assert response.status == 200
     assert error_and_done(events)["message"] == "The stream reached its maximum duration of 1 seconds."
+    await upstream.wait_disconnect(1)
+    assert await gateway.app[STORE].ledger() == []
+
+
+async def test_a_stream_that_reaches_its_maximum_duration_before_its_first_output_is_an_error_not_a_stream(
+        upstream, start_gateway):
+    # The client has seen nothing yet, so it gets an HTTP error it can retry, not a 200 that fails.
+    gateway = await start_gateway(with_deployment(upstream.url, max_stream_duration_seconds=0.5))
+    upstream.enqueue(Scenario(event_delay=1.0))  # its first delta comes after 2 s
+    started = time.monotonic()
+    async with gateway.client() as client:
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True)
+    assert 0.5 <= time.monotonic() - started < 1.0
+    assert failed.value.body["message"] == "The stream reached its maximum duration of 0.5 seconds."
     await upstream.wait_disconnect(1)
     assert await gateway.app[STORE].ledger() == []
 

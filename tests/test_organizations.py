@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 from decimal import Decimal
 
+import anthropic
 import openai
 import pytest
 
@@ -138,11 +139,16 @@ async def test_a_key_of_a_suspended_organization_gets_403_and_the_others_are_unt
     free = KeyConfig(name="free", key_sha256=digest("sk-free"))  # of the default organization
     gateway = await start_gateway(replace(config, keys=(*config.keys, free)))
     for key in (KEY, OTHER_KEY):
-        async with gateway.client(api_key=key) as client:
-            with pytest.raises(openai.PermissionDeniedError) as refused:
-                await client.chat.completions.create(model=MODEL, messages=HI)
-        assert refused.value.body["message"] == "This key's organization `acme` is suspended."
-        assert (refused.value.body["type"], refused.value.body["code"]) == ("permission_error", None)
+        for stream in (False, True):  # a stream is refused before it begins, in the same envelope
+            async with gateway.client(api_key=key) as client:
+                with pytest.raises(openai.PermissionDeniedError) as refused:
+                    await client.chat.completions.create(model=MODEL, messages=HI, stream=stream)
+            assert refused.value.body["message"] == "This key's organization `acme` is suspended."
+            assert (refused.value.body["type"], refused.value.body["code"]) == ("permission_error", None)
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
+        with pytest.raises(anthropic.PermissionDeniedError) as refused:
+            await claude.messages.create(model=MODEL, max_tokens=64, messages=HI, stream=True)
+    assert refused.value.body["error"] == {"type": "permission_error", "message": "This key's organization `acme` is suspended."}
     assert upstream.requests == []
     async with gateway.client(api_key="sk-free") as client:
         await client.chat.completions.create(model=MODEL, messages=HI)
