@@ -4,6 +4,7 @@ its SHA-256 digest (keys are only ever stored hashed), with lookups cached for a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import time
 from collections import OrderedDict
@@ -50,7 +51,8 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
             return hit[0]
         task = finding.get(digest)
         if task is None:
-            task = finding[digest] = asyncio.ensure_future(find(digest))
+            # In a context of its own: the lookup is every waiter's, not the first request's (its id, its span).
+            task = finding[digest] = asyncio.get_running_loop().create_task(find(digest), context=contextvars.Context())
         # Shielded: a waiter that goes (its client hung up) does not end the lookup for the others.
         return await asyncio.shield(task)
 

@@ -171,14 +171,15 @@ async def test_the_image_fetcher_without_its_cleanup_ctx_says_so_and_leaks_nothi
 # --- auth with a key store of the foreign app's own ------------------------------------------------
 
 
+async def whoami(request: web.Request) -> web.Response:
+    return web.json_response({"name": request[API_KEY].name})
+
+
 async def test_auth_with_a_dict_backed_lookup(foreign):
     keys = {hashlib.sha256(b"sk-team").hexdigest(): KeyRecord(id=7, name="team", key_sha256="…")}
 
     async def find_key(digest: str) -> KeyRecord | None:
         return keys.get(digest)
-
-    async def whoami(request: web.Request) -> web.Response:
-        return web.json_response({"name": request[API_KEY].name})
 
     app = await foreign([auth_middleware(find_key=find_key, cache_seconds=0)], whoami)
     assert await post(app, b"{}", {"Authorization": "Bearer sk-team"}) == (200, {"name": "team"})
@@ -187,10 +188,28 @@ async def test_auth_with_a_dict_backed_lookup(foreign):
     assert (status, answer["error"]["code"], answer["error"]["message"]) == (401, "invalid_api_key", "Incorrect API key provided.")
 
 
+def counting_arrivals(arrived: list[str]):
+    """A stage in front of auth: each request's key as it arrives, before it waits on a lookup."""
+
+    @web.middleware
+    async def arrivals(request: web.Request, handler) -> web.StreamResponse:
+        arrived.append(request.headers.get("x-api-key", ""))
+        return await handler(request)
+
+    return arrivals
+
+
+async def until(condition) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
 async def test_requests_that_arrive_together_share_one_lookup_of_their_key(foreign):
     # A replica that starts under load: every request misses the empty cache at once.
     team = KeyRecord(id=7, name="team", key_sha256="…")
     asked: list[str] = []
+    arrived: list[str] = []
     answer = asyncio.Event()
 
     async def find_key(digest: str) -> KeyRecord | None:
@@ -198,15 +217,11 @@ async def test_requests_that_arrive_together_share_one_lookup_of_their_key(forei
         await answer.wait()
         return team if digest == hashlib.sha256(b"sk-team").hexdigest() else None
 
-    async def whoami(request: web.Request) -> web.Response:
-        return web.json_response({"name": request[API_KEY].name})
-
-    app = await foreign([auth_middleware(find_key=find_key)], whoami)
-    waiting = [asyncio.ensure_future(post(app, b"{}", {"Authorization": f"Bearer {key}"}))
-               for key in ["sk-team"] * 20 + ["sk-other"] * 5]
-    while len(asked) < 2:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)  # time for all 25 to arrive and wait
+    app = await foreign([counting_arrivals(arrived), auth_middleware(find_key=find_key)], whoami)
+    keys = ["sk-team"] * 20 + ["sk-other"] * 5
+    waiting = [asyncio.ensure_future(post(app, b"{}", {"x-api-key": key})) for key in keys]
+    await until(lambda: len(arrived) == len(keys))  # all 25 are in auth, waiting on a lookup
+    await asyncio.sleep(0.05)
     answer.set()
     answers = await asyncio.gather(*waiting)
     assert sorted(asked) == sorted(hashlib.sha256(key).hexdigest() for key in (b"sk-team", b"sk-other"))
@@ -216,26 +231,33 @@ async def test_requests_that_arrive_together_share_one_lookup_of_their_key(forei
 
 async def test_a_lookup_that_fails_fails_the_requests_waiting_on_it_and_is_not_kept(foreign):
     team = KeyRecord(id=7, name="team", key_sha256="…")
+    arrived: list[str] = []
+    calls = 0
     store_down = True
+    answer = asyncio.Event()
 
     async def find_key(digest: str) -> KeyRecord | None:
-        await asyncio.sleep(0.05)
+        nonlocal calls
+        calls += 1
+        await answer.wait()
         if store_down:
             raise ConnectionError("the key store is down")
         return team
 
-    async def whoami(request: web.Request) -> web.Response:
-        return web.json_response({"name": request[API_KEY].name})
-
-    app = await foreign([auth_middleware(find_key=find_key)], whoami)
+    app = await foreign([counting_arrivals(arrived), auth_middleware(find_key=find_key)], whoami)
     async with aiohttp.ClientSession() as http:
         async def status() -> int:
             async with http.post(app.url + "/chat", data=b"{}", headers={"x-api-key": "sk-team"}) as response:
                 return response.status
 
-        assert await asyncio.gather(status(), status(), status()) == [500, 500, 500]
+        failing = asyncio.gather(status(), status(), status())
+        await until(lambda: len(arrived) == 3)
+        await asyncio.sleep(0.05)
+        answer.set()
+        assert (await failing, calls) == ([500, 500, 500], 1)  # one lookup failed, and all three with it
         store_down = False
         assert await post(app, b"{}", {"x-api-key": "sk-team"}) == (200, {"name": "team"})
+        assert calls == 2  # the failure was not kept: the next request looked again
 
 
 # --- The chain's order, checked when it is built -----------------------------------------------------
