@@ -619,3 +619,57 @@ async def test_a_hold_takes_from_its_key_and_its_organization_or_from_neither(st
     await store.hold([], ["a"])  # released: the organization's part comes back with the key's
     assert (await store.organizations_reserved())[acme.id] == Decimal("0.6")
     assert await store.hold([hold("f", free, "0.4")], []) == [None]
+
+
+async def test_a_hold_counts_every_reservation_under_way_of_its_key_and_none_that_expired(store_url, opened):
+    from gateway.storage import Hold, Shortfall
+
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-busy"), name="busy", spend_limit_usd=Decimal("1"))
+    other = await store.create_key(digest("sk-other"), name="other", spend_limit_usd=Decimal("1"))
+
+    def hold(rid: str, amount: str, ttl: float = 60.0, of=key) -> Hold:
+        return Hold(rid, of.id, Decimal(amount), of.spend_limit_usd, ttl)
+
+    # 400 requests under way, held in groups as concurrent admissions are: 0.4 in all; another
+    # key's take nothing from this one's.
+    for group in range(8):
+        assert await store.hold([hold(f"r{group}-{i}", "0.001") for i in range(50)], []) == [None] * 50
+    assert await store.hold([hold("others", "0.9", of=other)], []) == [None]
+    assert await store.hold([hold("gone", "0.3", ttl=0.3)], []) == [None]  # as a process that died leaves it
+    # 0.3 left: a billionth of a dollar more does not fit, 0.3 does.
+    assert await store.hold([hold("over", "0.300000001"), hold("exact", "0.3")], []) == [
+        Shortfall("key", Decimal("0.3")), None]
+    await asyncio.sleep(0.5)
+    # What expired is no longer held: its 0.3 fits again, and no more.
+    assert await store.hold([hold("again", "0.3"), hold("more", "0.000000001")], []) == [
+        None, Shortfall("key", Decimal("0"))]
+    assert await store.reserved() == {key.id: Decimal("1.0"), other.id: Decimal("0.9")}
+
+
+async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold(tmp_path, opened):
+    """A file from before reservations were summed in billionths of a dollar: what its requests
+    under way hold counts once the file is migrated."""
+    from gateway.storage import Hold, Shortfall
+
+    url = f"sqlite:///{tmp_path / 'older.db'}"
+    with sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for number, script in enumerate(schema.SQLITE[:-1], start=1):
+            for statement in filter(str.strip, script.split(";")):
+                db.execute(statement)
+            db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+        db.execute("INSERT INTO keys (key_sha256, name, spend_limit_usd, created_at) VALUES (?, 'older', '1', '')",
+                   (digest("sk-older"),))
+        db.execute("INSERT INTO reservations (request_id, key_id, amount_usd, expires_at) VALUES"
+                   " ('under-way', 1, '0.123456789', '2999-01-01T00:00:00.000000Z')")
+    db.close()
+    store = await opened(url)
+    key = await store.find_key(digest("sk-older"))
+
+    def hold(rid: str, amount: str) -> Hold:
+        return Hold(rid, key.id, Decimal(amount), key.spend_limit_usd, 60.0)
+
+    # 0.123456789 held, converted a billionth up (never down): 0.87654321 left.
+    assert await store.hold([hold("more", "0.876543211"), hold("rest", "0.87654321")], []) == [
+        Shortfall("key", Decimal("0.87654321")), None]

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, TypeVar
 
 import orjson
@@ -469,16 +469,13 @@ def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str]
     now_text = _text(now)
 
     def held(column: str, value: int) -> Decimal:
-        total, expired = Decimal(0), False
-        for amount, expires_at in db.execute(f"SELECT amount_usd, expires_at FROM reservations WHERE {column} = ?",
-                                             (value,)):
-            if expires_at > now_text:
-                total += Decimal(amount)
-            else:
-                expired = True
+        # Summed by SQLite, not row by row here: a key may have thousands of requests under way.
+        nano_usd, expired = db.execute(
+            f"SELECT sum(CASE WHEN expires_at > ?1 THEN amount_nano_usd END), sum(expires_at <= ?1)"
+            f" FROM reservations WHERE {column} = ?2", (now_text, value)).fetchone()
         if expired:  # a process that died held these
             db.execute(f"DELETE FROM reservations WHERE {column} = ? AND expires_at <= ?", (value, now_text))
-        return total
+        return Decimal(nano_usd or 0).scaleb(-9)
 
     def key_left(hold: Hold) -> Decimal:
         return hold.limit - _select_spent(db, hold.key_id) - held("key_id", hold.key_id)
@@ -490,9 +487,10 @@ def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str]
 
     results = take(holds, key_left, organization_left)
     db.executemany(
-        "INSERT OR REPLACE INTO reservations (request_id, key_id, amount_usd, expires_at, organization_id)"
-        " VALUES (?, ?, ?, ?, ?)",
-        [(hold.request_id, hold.key_id, str(hold.amount), _text(now + timedelta(seconds=hold.ttl)), hold.organization_id)
+        "INSERT OR REPLACE INTO reservations (request_id, key_id, amount_usd, amount_nano_usd, expires_at, organization_id)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [(hold.request_id, hold.key_id, str(hold.amount), _nano_usd(hold.amount), _text(now + timedelta(seconds=hold.ttl)),
+          hold.organization_id)
          for hold, refused in zip(holds, results) if refused is None],
     )
     return results
@@ -544,6 +542,11 @@ def _text(moment: datetime | None) -> str | None:
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # less "+00:00"
+
+
+def _nano_usd(amount: Decimal) -> int:
+    """Billionths of a dollar, rounded up: a reservation summed so holds back no less than it."""
+    return int(amount.scaleb(9).to_integral_value(rounding=ROUND_CEILING))
 
 
 def _time(text: str | None) -> datetime | None:
