@@ -36,7 +36,7 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
     if not isinstance(raw, list):
         raise invalid_request("messages: expected a list of messages", "messages")
     system: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
+    turns: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = []  # role, tool results, other blocks
     spoke = False
     for i, message in enumerate(raw):
         path = f"messages[{i}]"
@@ -64,22 +64,17 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
         raise invalid_request("messages: must contain at least one user message", "messages")
     if not turns:
         raise invalid_request("messages: every message is empty", "messages")
-    return system, turns
+    return system, [{"role": role, "content": results + others} for role, results, others in turns]
 
 
-def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+def _append(turns: list[tuple[str, list, list]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Messages of one role in a row make one turn. Tool results answer the assistant turn
+    before it, so they go before any other block of theirs, whatever the order they came in."""
     if not blocks:
         return
-    if turns and turns[-1]["role"] == role:
-        merged = turns[-1]["content"]
-        if blocks[0]["type"] == "tool_result":
-            # Results answer the previous assistant turn: they go before any text of this turn.
-            at = next((k for k, b in enumerate(merged) if b["type"] != "tool_result"), len(merged))
-            merged[at:at] = blocks
-        else:
-            merged.extend(blocks)
-    else:
-        turns.append({"role": role, "content": blocks})
+    if not turns or turns[-1][0] != role:
+        turns.append((role, [], []))
+    turns[-1][1 if blocks[0]["type"] == "tool_result" else 2].extend(blocks)
 
 
 def _parts(content: list[Any], path: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
