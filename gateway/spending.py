@@ -16,6 +16,9 @@ from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.spending")
+# The most holds one transaction takes, as the ledger's batches: a burst of thousands is written
+# in several, so none keeps the event loop long.
+MAX_GROUP = 2000
 
 
 class SpendReservations:
@@ -72,8 +75,8 @@ class SpendReservations:
             await self._commit.linger()
             # A request cancelled before its hold was written needs none (its release, queued
             # meanwhile, would run first and find nothing).
-            group = [(hold, done) for hold, done in self._holds if not done.done()]
-            self._holds = []
+            taken, self._holds = self._holds[:MAX_GROUP], self._holds[MAX_GROUP:]
+            group = [(hold, done) for hold, done in taken if not done.done()]
             self._commit.taken(len(group))
             releases, self._releases = self._releases, []
             try:

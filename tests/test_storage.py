@@ -673,3 +673,52 @@ async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold
     # 0.123456789 held, converted a billionth up (never down): 0.87654321 left.
     assert await store.hold([hold("more", "0.876543211"), hold("rest", "0.87654321")], []) == [
         Shortfall("key", Decimal("0.87654321")), None]
+
+
+async def test_a_ledger_batch_of_more_rows_and_keys_than_older_sqlite_takes_variables_is_written(tmp_path, opened):
+    """SQLite before 3.32 takes at most 999 variables a statement; a batch may hold 2,000 rows
+    of as many keys (the ledger's largest), which no statement may need a variable each for."""
+    store = await opened(f"sqlite:///{tmp_path / 'older-sqlite.db'}")
+    await store.sync_config_keys([KeyConfig(name=f"k{i}", key_sha256=digest(f"sk-{i}")) for i in range(1000)])
+    keys = await store.list_keys()
+    for connection in (store._inline, store._writer._db, store._reader._db):
+        connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    await store.write_ledger([row(f"req-{i}", keys[i % 1000].id, "0.001") for i in range(2000)])
+    assert len(await store.ledger()) == 2000
+    assert {await store.spent(key.id) for key in keys} == {Decimal("0.002")}
+
+
+async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_group(store_url, opened):
+    from gateway.spending import MAX_GROUP, SpendReservations
+    from gateway.storage import Shortfall
+
+    base = type(open_store(store_url))
+
+    class HoldCountingStore(base):
+        groups: list[int] = []
+
+        async def hold(self, holds, releases):
+            self.groups.append(len(holds))
+            return await super().hold(holds, releases)
+
+        def hold_now(self, holds, releases):
+            result = super().hold_now(holds, releases)
+            if result is not None:
+                self.groups.append(len(holds))
+            return result
+
+    store = await opened(store_url, HoldCountingStore(store_url.removeprefix("sqlite:///")
+                                                      if store_url.startswith("sqlite:///") else store_url))
+    key = await store.create_key(digest("sk-burst"), name="burst", spend_limit_usd=Decimal("4.4"))
+    spending = SpendReservations(store)
+    burst = 2 * MAX_GROUP + 500
+    results = await asyncio.wait_for(asyncio.gather(*(
+        spending.reserve(f"r{i}", key.id, Decimal("0.001"), key.spend_limit_usd, 60.0) for i in range(burst))), 60)
+    await spending.close()
+
+    assert sum(store.groups) == burst and max(store.groups) <= MAX_GROUP, store.groups
+    assert len(store.groups) < 10  # still few transactions
+    # Across the groups, exactly what fits the limit is held.
+    assert results.count(None) == 4400
+    assert all(r == Shortfall("key", Decimal("0")) for r in results if r is not None)
+    assert await store.reserved() == {key.id: Decimal("4.4")}
