@@ -73,12 +73,19 @@ SQLITE = [
     """,
     # Of a request's cache writes, those for an hour, priced apart from the 5-minute ones.
     "ALTER TABLE ledger ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0",
-    # A reservation's amount also in whole billionths of a dollar, rounded up, which SQLite sums
-    # exactly in one query (it has no exact decimal sum). Rows held while the file is migrated
-    # are converted through a float, whose error at these amounts is far below a billionth.
+    # What a key's and an organization's requests under way hold, kept beside their spend, so
+    # that a hold reads one row, not every reservation: in whole billionths of a dollar (SQLite
+    # adds integers exactly, decimals not), each reservation's rounded up. Rows held while the
+    # file is migrated are converted through a float, whose error here is far below a billionth.
     """
     ALTER TABLE reservations ADD COLUMN amount_nano_usd INTEGER NOT NULL DEFAULT 0;
     UPDATE reservations SET amount_nano_usd = CAST(amount_usd * 1000000000 AS INTEGER) + 1;
+    ALTER TABLE keys ADD COLUMN reserved_nano_usd INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE organizations ADD COLUMN reserved_nano_usd INTEGER NOT NULL DEFAULT 0;
+    UPDATE keys SET reserved_nano_usd =
+        (SELECT coalesce(sum(amount_nano_usd), 0) FROM reservations WHERE key_id = keys.id);
+    UPDATE organizations SET reserved_nano_usd =
+        (SELECT coalesce(sum(amount_nano_usd), 0) FROM reservations WHERE organization_id = organizations.id);
     """,
 ]
 

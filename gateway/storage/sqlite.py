@@ -12,7 +12,8 @@ writer holds the file, the batch goes to the writer thread, which waits its turn
 waits for a checkpoint: no connection checkpoints on its own; every CHECKPOINT_EVERY writes, a
 thread of its own copies the WAL into the file (a passive checkpoint, which writers never wait
 for, its fsyncs included) and then starts the WAL again from its beginning, so it stays
-bounded. Money is kept as exact decimal strings.
+bounded. Money is kept as exact decimal strings; what requests under way hold, in whole
+billionths of a dollar, totalled on each key's and organization's row (sqlite_reservations.py).
 
 The files are private: a database the store creates is made 0600 before SQLite opens it, and
 SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode
@@ -32,14 +33,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import orjson
 
 from gateway.config import KeyConfig, OrganizationConfig
+from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
-    Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, cost_by_key, take,
+    Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, cost_by_key,
 )
 from gateway.storage.schema import (
     KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, SQLITE,
@@ -53,6 +55,9 @@ CHECKPOINT_EVERY = 1000
 # copies fewer than FEW_FRAMES pages; then one more with writes held off.
 CATCH_UP_PASSES = 5
 FEW_FRAMES = 256
+# Seconds between sweeps of the reservations (sqlite_reservations.sweep): what expired (its
+# process died, an hour ago at least) is dropped, and the totals are checked against the rows.
+SWEEP_EVERY = 60.0
 T = TypeVar("T")
 
 
@@ -120,6 +125,7 @@ class SQLiteStore:
         self._holding = threading.Event()  # set while it does: writes go to the writer thread
         self._checkpoint: asyncio.Task[None] | None = None
         self._since_checkpoint = 0
+        self._next_sweep = 0.0  # time.monotonic() when a hold next sweeps the reservations
 
     async def open(self) -> None:
         if self.path != ":memory:":
@@ -215,11 +221,20 @@ class SQLiteStore:
         return await self._reader.call(_select_spent, key_id)
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
-        return await self._write_now_or_wait(_hold, holds, releases, datetime.now(timezone.utc))
+        return await self._write_now_or_wait(reservations.hold, holds, releases, *self._hold_times(holds))
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
-        written, result = self._write_inline(_hold, holds, releases, datetime.now(timezone.utc))
+        written, result = self._write_inline(reservations.hold, holds, releases, *self._hold_times(holds))
         return result if written else None
+
+    def _hold_times(self, holds: Sequence[Hold]) -> tuple[dict[float, str], str | None]:
+        """reservations.hold's `expires_at` and, once a minute, its `sweep_at`."""
+        now = datetime.now(timezone.utc)
+        expires_at = {ttl: _text(now + timedelta(seconds=ttl)) for ttl in {hold.ttl for hold in holds}}
+        if time.monotonic() < self._next_sweep:
+            return expires_at, None
+        self._next_sweep = time.monotonic() + SWEEP_EVERY
+        return expires_at, _text(now)
 
     async def reserved(self) -> dict[int, Decimal]:
         rows = await self._reader.call(_fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?",
@@ -463,39 +478,6 @@ def _restart_wal(db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA user_version = {int(version)}")
 
 
-def _hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], now: datetime) -> list[Shortfall | None]:
-    """Inside one write transaction, which serialises every process's reservations."""
-    db.executemany("DELETE FROM reservations WHERE request_id = ?", [(rid,) for rid in releases])
-    now_text = _text(now)
-
-    def held(column: str, value: int) -> Decimal:
-        # Summed by SQLite, not row by row here: a key may have thousands of requests under way.
-        nano_usd, expired = db.execute(
-            f"SELECT sum(CASE WHEN expires_at > ?1 THEN amount_nano_usd END), sum(expires_at <= ?1)"
-            f" FROM reservations WHERE {column} = ?2", (now_text, value)).fetchone()
-        if expired:  # a process that died held these
-            db.execute(f"DELETE FROM reservations WHERE {column} = ? AND expires_at <= ?", (value, now_text))
-        return Decimal(nano_usd or 0).scaleb(-9)
-
-    def key_left(hold: Hold) -> Decimal:
-        return hold.limit - _select_spent(db, hold.key_id) - held("key_id", hold.key_id)
-
-    def organization_left(hold: Hold) -> Decimal:
-        row = db.execute("SELECT spent_usd FROM organizations WHERE id = ?", (hold.organization_id,)).fetchone()
-        spent = Decimal(row[0]) if row else Decimal(0)
-        return hold.balance - spent - held("organization_id", hold.organization_id)
-
-    results = take(holds, key_left, organization_left)
-    db.executemany(
-        "INSERT OR REPLACE INTO reservations (request_id, key_id, amount_usd, amount_nano_usd, expires_at, organization_id)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [(hold.request_id, hold.key_id, str(hold.amount), _nano_usd(hold.amount), _text(now + timedelta(seconds=hold.ttl)),
-          hold.organization_id)
-         for hold, refused in zip(holds, results) if refused is None],
-    )
-    return results
-
-
 _INSERT_LEDGER = (
     f"INSERT INTO ledger ({LEDGER_COLUMNS}) VALUES ({', '.join('?' * len(LEDGER_FIELDS))})"
     " ON CONFLICT (request_id) DO NOTHING"
@@ -506,8 +488,7 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
     """The rows, and each key's spend raised by their cost. A row already
     written (the same request id) is skipped, and its cost not added again. A row's request
     gives up its reservation in the same transaction: its cost now counts as spend instead."""
-    # A statement per row, not one with a variable per row: SQLite before 3.32 takes 999 at most.
-    db.executemany("DELETE FROM reservations WHERE request_id = ?", [(row[0],) for row in values])
+    reservations.drop(db, [row[0] for row in values])
     inserted = db.executemany(_INSERT_LEDGER, values).rowcount
     if inserted == 0:
         return
@@ -541,11 +522,6 @@ def _text(moment: datetime | None) -> str | None:
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # less "+00:00"
-
-
-def _nano_usd(amount: Decimal) -> int:
-    """Billionths of a dollar, rounded up: a reservation summed so holds back no less than it."""
-    return int(amount.scaleb(9).to_integral_value(rounding=ROUND_CEILING))
 
 
 def _time(text: str | None) -> datetime | None:

@@ -1,0 +1,99 @@
+"""Spend reservations in the SQLite store: what each request under way holds of its key's limit
+and its organization's balance, and those holds totalled on the key's and the organization's
+row, so that a hold reads one row however many requests are under way. Totals are in whole
+billionths of a dollar (SQLite adds integers exactly, decimals not), each reservation's rounded
+up, so they never hold back less than the reservations do. Each function runs inside its
+caller's write transaction, which serialises every process's reservations."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable, Sequence
+from decimal import ROUND_CEILING, Decimal
+
+from gateway.storage.records import Hold, Shortfall, take
+
+log = logging.getLogger("ezat.storage")
+
+_INSERT = (
+    "INSERT INTO reservations (request_id, key_id, amount_usd, amount_nano_usd, expires_at, organization_id)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"
+)
+
+
+def hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], expires_at: dict[float, str],
+         sweep_at: str | None) -> list[Shortfall | None]:
+    """`releases` given back, then each hold taken where what is left allows it (records.take).
+    `expires_at`: each hold's ttl → its expiry, as the file keeps times; `sweep_at`: the time
+    now, to sweep first (see sweep), or None."""
+    drop(db, releases)
+    if sweep_at is not None:
+        sweep(db, sweep_at)
+
+    def left(table: str, owner: int, total: Decimal) -> Decimal:
+        row = db.execute(f"SELECT spent_usd, reserved_nano_usd FROM {table} WHERE id = ?", (owner,)).fetchone()
+        return total - Decimal(row[0]) - _usd(row[1]) if row else total
+
+    results = take(holds, lambda h: left("keys", h.key_id, h.limit),
+                   lambda h: left("organizations", h.organization_id, h.balance))
+    by_key: dict[int, int] = {}
+    by_organization: dict[int, int] = {}
+    for taken, refused in zip(holds, results):
+        if refused is not None:
+            continue
+        nano_usd = _nano_usd(taken.amount)
+        values = (taken.request_id, taken.key_id, str(taken.amount), nano_usd, expires_at[taken.ttl], taken.organization_id)
+        if db.execute(_INSERT, values).rowcount:  # a request already holding keeps its reservation, counted once
+            by_key[taken.key_id] = by_key.get(taken.key_id, 0) + nano_usd
+            by_organization[taken.organization_id] = by_organization.get(taken.organization_id, 0) + nano_usd
+    _add(db, by_key, by_organization)
+    return results
+
+
+def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:
+    """These requests' reservations, where they have one, gone and taken off their key's and
+    organization's totals. (A select, then a delete: DELETE … RETURNING needs SQLite 3.35.)"""
+    by_key: dict[int, int] = {}
+    by_organization: dict[int, int] = {}
+    for request_id in request_ids:
+        row = db.execute("SELECT key_id, organization_id, amount_nano_usd FROM reservations WHERE request_id = ?",
+                         (request_id,)).fetchone()
+        if row is not None:
+            db.execute("DELETE FROM reservations WHERE request_id = ?", (request_id,))
+            key_id, organization_id, nano_usd = row
+            by_key[key_id] = by_key.get(key_id, 0) - nano_usd
+            by_organization[organization_id] = by_organization.get(organization_id, 0) - nano_usd
+    _add(db, by_key, by_organization)
+
+
+def sweep(db: sqlite3.Connection, now: str) -> None:
+    """Drops the reservations that expired before `now` (a process that died held them), then
+    sets each total that differs from its reservations' sum to it (a process of an older version
+    on the file, say, kept none), with a warning: a scan of every reservation, for now and then."""
+    drop(db, [rid for (rid,) in db.execute("SELECT request_id FROM reservations WHERE expires_at <= ?", (now,)).fetchall()])
+    for table, column in (("keys", "key_id"), ("organizations", "organization_id")):
+        summed = dict(db.execute(f"SELECT {column}, sum(amount_nano_usd) FROM reservations GROUP BY {column}"))
+        kept = dict(db.execute(f"SELECT id, reserved_nano_usd FROM {table} WHERE reserved_nano_usd != 0"))
+        wrong = [(summed.get(owner, 0), owner) for owner in kept.keys() | summed.keys()
+                 if kept.get(owner, 0) != summed.get(owner, 0)]
+        if wrong:
+            log.warning("what requests under way hold of %d %s did not add up to their reservations; corrected",
+                        len(wrong), table)
+            db.executemany(f"UPDATE {table} SET reserved_nano_usd = ? WHERE id = ?", wrong)
+
+
+def _add(db: sqlite3.Connection, by_key: dict[int, int], by_organization: dict[int, int]) -> None:
+    db.executemany("UPDATE keys SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ?",
+                   [(nano_usd, key_id) for key_id, nano_usd in by_key.items()])
+    db.executemany("UPDATE organizations SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ?",
+                   [(nano_usd, organization_id) for organization_id, nano_usd in by_organization.items()])
+
+
+def _nano_usd(amount: Decimal) -> int:
+    """Billionths of a dollar, rounded up."""
+    return int(amount.scaleb(9).to_integral_value(rounding=ROUND_CEILING))
+
+
+def _usd(nano_usd: int) -> Decimal:
+    return Decimal(nano_usd).scaleb(-9)
