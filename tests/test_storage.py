@@ -753,3 +753,26 @@ async def test_sqlite_totals_of_what_is_held_are_checked_against_the_reservation
     assert "did not add up" in caplog.text
     await store.hold([], ["unkept"])
     assert await store.hold([hold("fits-again", "0.75")], []) == [None]
+
+
+async def test_a_key_or_organization_given_a_limit_counts_what_its_requests_under_way_hold(store_url, opened):
+    from gateway.storage import Hold, Shortfall
+
+    store = await opened(store_url)
+    acme = await store.create_organization("acme", balance_usd=Decimal("10"))
+    key = await store.create_key(digest("sk-unlimited"), name="unlimited", organization_id=acme.id)
+    other = await store.create_key(digest("sk-other-org"), name="other-org", spend_limit_usd=Decimal("10"))
+
+    def hold(rid: str, of, amount: str) -> Hold:
+        return Hold(rid, of.id, Decimal(amount), of.spend_limit_usd, 60.0, of.organization_id, of.organization_balance_usd)
+
+    # Held while the key has no limit (against its organization's balance), and while the other
+    # key's organization has no balance (against its key's limit).
+    assert await store.hold([hold("a", key, "0.4"), hold("b", other, "0.3")], []) == [None, None]
+    key = await store.update_key("unlimited", spend_limit_usd=Decimal("1"))
+    assert await store.hold([hold("over", key, "0.600000001"), hold("fits", key, "0.6")], []) == [
+        Shortfall("key", Decimal("0.6")), None]
+    await store.update_organization("default", balance_usd=Decimal("1"))
+    other = await store.find_key(digest("sk-other-org"))
+    assert await store.hold([hold("over-too", other, "0.700000001"), hold("fits-too", other, "0.7")], []) == [
+        Shortfall("organization", Decimal("0.7")), None]

@@ -221,20 +221,20 @@ class SQLiteStore:
         return await self._reader.call(_select_spent, key_id)
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
-        return await self._write_now_or_wait(reservations.hold, holds, releases, *self._hold_times(holds))
+        now = datetime.now(timezone.utc)
+        if time.monotonic() < self._next_sweep:
+            return await self._write_now_or_wait(reservations.hold, holds, releases, _expiries(holds, now), None)
+        # Once a minute a hold sweeps the reservations first: scans, on the writer thread.
+        self._next_sweep = time.monotonic() + SWEEP_EVERY
+        result = await self._writer.call(_transaction, reservations.hold, holds, releases, _expiries(holds, now), _text(now))
+        self._wrote()
+        return result
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
-        written, result = self._write_inline(reservations.hold, holds, releases, *self._hold_times(holds))
+        if time.monotonic() >= self._next_sweep:
+            return None  # hold() sweeps, off the event loop
+        written, result = self._write_inline(reservations.hold, holds, releases, _expiries(holds, datetime.now(timezone.utc)), None)
         return result if written else None
-
-    def _hold_times(self, holds: Sequence[Hold]) -> tuple[dict[float, str], str | None]:
-        """reservations.hold's `expires_at` and, once a minute, its `sweep_at`."""
-        now = datetime.now(timezone.utc)
-        expires_at = {ttl: _text(now + timedelta(seconds=ttl)) for ttl in {hold.ttl for hold in holds}}
-        if time.monotonic() < self._next_sweep:
-            return expires_at, None
-        self._next_sweep = time.monotonic() + SWEEP_EVERY
-        return expires_at, _text(now)
 
     async def reserved(self) -> dict[int, Decimal]:
         rows = await self._reader.call(_fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?",
@@ -311,6 +311,11 @@ class SQLiteStore:
         return [_ledger_row(row) for row in rows]
 
 
+def _expiries(holds: Sequence[Hold], now: datetime) -> dict[float, str]:
+    """Each of the holds' ttls → when a reservation made now for it expires (mostly one ttl)."""
+    return {ttl: _text(now + timedelta(seconds=ttl)) for ttl in {hold.ttl for hold in holds}}
+
+
 def _create_private(path: str) -> None:
     """An empty file (SQLite's new database) at `path`, readable by its owner only, unless one is
     there. (Not the umask around the connect: it is the whole process's, its other threads' files
@@ -374,6 +379,7 @@ def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) ->
              balance_usd = excluded.balance_usd, suspended = excluded.suspended, from_config = 1""",
         values,
     )
+    reservations.reconcile(db)  # an organization given a balance: what is held counts against it
 
 
 def _insert_organization(db: sqlite3.Connection, name: str, balance: str | None, suspended: int) -> OrganizationRecord | None:
@@ -394,6 +400,7 @@ def _update_organization(db: sqlite3.Connection, name: str, fields: dict[str, An
     suspended = fields.get("suspended", found.suspended)
     db.execute("UPDATE organizations SET balance_usd = ?, suspended = ? WHERE id = ?",
                (_money(balance), int(suspended), found.id))
+    reservations.reconcile(db)
     return _select_organization(db, name)
 
 
@@ -420,6 +427,7 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
              organization_id = excluded.organization_id, from_config = 1""",
         values,
     )
+    reservations.reconcile(db)  # a key given a spend limit: what is held counts against it
 
 
 def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
@@ -439,6 +447,7 @@ def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any])
     assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
     db.execute(f"UPDATE keys SET {assignments}, organization_id = ? WHERE id = ?",
                (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id))
+    reservations.reconcile(db)
     return _select_key(db, "k.id = ?", found.id)
 
 

@@ -69,25 +69,38 @@ def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:
 
 def sweep(db: sqlite3.Connection, now: str) -> None:
     """Drops the reservations that expired before `now` (a process that died held them), then
-    sets each total that differs from its reservations' sum to it (a process of an older version
-    on the file, say, kept none), with a warning: a scan of every reservation, for now and then."""
+    reconciles the totals, with a warning if one was wrong (a process of an older version on
+    the file, say, kept none): scans of every reservation and key, for now and then."""
     drop(db, [rid for (rid,) in db.execute("SELECT request_id FROM reservations WHERE expires_at <= ?", (now,)).fetchall()])
-    for table, column in (("keys", "key_id"), ("organizations", "organization_id")):
+    wrong = reconcile(db)
+    if wrong:
+        log.warning("what requests under way hold did not add up to their reservations for %d keys or "
+                    "organizations; corrected", wrong)
+
+
+def reconcile(db: sqlite3.Connection) -> int:
+    """Sets each total that holds read (a key's with a spend limit, an organization's with a
+    balance) to its reservations' sum where it differs; returns how many did. For the sweep,
+    and for keys and organizations that may have just been given a limit or a balance."""
+    wrong = 0
+    for table, column, limit in (("keys", "key_id", "spend_limit_usd"), ("organizations", "organization_id", "balance_usd")):
         summed = dict(db.execute(f"SELECT {column}, sum(amount_nano_usd) FROM reservations GROUP BY {column}"))
-        kept = dict(db.execute(f"SELECT id, reserved_nano_usd FROM {table} WHERE reserved_nano_usd != 0"))
-        wrong = [(summed.get(owner, 0), owner) for owner in kept.keys() | summed.keys()
-                 if kept.get(owner, 0) != summed.get(owner, 0)]
-        if wrong:
-            log.warning("what requests under way hold of %d %s did not add up to their reservations; corrected",
-                        len(wrong), table)
-            db.executemany(f"UPDATE {table} SET reserved_nano_usd = ? WHERE id = ?", wrong)
+        kept = db.execute(f"SELECT id, reserved_nano_usd FROM {table} WHERE {limit} IS NOT NULL").fetchall()
+        updates = [(summed.get(owner, 0), owner) for owner, total in kept if total != summed.get(owner, 0)]
+        db.executemany(f"UPDATE {table} SET reserved_nano_usd = ? WHERE id = ?", updates)
+        wrong += len(updates)
+    return wrong
 
 
 def _add(db: sqlite3.Connection, by_key: dict[int, int], by_organization: dict[int, int]) -> None:
-    db.executemany("UPDATE keys SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ?",
+    # Kept only where holds read them, for a key with a spend limit and an organization with a
+    # balance: no other row is written (a page less to commit). reconcile() sets the total of
+    # one given a limit or a balance.
+    db.executemany("UPDATE keys SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ? AND spend_limit_usd IS NOT NULL",
                    [(nano_usd, key_id) for key_id, nano_usd in by_key.items()])
-    db.executemany("UPDATE organizations SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ?",
-                   [(nano_usd, organization_id) for organization_id, nano_usd in by_organization.items()])
+    db.executemany(
+        "UPDATE organizations SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ? AND balance_usd IS NOT NULL",
+        [(nano_usd, organization_id) for organization_id, nano_usd in by_organization.items()])
 
 
 def _nano_usd(amount: Decimal) -> int:
