@@ -65,11 +65,13 @@ class Store(Protocol):
         its organization's spend and holds leave `amount` of its balance (either None: not
         checked). Per hold, None when held, else what ran out first (the key's limit is checked
         first) and what was left of it; a refused hold takes nothing. A reservation also ends when its request's
-        ledger row is written, or after its `ttl` (a process that died holds none)."""
+        ledger row is written, or after its `ttl` (a process that died holds none; SQLite finds
+        those once a minute). Its cost may not grow with the number of reservations held."""
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         """hold without leaving the event loop, where that cannot wait (SQLite's own file,
-        unlocked); None, with nothing held or released, where it would."""
+        unlocked, and no sweep of its reservations due); None, with nothing held or released,
+        where it would."""
 
     async def reserved(self) -> dict[int, Decimal]:
         """What each key's admitted requests hold now, by key id (keys holding nothing left out)."""
