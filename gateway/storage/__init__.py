@@ -66,7 +66,7 @@ class Store(Protocol):
         checked). Per hold, None when held, else what ran out first (the key's limit is checked
         first) and what was left of it; a refused hold takes nothing. A reservation also ends when its request's
         ledger row is written, or after its `ttl` (a process that died holds none; SQLite finds
-        those once a minute). Its cost may not grow with the number of reservations held."""
+        those once a minute)."""
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         """hold without leaving the event loop, where that cannot wait (SQLite's own file,
