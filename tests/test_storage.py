@@ -651,14 +651,15 @@ async def test_a_hold_counts_every_reservation_under_way_of_its_key_and_none_tha
 
 
 async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold(tmp_path, opened):
-    """A file from before reservations were summed in billionths of a dollar: what its requests
-    under way hold counts once the file is migrated."""
+    """A file from before keys kept what their requests under way hold (in billionths of a
+    dollar): what its requests under way hold counts once the file is migrated."""
     from gateway.storage import Hold, Shortfall
 
     url = f"sqlite:///{tmp_path / 'older.db'}"
+    before = next(i for i, script in enumerate(schema.SQLITE) if "reserved_nano_usd" in script)
     with sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None) as db:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        for number, script in enumerate(schema.SQLITE[:-1], start=1):
+        for number, script in enumerate(schema.SQLITE[:before], start=1):
             for statement in filter(str.strip, script.split(";")):
                 db.execute(statement)
             db.execute("INSERT INTO schema_version VALUES (?)", (number,))
