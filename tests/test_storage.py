@@ -679,17 +679,27 @@ async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold
         Shortfall("key", Decimal("0.87654321")), None]
 
 
-async def test_a_ledger_batch_of_more_rows_and_keys_than_older_sqlite_takes_variables_is_written(tmp_path, opened):
-    """SQLite before 3.32 takes at most 999 variables a statement; a batch may hold 2,000 rows
-    of as many keys (the ledger's largest), which no statement may need a variable each for."""
+async def test_more_rows_keys_and_organizations_than_older_sqlite_takes_variables_are_written(tmp_path, opened):
+    """SQLite before 3.32 takes at most 999 variables a statement. A ledger batch may hold 2,000
+    rows of as many keys (the ledger's largest), and a config file may declare more than 999
+    keys or organizations: no statement may need a variable for each."""
+    from gateway.config import OrganizationConfig
+
     store = await opened(f"sqlite:///{tmp_path / 'older-sqlite.db'}")
-    await store.sync_config_keys([KeyConfig(name=f"k{i}", key_sha256=digest(f"sk-{i}")) for i in range(1000)])
-    keys = await store.list_keys()
     for connection in (store._inline, store._writer._db, store._reader._db):
         connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    await store.sync_config_organizations([OrganizationConfig(name=f"o{i}") for i in range(1001)])
+    await store.sync_config_organizations([OrganizationConfig(name=f"o{i}") for i in range(1000)])
+    assert [o.from_config for o in await store.list_organizations() if o.name in ("o999", "o1000")] == [True, False]
+    declared = [KeyConfig(name=f"k{i}", key_sha256=digest(f"sk-{i}"), organization="o7") for i in range(1001)]
+    await store.sync_config_keys(declared)
+    await store.sync_config_keys(declared[:-1])
+    keys = await store.list_keys()
+    assert [key.revoked for key in keys[-2:]] == [False, True]
     await store.write_ledger([row(f"req-{i}", keys[i % 1000].id, "0.001") for i in range(2000)])
     assert len(await store.ledger()) == 2000
-    assert {await store.spent(key.id) for key in keys} == {Decimal("0.002")}
+    assert {await store.spent(key.id) for key in keys[:1000]} == {Decimal("0.002")}
+    assert (await store.find_organization("o7")).spent_usd == Decimal("2.000")
 
 
 async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_group(store_url, opened):

@@ -87,6 +87,8 @@ SQLITE = [
     UPDATE organizations SET reserved_nano_usd =
         (SELECT coalesce(sum(amount_nano_usd), 0) FROM reservations WHERE organization_id = organizations.id);
     """,
+    # An organization's keys, counted when organizations are listed (ledger writes never change it).
+    "CREATE INDEX keys_by_organization ON keys (organization_id)",
 ]
 
 POSTGRES = [
@@ -159,6 +161,8 @@ POSTGRES = [
     """,
     # Of a request's cache writes, those for an hour, priced apart from the 5-minute ones.
     "ALTER TABLE ledger ADD COLUMN cache_write_1h_tokens BIGINT NOT NULL DEFAULT 0",
+    # An organization's keys, counted when organizations are listed (ledger writes never change it).
+    "CREATE INDEX keys_by_organization ON keys (organization_id)",
 ]
 
 # Key columns a caller may set, in the order both stores read them back.

@@ -368,11 +368,11 @@ def _select_organization(db: sqlite3.Connection, name: str) -> OrganizationRecor
 def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) -> None:
     """The file's organizations as it declares them; one it no longer declares stays, with its
     keys and settings, but is no longer from the file (the CLI may change it)."""
-    declared = [row[0] for row in values]
-    db.execute(
-        f"UPDATE organizations SET from_config = 0 WHERE from_config = 1 AND name NOT IN ({', '.join('?' * len(declared))})",
-        declared,
-    )
+    declared = {row[0] for row in values}
+    # A statement per name, not one with a variable each: SQLite before 3.32 takes 999 at most.
+    db.executemany("UPDATE organizations SET from_config = 0 WHERE name = ?", [
+        (name,) for (name,) in db.execute("SELECT name FROM organizations WHERE from_config = 1").fetchall()
+        if name not in declared])
     db.executemany(
         """INSERT INTO organizations (name, balance_usd, suspended, from_config, created_at) VALUES (?, ?, ?, 1, ?)
            ON CONFLICT (name) DO UPDATE SET
@@ -411,11 +411,10 @@ def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
 
 def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     """The file's keys as it declares them; a key it no longer declares is revoked."""
-    declared = [row[0] for row in values]
-    db.execute(
-        f"UPDATE keys SET revoked = 1 WHERE from_config = 1 AND key_sha256 NOT IN ({', '.join('?' * len(declared))})",
-        declared,
-    )
+    declared = {row[0] for row in values}
+    db.executemany("UPDATE keys SET revoked = 1 WHERE key_sha256 = ?", [  # as organizations' (above)
+        (digest,) for (digest,) in db.execute("SELECT key_sha256 FROM keys WHERE from_config = 1").fetchall()
+        if digest not in declared])
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
                              max_concurrent, organization_id, from_config, created_at)
