@@ -333,6 +333,11 @@ async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
     served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
     try:
         await served.start("--workers", "2")
+        for _ in range(200):  # both listening: /healthz answered from one, the other may still be starting
+            lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
+            if len({line["pid"] for line in lines if line["message"].startswith("ezat-gateway listening")}) == 2:
+                break
+            await asyncio.sleep(0.05)
         for _ in range(24):  # a connection each: the kernel spreads connections over the workers
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
                 async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
