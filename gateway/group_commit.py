@@ -17,6 +17,9 @@ LINGER_TURNS = 2
 # An arrival is alone when the one before it came (or was committed) at least this long before:
 # not one of a burst of requests, which had better share a transaction.
 ALONE_AFTER = 0.0002
+# The most one group takes (ledger rows, spend holds): a burst of thousands is written in several
+# transactions, none long on the event loop.
+MAX_GROUP = 2000
 
 
 class GroupCommit:

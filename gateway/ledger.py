@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 
-from gateway.group_commit import GroupCommit
+from gateway.group_commit import MAX_GROUP, GroupCommit
 from gateway.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
 from middlewares.core.errors import GatewayError
@@ -28,7 +28,7 @@ class LedgerError(GatewayError):
 
 
 class Ledger:
-    def __init__(self, store: Store, *, max_batch: int = 2000, attempts: int = 3,
+    def __init__(self, store: Store, *, max_batch: int = MAX_GROUP, attempts: int = 3,
                  metrics: Metrics | NoMetrics = NO_METRICS) -> None:
         self._store = store
         self._metrics = metrics

@@ -11,14 +11,11 @@ import asyncio
 import logging
 from decimal import Decimal
 
-from gateway.group_commit import GroupCommit
+from gateway.group_commit import MAX_GROUP, GroupCommit
 from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.spending")
-# The most holds one transaction takes, as the ledger's batches: a burst of thousands is written
-# in several, so none keeps the event loop long.
-MAX_GROUP = 2000
 
 
 class SpendReservations:

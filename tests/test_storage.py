@@ -703,7 +703,8 @@ async def test_more_rows_keys_and_organizations_than_older_sqlite_takes_variable
 
 
 async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_group(store_url, opened):
-    from gateway.spending import MAX_GROUP, SpendReservations
+    from gateway.group_commit import MAX_GROUP
+    from gateway.spending import SpendReservations
     from gateway.storage import Shortfall
 
     base = type(open_store(store_url))

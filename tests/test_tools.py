@@ -567,8 +567,8 @@ async def test_history_arguments_that_are_not_a_json_object_are_refused(client, 
 
 @pytest.mark.parametrize(
     "order",
-    [("tool", "tool", "user"), ("tool", "user", "tool")],
-    ids=["results-then-text", "text-between-results"],
+    [("tool", "tool", "user"), ("tool", "user", "tool"), ("user", "tool", "tool")],
+    ids=["results-then-text", "text-between-results", "text-then-results"],
 )
 async def test_history_tool_results_travel_together_before_text(client, upstream, order):
     tail = iter([result(), result("toolu_2", "14:00")])

@@ -226,9 +226,7 @@ class SQLiteStore:
             return await self._write_now_or_wait(reservations.hold, holds, releases, _expiries(holds, now), None)
         # Once a minute a hold sweeps the reservations first: scans, on the writer thread.
         self._next_sweep = time.monotonic() + SWEEP_EVERY
-        result = await self._writer.call(_transaction, reservations.hold, holds, releases, _expiries(holds, now), _text(now))
-        self._wrote()
-        return result
+        return await self._write_waiting(reservations.hold, holds, releases, _expiries(holds, now), _text(now))
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         if time.monotonic() >= self._next_sweep:
@@ -249,8 +247,10 @@ class SQLiteStore:
         else on the writer thread, which waits its turn (another writer has the file, or, in
         ":memory:", there is no inline connection)."""
         written, result = self._write_inline(work, *args)
-        if written:
-            return result
+        return result if written else await self._write_waiting(work, *args)
+
+    async def _write_waiting(self, work: Callable[..., T], *args: Any) -> T:
+        """`work` in a write transaction on the writer thread, which waits its turn."""
         result = await self._writer.call(_transaction, work, *args)
         self._wrote()
         return result
