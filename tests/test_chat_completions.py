@@ -4,12 +4,14 @@ what the client got and what the upstream received."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import aiohttp
 import openai
 import pytest
 
+from gateway.app import STORE
 from gateway.mock_upstream import Scenario
 from tests.requests_util import SPEC_IGNORED_FIELDS, echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
@@ -61,6 +63,38 @@ async def test_sync_client(gateway, upstream):
         )
     assert completion.choices[0].message.content == "sync works"
     assert completion.model == MODEL
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_alias_is_answered_under_the_name_sent(start_gateway, upstream, stream):
+    config = make_config(upstream.url)
+    model = dataclasses.replace(config.models[0], aliases=("sonnet",))
+    gateway = await start_gateway(dataclasses.replace(config, models=(model, *config.models[1:])))
+    async with gateway.client() as client:
+        if stream:
+            chunks = [chunk async for chunk in await client.chat.completions.create(
+                model="sonnet", stream=True, messages=[{"role": "user", "content": "hi"}])]
+            assert {chunk.model for chunk in chunks} == {"sonnet"}
+        else:
+            completion = await client.chat.completions.create(model="sonnet", messages=[{"role": "user", "content": "hi"}])
+            assert completion.model == "sonnet"  # exactly the name sent, not the model's id
+    assert upstream.requests[0].body["model"] == UPSTREAM_MODEL
+    [row] = await gateway.app[STORE].ledger()
+    assert row.model == MODEL  # the ledger names the model by its id
+
+
+async def test_stream_null_is_a_request_not_streamed(gateway, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "not streamed"}]))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": None, "messages": [{"role": "user", "content": "hi"}]},
+        ) as response:
+            assert (response.status, response.content_type) == (200, "application/json")
+            body = await response.json()
+    assert body["choices"][0]["message"]["content"] == "not streamed"
+    assert "stream" not in upstream.requests[0].body
 
 
 async def test_each_request_gets_its_own_id(client):

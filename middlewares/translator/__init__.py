@@ -22,21 +22,27 @@ def translator_middleware():
     """Replaces `request[BODY]`, an OpenAI chat completion request, by the Anthropic Messages
     request for `request[MODEL]` (fields the upstream has no use for are left out; invalid ones
     are a 400 naming the field), then turns the handler's reply, an unsent Anthropic message or
-    event stream, into a chat completion or its chunks. `model` in the answer is the model that
-    answered (`request[ANSWERED_MODEL]`, set by the handler), else the one asked."""
+    event stream, into a chat completion or its chunks. `model` in the answer is the name the
+    client sent (an alias stays an alias), unless another model answered (a fallback,
+    `request[ANSWERED_MODEL]`, set by the handler): then that model's id."""
 
     @stage("translator", requires=(BODY, MODEL))
     async def translator(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
+        stream = body.get("stream")
+        if stream is None:  # absent, or null: OpenAI's "not set"
+            stream = False
+        elif not isinstance(stream, bool):
             raise invalid_request("stream: expected a boolean", "stream")
         options = body.get("stream_options") or {}
         include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        request[BODY], renamed = to_anthropic(body, request[MODEL])
+        asked = request[MODEL]
+        sent = body.get("model")
+        request[BODY], renamed = to_anthropic(body, asked)
 
         reply = await handler(request)
-        name = request.get(ANSWERED_MODEL, request[MODEL]).id
+        answered = request.get(ANSWERED_MODEL, asked)
+        name = sent if answered.id == asked.id and isinstance(sent, str) else answered.id
         completion_id = "chatcmpl-" + request_id(request)
         created = int(time.time())
         if isinstance(reply, MessageReply):
