@@ -523,6 +523,36 @@ async def uncounted():
     await mock.close()
 
 
+class RepeatingUpstream(MockUpstream):
+    """The mock, its streams' message_delta repeating the input numbers: the input changed, the
+    cache numbers null (as an Anthropic-format proxy may send them)."""
+
+    @staticmethod
+    def _events(message, sc):
+        events = MockUpstream._events(message, sc)
+        for event in events:
+            if event["type"] == "message_delta":
+                event["usage"] |= {"input_tokens": 120, "cache_read_input_tokens": None, "cache_creation_input_tokens": None}
+        return events
+
+
+async def test_a_message_delta_overrides_the_numbers_it_repeats_but_not_with_null(start_gateway, storage_url):
+    upstream = RepeatingUpstream(api_key=UPSTREAM_KEY)
+    await upstream.start()
+    try:
+        gateway = await start_gateway(make_config(upstream.url, storage_url))
+        upstream.enqueue(Scenario(usage={"input_tokens": 100, "cache_read_input_tokens": 5000,
+                                         "cache_creation_input_tokens": 200, "output_tokens": 30}))
+        async with gateway.client() as client:
+            sent = await send(client, stream=True)
+    finally:
+        await upstream.close()
+    (row,) = await gateway.app[STORE].ledger()
+    assert (row.input_tokens, row.cache_read_tokens, row.cache_write_tokens, row.output_tokens) == (120, 5000, 200, 30)
+    assert row.cost_usd == price(120, cache_write=200, cache_read=5000, output=30)
+    assert sent.usage.prompt_tokens == 120 + 5000 + 200
+
+
 THINKING = "Where is Oslo, and what is its weather now? " * 5  # 220 characters
 ANSWER = [  # thinking, text and a tool call: all of it output
     {"type": "thinking", "thinking": THINKING, "signature": "sig"},

@@ -121,7 +121,8 @@ class StreamUsage:
                 self.numbers.update(message.get("usage") or {})
                 self.message_id = message.get("id")
             elif kind == "message_delta":
-                self.numbers.update(event.get("usage") or {})
+                # Numbers it repeats override message_start's; one it sends as null does not.
+                self.numbers.update((name, n) for name, n in (event.get("usage") or {}).items() if n is not None)
                 self.stop_reason = (event.get("delta") or {}).get("stop_reason")
 
     def total(self) -> Usage:
