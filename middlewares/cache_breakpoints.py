@@ -109,10 +109,10 @@ def _marked(item: Any) -> bool:
 
 
 def _mark_prefix(body: dict[str, Any]) -> None:
-    system = [m for m in _messages(body) if m.get("role") in ("system", "developer") and _has_content(m)]
-    if system:
-        _mark_last_part(system[-1])
-    else:
+    """The system prompt's last part that reaches the upstream (a message of blank parts sends
+    none), else, with no system prompt, the last tool."""
+    system = [m for m in _messages(body) if m.get("role") in ("system", "developer")]
+    if not any(_mark_last_part(message) for message in reversed(system)):
         _mark_last_tool(body)
 
 
@@ -124,22 +124,20 @@ def _mark_last_tool(body: dict[str, Any]) -> None:
 
 def _mark_newest_message(body: dict[str, Any]) -> None:
     turns = [m for m in _messages(body) if m.get("role") not in ("system", "developer")]
-    if turns and _has_content(turns[-1]):
+    if turns:
         _mark_last_part(turns[-1])
 
 
-def _has_content(message: dict[str, Any]) -> bool:
+def _mark_last_part(message: dict[str, Any]) -> bool:
+    """Put the breakpoint on the message's last part that can take one; string content becomes
+    one text part. False when none can (blank text is never sent)."""
     content = message.get("content")
-    return bool(content.strip()) if isinstance(content, str) else isinstance(content, list) and bool(content)
-
-
-def _mark_last_part(message: dict[str, Any]) -> None:
-    """Put the breakpoint on the message's last part; string content becomes one text part."""
-    content = message["content"]
     if isinstance(content, str):
+        if not content.strip():
+            return False
         message["content"] = _marked_text(content)
-    else:
-        _mark_last_block(content)
+        return True
+    return isinstance(content, list) and _mark_last_block(content)
 
 
 def _marked_text(text: str) -> list[dict[str, Any]]:

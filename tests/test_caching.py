@@ -215,6 +215,17 @@ async def test_a_trailing_whitespace_part_does_not_lose_the_breakpoints(client, 
     assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
 
 
+async def test_a_system_message_of_blank_parts_does_not_lose_the_prefix_breakpoint(client, upstream):
+    # The last system message sends nothing upstream: the system prompt before it is marked;
+    await ask(client, messages=[system(SYSTEM), user("Which way does it open?"), {"role": "developer", "content": [text(" ")]}])
+    assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
+    # and when no system prompt is sent at all, the last tool is.
+    await ask(client, messages=[system([text("  ")]), user("Look up how the valve opens.")], tools=[WEATHER, LOOKUP])
+    body = upstream.requests[-1].body
+    assert "system" not in body
+    assert marks(body) == {"tools[1]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
+
+
 TOOL_LOOP = [
     system(),
     user("What's the weather in Oslo?"),
