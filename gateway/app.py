@@ -30,7 +30,7 @@ from middlewares.core.context import request_id
 from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
 from middlewares.core.sizes import MiB
 from middlewares.images import images_middleware
-from middlewares.limits import limits_middleware
+from middlewares.limits import RESERVATION_TTL, limits_middleware
 from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
 from middlewares.size_limit import size_limit_middleware
@@ -79,7 +79,8 @@ def build_app(
 
     size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
     bounds = bounds_middleware(**dataclasses.asdict(config.bounds))  # [bounds]' keys are the stage's
-    limits = limits_middleware(find_model=config.model, spending=spending, limiter=limiter)
+    limits = limits_middleware(find_model=config.model, spending=spending, limiter=limiter,
+                               reservation_ttl=reservation_ttl(config, non_streaming_deadline))
     billing = billing_middleware(record=ledger.record)
     openai_chain = [
         auth, size_limit, bounds, refusals_middleware(), limits, images, cache_breakpoints_middleware(),
@@ -153,6 +154,15 @@ def build_app(
     if config.metrics.enabled:
         app.router.add_get("/metrics", metrics_handler(metrics, config.metrics.token))
     return app
+
+
+def reservation_ttl(config: Config, non_streaming_deadline: float) -> float:
+    """Seconds a spend reservation outlives a process that died holding it: an hour, or longer
+    than a request may run where the deadlines allow more (a stream's every attempt waiting its
+    connect and first-token timeouts, then its maximum duration), with a minute to spare."""
+    longest = max((config.routing.max_attempts * (d.connect_timeout_seconds + d.first_token_timeout_seconds)
+                   + d.max_stream_duration_seconds for d in config.deployments), default=0.0)
+    return max(RESERVATION_TTL, max(longest, non_streaming_deadline) + 60)
 
 
 STORE = web.AppKey("ezat.store", Store)

@@ -25,14 +25,15 @@ from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens
 __all__ = ["limits_middleware"]
 
 
-# Seconds a reservation outlives a request that never settles it (its process died): the most a
-# request of the gateway's can take, non-streaming (590 s) or streamed, with room to spare.
+# Seconds a reservation outlives a request that never settles it (its process died), by
+# default: the most a request of the gateway's takes with its default deadlines, non-streaming
+# (590 s) or streamed, with room to spare. An app whose requests may run longer passes its own.
 RESERVATION_TTL = 3600.0
 
 
 def limits_middleware(
     *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None,
-    reserve: bool = True,
+    reserve: bool = True, reservation_ttl: float = RESERVATION_TTL,
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -48,7 +49,8 @@ def limits_middleware(
       `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
       at the dearest prices of every model that may answer; and, in the same step, within its
       organization's `organization_balance_usd`, which all the organization's keys share (402
-      naming the organization).
+      naming the organization). A reservation never settled (its process died) expires after
+      `reservation_ttl` seconds: longer than any request may run.
     Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
     requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
     key's rpm: nothing is taken from or checked against its tpm, and no place among its running
@@ -119,7 +121,7 @@ def limits_middleware(
                 reservation.running = True
             if limit is not None or balance is not None:
                 cost = _worst_cost(models, input_tokens, output_tokens)
-                short = await spending.reserve(rid, key.id, cost, limit, RESERVATION_TTL,
+                short = await spending.reserve(rid, key.id, cost, limit, reservation_ttl,
                                                organization_id=key.organization_id, balance=balance)
                 if short is not None:  # nothing was held
                     input_cost = _worst_cost(models, input_tokens, 0)
@@ -157,22 +159,24 @@ def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[Mo
 
 def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec) -> tuple[int, int]:
     """The most tokens a request can take: its input, estimated from the body's size (JSON
-    syntax makes that an overestimate), and its output limit."""
+    syntax makes that an overestimate), and its output limit, as asked: Anthropic's Messages
+    route sends it upstream as it is, even above the model's configured maximum."""
     output = min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
     for field in ("max_completion_tokens", "max_tokens"):
         limit = body.get(field)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            output = min(limit, model.max_output_tokens)
+            output = limit
             break
     return estimate_tokens(body_bytes), output
 
 
 def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens: int) -> Decimal:
     """USD at the dearest of any model that may answer: each input token at its dearest kind
-    (a cache write costs more than plain input)."""
+    (a cache write costs more than plain input); the asked model (the first) writing all of
+    `output_tokens`, a fallback at most its maximum (the handler lowers max_tokens for it)."""
     return max(
         input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_write_1h, m.pricing.cache_read)
-        + min(output_tokens, m.max_output_tokens) * m.pricing.output
+        + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * m.pricing.output
         for m in models
     ) / PER_MILLION
 

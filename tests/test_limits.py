@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sqlite3
+from contextlib import closing
 from dataclasses import replace
+from datetime import datetime, timezone
 
 import openai
 import pytest
@@ -167,6 +170,33 @@ async def test_40_parallel_requests_never_spend_past_the_limit(start_gateway, up
     await gateway.runner.cleanup()  # every row written
     rows, _ = await read_store(storage)
     assert_within_the_limit(outcomes, rows)
+
+
+@pytest.mark.parametrize(("max_stream_duration", "expected"), [(1800.0, 3600.0), (7200.0, 7200 + 4 * 310 + 60)])
+async def test_a_reservation_outlives_the_longest_a_request_may_run(start_gateway, upstream, tmp_path,
+                                                                    max_stream_duration, expected):
+    """A reservation that its process never settles expires after an hour; where a deployment
+    lets a stream run longer (4 attempts of 10 s to connect and 300 s to a first token, then its
+    maximum duration), only after that, so that none expires under a live request."""
+    storage = f"sqlite:///{tmp_path / 'spend.db'}"
+    config = replace(limited_config(upstream, spend_limit_usd=SPEND_LIMIT), storage=StorageConfig(url=storage))
+    deployments = tuple(replace(d, max_stream_duration_seconds=max_stream_duration) for d in config.deployments)
+    gateway = await start_gateway(replace(config, deployments=deployments))
+    upstream.enqueue(Scenario(**{**COSTLY, "delay": 1.0}))
+    async with gateway.client() as client:
+        answer = asyncio.create_task(client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI))
+        while not (held := await sqlite_rows(tmp_path / "spend.db", "SELECT expires_at FROM reservations")):
+            await asyncio.sleep(0.02)
+        await answer
+    expires = datetime.fromisoformat(held[0][0])
+    assert expected - 5 < (expires - datetime.now(timezone.utc)).total_seconds() <= expected
+
+
+async def sqlite_rows(path, query: str) -> list[tuple]:
+    def read():
+        with closing(sqlite3.connect(path)) as db:
+            return db.execute(query).fetchall()
+    return await asyncio.to_thread(read)
 
 
 async def test_a_refused_or_failed_request_leaves_no_reservation(start_gateway, upstream):

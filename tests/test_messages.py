@@ -364,6 +364,20 @@ async def test_a_spend_limit_is_a_billing_error(start_gateway, upstream, client_
     assert upstream.requests == []
 
 
+async def test_a_spend_limit_holds_max_tokens_above_the_models_configured_maximum(start_gateway, upstream, client_of):
+    # max_tokens goes upstream as asked here, so the request may write all of it: 128,000 output
+    # tokens at $15 a million may cost $1.92, which $1.50 left does not cover (64,000 would).
+    gateway = await start_gateway(with_key(make_config(upstream.url), spend_limit_usd=Decimal("1.50")))
+    claude = client_of(gateway)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await claude.messages.create(model=MODEL, max_tokens=128_000, messages=HELLO, timeout=30)
+    assert caught.value.status_code == 402
+    assert "less than this request may cost ($1.92" in caught.value.body["error"]["message"]
+    assert upstream.requests == []
+    message = await claude.messages.create(model=MODEL, max_tokens=64_000, messages=HELLO, timeout=30)
+    assert message.content[0].text.startswith("Hello from the mock upstream")
+
+
 async def test_a_body_over_32_mb_is_request_too_large(gateway, upstream):
     async with aiohttp.ClientSession() as http:
         async with http.post(gateway.url + "/v1/messages", data=b"x" * (32 * 1024 * 1024 + 1),
