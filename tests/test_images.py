@@ -740,6 +740,23 @@ async def test_a_private_address_is_refused_before_any_request(client, upstream,
     assert mocked.requests == {}
 
 
+async def test_a_cookie_a_host_sets_goes_with_no_later_download(start_client, upstream, server):
+    """One download pool serves every key: a cookie one key's download was given (a signed
+    URL's session, say) must not open that host's images to the next request."""
+    cookies = []
+
+    async def handler(request):
+        cookies.append(request.headers.get("Cookie"))
+        return web.Response(body=PNG, headers={"Content-Type": "image/png", "Set-Cookie": "session=first-key; Path=/"})
+
+    server.routes["/signed.png"] = handler
+    client = await start_client(allow_private_hosts=True, ports=())
+    for _ in range(2):
+        # By name: aiohttp's cookie jar keeps no cookie of an IP address's.
+        await answered(client, upstream, False, look(image_url(f"http://localhost:{server.port}/signed.png")))
+    assert cookies == [None, None]
+
+
 async def test_a_redirect_to_a_private_address_is_refused(client, upstream):
     with aioresponses(passthrough=[upstream.url]) as mocked:
         fake_get(
@@ -788,6 +805,8 @@ NOT_PUBLIC = [
     "::127.0.0.1", "::10.0.0.1", "::169.254.169.254",  # IPv4-compatible
     "2002:7f00:1::1", "2002:a00:1::", "2002:c0a8:101::1", "2002:a9fe:a9fe::",  # 6to4
     "64:ff9b::127.0.0.1", "64:ff9b::10.0.0.1", "64:ff9b::169.254.169.254", "64:ff9b::192.168.1.1",  # NAT64
+    # Special-purpose blocks that Python before 3.11.10 and 3.12.4 calls global:
+    "192.0.0.8", "192.0.0.170", "192.88.99.1", "2001:2::1", "2001:10::1", "3fff::1", "64:ff9b:1::a00:1",
 ]
 PUBLIC = ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "2a00:1450:4001:80b::200e"]
 

@@ -77,6 +77,7 @@ class ImageFetcher:
             timeout=aiohttp.ClientTimeout(total=self.limits.timeout),
             auto_decompress=True,
             headers={"Accept": "image/*"},
+            cookie_jar=aiohttp.DummyCookieJar(),  # no host's cookie goes from one key's download to another's
         )
         yield
         session, self._session = self._session, None
