@@ -61,6 +61,7 @@ class UpstreamClient:
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None),  # per deployment, below; overall, in the handler
             skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),  # an upstream's cookies are no client's
         )
         yield
         await self._session.close()
@@ -98,7 +99,8 @@ class UpstreamClient:
                 code="request_too_large",
             )
         try:
-            response = await self._session.post(url, data=data, headers=headers, timeout=timeout)
+            # A redirect is an error: followed, it would take the deployment's key and the prompt to another host.
+            response = await self._session.post(url, data=data, headers=headers, timeout=timeout, allow_redirects=False)
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
             raise UpstreamUnreachable("Could not reach the upstream.") from None

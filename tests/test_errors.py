@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import aiohttp
+from aiohttp import web
 import openai
 import orjson
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from gateway.config import KeyConfig
 from gateway.mock_upstream import Scenario
 from tests.requests_util import echo
-from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config
+from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config, served
 
 MESSAGES = [{"role": "user", "content": "x"}]
 
@@ -318,6 +319,27 @@ async def test_non_streaming_request_past_the_deadline_is_a_504(start_gateway, u
     assert (error["type"], error["code"]) == ("server_error", "timeout")
     assert "stream it instead" in error["message"]
     await upstream.wait_disconnect(timeout=2)  # the abandoned upstream request was closed
+
+
+async def test_an_upstream_redirect_is_not_followed(start_gateway, upstream):
+    """Followed, a redirect would take the deployment's key and the prompt to whatever host it
+    names (aiohttp keeps a custom x-api-key header across hosts): it is an error instead."""
+    async def redirect(request):
+        return web.Response(status=307, headers={"Location": upstream.url + "/v1/messages"})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", redirect)
+    runner, url = await served(app)
+    try:
+        gateway = await start_gateway(make_config(url))
+        response, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
+    finally:
+        await runner.cleanup()
+    assert response.status == 500
+    assert envelope(body) == {
+        "message": "The upstream answered with HTTP 307.", "type": "server_error", "param": None, "code": None
+    }
+    assert upstream.requests == []
 
 
 async def test_unreachable_upstream(start_gateway, unused_tcp_port):
