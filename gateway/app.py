@@ -79,19 +79,19 @@ def build_app(
 
     size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
     bounds = bounds_middleware(**dataclasses.asdict(config.bounds))  # [bounds]' keys are the stage's
-    limits = limits_middleware(find_model=config.model, spending=spending, limiter=limiter,
-                               reservation_ttl=reservation_ttl(config, non_streaming_deadline))
+    limits_for = partial(limits_middleware, find_model=config.model, spending=spending, limiter=limiter,
+                         reservation_ttl=reservation_ttl(config, non_streaming_deadline))
     billing = billing_middleware(record=ledger.record)
     openai_chain = [
-        auth, size_limit, bounds, refusals_middleware(), limits, images, cache_breakpoints_middleware(),
+        auth, size_limit, bounds, refusals_middleware(), limits_for(), images, cache_breakpoints_middleware(),
         translator_middleware(), billing,
     ]
     # Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md).
     anthropic_images = images.for_api("anthropic")
     native = native_middleware()
     messages_chain = [
-        auth, size_limit, bounds, limits, anthropic_images, cache_breakpoints_middleware(api="anthropic"), native,
-        billing,
+        auth, size_limit, bounds, limits_for(api="anthropic"), anthropic_images,
+        cache_breakpoints_middleware(api="anthropic"), native, billing,
     ]
     count_tokens_chain = [
         auth, size_limit, bounds, limits_middleware(find_model=config.model, limiter=limiter, reserve=False),

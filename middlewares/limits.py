@@ -33,7 +33,7 @@ RESERVATION_TTL = 3600.0
 
 def limits_middleware(
     *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None,
-    reserve: bool = True, reservation_ttl: float = RESERVATION_TTL,
+    reserve: bool = True, reservation_ttl: float = RESERVATION_TTL, api: str = "openai",
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -42,7 +42,9 @@ def limits_middleware(
     - its `models` must allow each model (403 `permission_error`);
     - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
       `retry-after`): it takes one request and reserves the request's token estimate, its input
-      estimated from its size plus its output limit;
+      estimated from its size plus its output limit: a chat completion request's at most the
+      model's `max_output_tokens` (a larger one is the translator's 400), an Anthropic Messages
+      request's (`api="anthropic"`) as asked, since it goes upstream as it is;
     - with `max_concurrent`, `limiter.enter(key, request id)` must find it running fewer (429
       `rate_limit_exceeded`); it leaves when the request is settled;
     - `spending.reserve(...)` must hold the request's worst-case cost within the key's
@@ -62,6 +64,9 @@ def limits_middleware(
     settled so here."""
     if not callable(find_model):
         raise TypeError("limits_middleware: find_model must be a callable")
+    if api not in ("openai", "anthropic"):
+        raise ValueError('limits_middleware: api must be "openai" or "anthropic"')
+    capped = api == "openai"
 
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
     async def limits(request: web.Request, handler) -> web.StreamResponse:
@@ -88,7 +93,7 @@ def limits_middleware(
         tokens = reserve and limiter is not None and bool(key.tpm)
         input_tokens = output_tokens = 0
         if tokens or limit is not None or balance is not None:  # estimated only where a limit needs it
-            input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model)
+            input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model, capped)
         rid = request_id(request)
         reservation = Reservation(limiter, key, rid, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
@@ -107,6 +112,9 @@ def limits_middleware(
         # store failing, a cancellation, an error in a later stage) gives back what it holds.
         try:
             if reserve and limiter is not None and key.max_concurrent:
+                # Marked first: a request cancelled while its place is taken gives it back
+                # (leave is a no-op for a request that holds none).
+                reservation.running = True
                 wait = await limiter.enter(key, rid)
                 if wait:
                     raise GatewayError(
@@ -118,7 +126,6 @@ def limits_middleware(
                         headers=retry_after(wait),
                         refusal="concurrency",
                     )
-                reservation.running = True
             if limit is not None or balance is not None:
                 cost = _worst_cost(models, input_tokens, output_tokens)
                 short = await spending.reserve(rid, key.id, cost, limit, reservation_ttl,
@@ -157,15 +164,15 @@ def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[Mo
     return tuple(resolved.values())
 
 
-def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec) -> tuple[int, int]:
+def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec, capped: bool) -> tuple[int, int]:
     """The most tokens a request can take: its input, estimated from the body's size (JSON
-    syntax makes that an overestimate), and its output limit, as asked: Anthropic's Messages
-    route sends it upstream as it is, even above the model's configured maximum."""
+    syntax makes that an overestimate), and its output limit, at most the model's maximum when
+    `capped`, else as asked."""
     output = min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
     for field in ("max_completion_tokens", "max_tokens"):
         limit = body.get(field)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            output = limit
+            output = min(limit, model.max_output_tokens) if capped else limit
             break
     return estimate_tokens(body_bytes), output
 

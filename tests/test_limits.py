@@ -14,7 +14,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 import openai
+import orjson
 import pytest
+from yarl import URL
 
 from decimal import Decimal
 
@@ -172,6 +174,18 @@ async def test_40_parallel_requests_never_spend_past_the_limit(start_gateway, up
     assert_within_the_limit(outcomes, rows)
 
 
+async def test_max_tokens_above_the_models_maximum_gets_its_400_not_a_limits(start_gateway, upstream):
+    """A chat completion's max_tokens above the model's maximum is refused as such (the
+    translator's 400), not held against the key's limits first: 128,000 output tokens would
+    not fit $1.50 or 70,000 tpm; the model's 64,000, which is all it could write, do."""
+    gateway = await start_gateway(limited_config(upstream, spend_limit_usd=Decimal("1.50"), tpm=70_000))
+    async with gateway.client() as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model=MODEL, max_tokens=128_000, messages=HI)
+    assert caught.value.body["message"] == "max_tokens: at most 64000 for this model"
+    assert upstream.requests == []
+
+
 @pytest.mark.parametrize(("max_stream_duration", "expected"), [(1800.0, 3600.0), (7200.0, 7200 + 4 * 310 + 60)])
 async def test_a_reservation_outlives_the_longest_a_request_may_run(start_gateway, upstream, tmp_path,
                                                                     max_stream_duration, expected):
@@ -249,6 +263,68 @@ async def test_two_gateways_on_one_postgresql_database_hold_one_spend_limit(tmp_
 
 
 # --- Requests at once
+
+
+class SlowRedis:
+    """A TCP proxy in front of Redis that holds each reply back `delay` seconds; `asked` is set
+    when a script is run through it (EVALSHA: the limiter's scripts, once Redis has them)."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        self.port, self._target, self._delay, self.asked = 0, port, delay, asyncio.Event()
+
+    async def start(self) -> SlowRedis:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _relay(self, client_reader, client_writer) -> None:
+        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", self._target)
+
+        async def pipe(reader, writer, delay: float, seen: asyncio.Event | None) -> None:
+            try:
+                while data := await reader.read(65536):
+                    if seen is not None and b"EVALSHA" in data:
+                        seen.set()
+                    await asyncio.sleep(delay)
+                    writer.write(data)
+                    await writer.drain()
+            except OSError:
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_reader, redis_writer, 0, self.asked),
+                             pipe(redis_reader, client_writer, self._delay, None))
+
+    async def close(self) -> None:
+        self._server.close()
+
+
+async def test_a_client_gone_while_its_place_is_taken_gives_the_place_back(start_gateway, upstream, redis_url):
+    """The client hangs up while the gateway waits for Redis to give it a place among the key's
+    running requests: Redis gives it all the same, and the request, cancelled, gives it back.
+    Else the key's one place stays taken for an hour."""
+    slow = await SlowRedis(URL(redis_url).port or 6379, delay=0.3).start()
+    config = replace(limited_config(upstream, max_concurrent=1),
+                     ratelimit=RateLimitConfig(url=str(URL(redis_url).with_port(slow.port))))
+    gateway = await start_gateway(config)
+    async with gateway.client() as client:  # a first request: Redis has the scripts from here on
+        await client.chat.completions.create(model=MODEL, messages=HI)
+    slow.asked.clear()
+    body = orjson.dumps({"model": MODEL, "messages": HI})
+    reader, writer = await asyncio.open_connection("127.0.0.1", URL(gateway.url).port)
+    writer.write(b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer " + KEY.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await asyncio.wait_for(slow.asked.wait(), 10)  # the gateway asked for a place: gone before the answer
+    writer.close()
+    await asyncio.sleep(1)  # Redis's answer, then what the cancelled request gives back
+    try:
+        async with gateway.client() as client:
+            answer = await client.chat.completions.create(model=MODEL, messages=HI)
+    finally:
+        await slow.close()
+    assert answer.choices[0].message.content.startswith("Hello from the mock upstream")
+    assert len(upstream.requests) == 2  # the one whose client left never reached it
 
 
 async def test_max_concurrent_refuses_the_third_stream_and_the_first_two_finish(start_gateway, upstream, ratelimit_url):
