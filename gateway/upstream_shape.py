@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from middlewares.core.errors import cut, error_event
 
 # The usage numbers billing reads: whole numbers of 0 or more, or absent (None).
@@ -19,16 +21,24 @@ _DELTA_TEXT = {"text_delta": "text", "input_json_delta": "partial_json", "thinki
 
 
 def readable_message(message: Any) -> bool:
-    """A whole (non-streamed) message: a JSON object with a list of readable content blocks."""
-    if not isinstance(message, dict):
+    """A whole (non-streamed) message: a JSON object of type "message" with a list of readable
+    content blocks, which the gateway can send on (orjson reads JSON nested 1,024 deep, and
+    writes it only 255 deep)."""
+    if not isinstance(message, dict) or message.get("type", "message") != "message":
         return False
-    content = message.get("content") or []
-    return (
+    content = message.get("content")
+    if not (
         isinstance(content, list)
         and all(_readable_block(block) for block in content)
         and _readable_usage(message.get("usage"))
         and _readable_stop(message.get("stop_reason"))
-    )
+    ):
+        return False
+    try:
+        orjson.dumps(message)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 def readable_event(event: dict[str, Any]) -> bool:
@@ -72,6 +82,8 @@ def _readable_block(block: Any) -> bool:
     if not isinstance(block, dict):
         return False
     kind = block.get("type")
+    if not isinstance(kind, str):
+        return False
     if kind == "text":
         return isinstance(block.get("text", ""), str)
     if kind == "tool_use":

@@ -161,7 +161,8 @@ async def test_a_stream_the_gateway_cannot_read_is_closed_upstream_at_once(serve
     assert await gateway.app[STORE].ledger() == []
 
 
-@pytest.mark.parametrize("content", [[{"type": "text", "text": 5}], [{"type": "tool_use", "id": "t", "input": {}}], [7]])
+@pytest.mark.parametrize("content", [[{"type": "text", "text": 5}], [{"type": "tool_use", "id": "t", "input": {}}], [7],
+                                     [{"type": ["text"], "text": "x"}]])
 async def test_a_malformed_message_is_a_server_error_unbilled(serve_upstream, content):
     """Spec, "Errors": failed requests aren't billed."""
     message = {"type": "message", "role": "assistant", "content": content, "stop_reason": "end_turn",
@@ -175,6 +176,40 @@ async def test_a_malformed_message_is_a_server_error_unbilled(serve_upstream, co
         "param": None,
         "code": None,
     }
+    assert await gateway.app[STORE].ledger() == []
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+NOT_A_MESSAGE = {
+    "empty": {},
+    "an error": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+    "no content": {"type": "message", "role": "assistant", "stop_reason": "end_turn", "usage": {"output_tokens": 1}},
+    # JSON orjson reads (1,024 levels) but cannot write (255): a reply the gateway cannot send on.
+    "nested 300 deep": {"type": "message", "role": "assistant", "stop_reason": "end_turn", "usage": {"output_tokens": 1},
+                        "content": [{"type": "text", "text": "x", "citations": nested(300)}]},
+}
+
+
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+@pytest.mark.parametrize("reply", NOT_A_MESSAGE.values(), ids=NOT_A_MESSAGE.keys())
+async def test_a_200_that_is_no_message_the_gateway_can_send_is_a_server_error_unbilled(serve_upstream, reply, route):
+    gateway = await serve_upstream(200, json.dumps(reply).encode(), "application/json")
+    if route == "openai":
+        status, text = await call(gateway, stream=False)
+        error = json.loads(text)["error"]
+    else:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY}, json={
+                    "model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}) as response:
+                status, error = response.status, (await response.json())["error"]
+    assert status == 500
+    assert error["message"] == "The upstream sent a reply the gateway cannot read."
     assert await gateway.app[STORE].ledger() == []
 
 
