@@ -129,10 +129,11 @@ def proxy_handler(
     return proxy
 
 
-def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts):
+def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadline: float = NON_STREAMING_DEADLINE):
     """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
     the first of its deployments that answers, as it answers: never a count made up here, and
-    no fallback model stands in (its count would be another model's)."""
+    no fallback model stands in (its count would be another model's). Past `deadline` seconds,
+    as a non-streaming request, a 504."""
 
     async def count(deployment: Deployment, body: dict[str, Any], forward: Forward) -> web.Response:
         raw, counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
@@ -144,7 +145,12 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts):
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
         body = _for_model(request[BODY], model, model)
-        answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request), operation="count_tokens")
+        try:
+            answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request),
+                                                asyncio.get_running_loop().time() + deadline, operation="count_tokens")
+        except TimeoutError:
+            raise GatewayError(504, f"The request took longer than {deadline:g} seconds.", type="server_error",
+                               code="timeout") from None
         return answer
 
     count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}))

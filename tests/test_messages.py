@@ -12,6 +12,7 @@ import hashlib
 from decimal import Decimal
 
 import aiohttp
+from aiohttp import web
 import anthropic
 import openai
 import pytest
@@ -20,7 +21,7 @@ from aioresponses import aioresponses
 from gateway.app import STORE
 from gateway.config import BoundsConfig, ConfigError, Deployment, ImagesConfig, KeyConfig, Pricing, parse_config
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
+from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config, served
 from tests.test_billing import key_id, storage_url, write_lock  # noqa: F401 (fixtures)
 from tests.test_images import PNG, fake_get
 
@@ -436,6 +437,27 @@ async def test_count_tokens_counts_against_rpm_and_passes_upstream_errors(start_
         await claude.messages.count_tokens(model=MODEL, messages=HELLO)
     assert caught.value.body["error"]["type"] == "rate_limit_error"
     assert len(upstream.requests) == 1
+
+
+async def test_count_tokens_past_the_deadline_is_a_504(start_gateway, client_of):
+    """An upstream that never answers a count holds it no longer than a non-streaming request."""
+    answer = asyncio.Event()
+
+    async def never(request):
+        await answer.wait()
+
+    app = web.Application()
+    app.router.add_post("/v1/messages/count_tokens", never)
+    runner, url = await served(app)
+    try:
+        gateway = await start_gateway(make_config(url), non_streaming_deadline=0.5)
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await client_of(gateway).messages.count_tokens(model=MODEL, messages=HELLO, timeout=10)
+    finally:
+        answer.set()
+        await runner.cleanup()
+    assert caught.value.status_code == 504
+    assert caught.value.body["error"]["message"] == "The request took longer than 0.5 seconds."
 
 
 # --- Models ------------------------------------------------------------------------------------
