@@ -6,6 +6,7 @@ the limits stage's, on the way in.)"""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from typing import Any
 
@@ -76,6 +77,13 @@ class Bill:
         )
         try:
             await self._record(row)
+        except asyncio.CancelledError:
+            # The client left while the row was being written; the gateway's ledger writes it
+            # all the same, so the request is settled as used. (A store that does not leaves
+            # its spend reservation to expire: held too long, never too short.)
+            if self._settle is not None:
+                await self._settle(usage)
+            raise
         except BaseException:
             await self.release()  # not recorded, so not billed
             raise

@@ -436,6 +436,36 @@ async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, s
     assert await store.spent(await key_id(store)) == row.cost_usd
 
 
+async def test_a_client_gone_while_its_row_is_written_is_settled_as_used(start_gateway, upstream, storage_url, write_lock):
+    """The client leaves while its row waits for the database: the row is written all the same,
+    so the key's tpm is charged what the request used (50,010 tokens), not given back its
+    whole reservation as if it had failed."""
+    config = replace(make_config(upstream.url, storage_url), keys=(KeyConfig(name="test", key_sha256=sha(KEY), tpm=60_000),))
+    gateway = await start_gateway(config)
+    store = gateway.app[STORE]
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Read."}], usage={"input_tokens": 50_000, "output_tokens": 10}))
+    lock = await write_lock(storage_url, await key_id(store))
+
+    async def post() -> None:
+        async with posted(gateway, stream=False):
+            pass
+
+    reply = asyncio.create_task(post())
+    async with asyncio.timeout(5):
+        while not upstream.requests:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # the answer is in; its row waits for the lock
+    reply.cancel()  # the client hangs up
+    await asyncio.sleep(0.3)
+    await lock.release()
+    (row,) = await wait_for_rows(store, 1)
+    assert (row.input_tokens, row.output_tokens) == (50_000, 10)
+    # 60,000 a minute, 50,010 used: a request that may take 20,000 more waits its turn.
+    async with gateway.client() as client:
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model=MODEL, max_tokens=20_000, messages=MESSAGES)
+
+
 async def test_early_close_stops_the_upstream_before_the_row_is_written(start_gateway, upstream, storage_url, write_lock):
     """A client gone cancels the upstream at once, however long its row then takes to commit."""
     gateway = await start_gateway(make_config(upstream.url, storage_url))

@@ -82,5 +82,6 @@ class Spending(Protocol):
 FindKey = Callable[[str], Awaitable["KeyRecord | None"]]
 # The model a client's model id names, or None.
 FindModel = Callable[[str], "ModelSpec | None"]
-# Records a ledger row durably; returns once it is committed.
+# Records a ledger row durably; returns once it is committed. A caller cancelled meanwhile
+# (its client gone) leaves the row to be written: billing settles that request as used.
 RecordRow = Callable[["LedgerRow"], Awaitable[None]]
