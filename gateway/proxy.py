@@ -15,6 +15,7 @@ On the routes that speak Anthropic's API (`native`), the client's `anthropic-ver
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import aiohttp
@@ -34,6 +35,9 @@ from middlewares.core.chain import Stage
 from middlewares.core.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, MODEL, SESSION
 from middlewares.core.errors import GatewayError, retry_after
 from middlewares.core.reply import EventStreamReply, MessageReply
+from middlewares.core.sizes import MiB
+
+log = logging.getLogger("ezat.upstream")
 
 # docs/api.md, "Errors": a non-streaming request that takes longer than this ends with 504.
 NON_STREAMING_DEADLINE = 590.0
@@ -217,16 +221,41 @@ class Attempts:
 
 async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any],
                        **options) -> tuple[bytes, Any]:
-    """The deployment's whole answer, and it parsed (None when it is not JSON)."""
+    """The deployment's whole answer, and it parsed (None when it is not JSON, or is larger than
+    any answer: it is not read then)."""
     try:
         async with await upstream.post(deployment, body, **options) as response:
-            raw = await response.read()
+            raw = await _whole_body(response)
     except (aiohttp.ClientError, OSError):
         raise UpstreamUnreachable("The upstream connection broke.") from None
+    if raw is None:
+        return b"", None
     try:
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError:
         return raw, None
+
+
+# More than any message or count takes (a message's output is at most its max_tokens).
+MAX_ANSWER_BYTES = 32 * MiB
+
+
+async def _whole_body(response: aiohttp.ClientResponse) -> bytes | None:
+    """The body, or None past MAX_ANSWER_BYTES (the connection is then closed, not read on)."""
+    if response.content_length is not None and response.content_length <= MAX_ANSWER_BYTES:
+        return await response.read()
+    chunks, size = [], 0
+    if response.content_length is None:
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                break
+            chunks.append(chunk)
+        else:
+            return b"".join(chunks)
+    log.warning("upstream answer over %d bytes, not read", MAX_ANSWER_BYTES)
+    response.close()
+    return None
 
 
 # What a client of Anthropic's API sends that goes upstream with its request, as sent.

@@ -213,6 +213,19 @@ async def test_a_200_that_is_no_message_the_gateway_can_send_is_a_server_error_u
     assert await gateway.app[STORE].ledger() == []
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_an_answer_larger_than_any_message_is_not_read(serve_upstream, chunked):
+    """Over 32 MB (a message is far smaller): not held in memory, a server error, unbilled."""
+    text = "x" * (33 * 1024 * 1024)
+    reply = json.dumps({"type": "message", "role": "assistant", "content": [{"type": "text", "text": text}],
+                        "stop_reason": "end_turn", "usage": {"output_tokens": 1}}).encode()
+    gateway = await serve_upstream(200, reply, "application/json", piece=1024 * 1024 if chunked else 0)
+    status, body = await call(gateway, stream=False)
+    assert status == 500
+    assert json.loads(body)["error"]["message"] == "The upstream sent a reply the gateway cannot read."
+    assert await gateway.app[STORE].ledger() == []
+
+
 async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):
     gateway = await serve_upstream(200, sse(START, TEXT_START))  # ends without a token or message_stop
     status, text = await call(gateway, stream=True)
