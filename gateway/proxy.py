@@ -242,10 +242,9 @@ MAX_ANSWER_BYTES = 32 * MiB
 
 async def _whole_body(response: aiohttp.ClientResponse) -> bytes | None:
     """The body, or None past MAX_ANSWER_BYTES (the connection is then closed, not read on)."""
-    if response.content_length is not None and response.content_length <= MAX_ANSWER_BYTES:
-        return await response.read()
-    chunks, size = [], 0
-    if response.content_length is None:
+    length = response.content_length
+    if length is None:  # chunked: read as far as the cap
+        chunks, size = [], 0
         async for chunk in response.content.iter_any():
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
@@ -253,6 +252,8 @@ async def _whole_body(response: aiohttp.ClientResponse) -> bytes | None:
             chunks.append(chunk)
         else:
             return b"".join(chunks)
+    elif length <= MAX_ANSWER_BYTES:
+        return await response.read()
     log.warning("upstream answer over %d bytes, not read", MAX_ANSWER_BYTES)
     response.close()
     return None
