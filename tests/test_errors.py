@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import aiohttp
-from aiohttp import web
 import openai
 import orjson
 import pytest
+from aiohttp import web
 
 from gateway.config import KeyConfig
 from gateway.mock_upstream import Scenario

@@ -12,10 +12,10 @@ import hashlib
 from decimal import Decimal
 
 import aiohttp
-from aiohttp import web
 import anthropic
 import openai
 import pytest
+from aiohttp import web
 from aioresponses import aioresponses
 
 from gateway.app import STORE
