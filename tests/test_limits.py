@@ -199,8 +199,9 @@ async def test_a_reservation_outlives_the_longest_a_request_may_run(start_gatewa
     upstream.enqueue(Scenario(**{**COSTLY, "delay": 1.0}))
     async with gateway.client() as client:
         answer = asyncio.create_task(client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI))
-        while not (held := await sqlite_rows(tmp_path / "spend.db", "SELECT expires_at FROM reservations")):
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(10):
+            while not (held := await sqlite_rows(tmp_path / "spend.db", "SELECT expires_at FROM reservations")):
+                await asyncio.sleep(0.02)
         await answer
     expires = datetime.fromisoformat(held[0][0])
     assert expected - 5 < (expires - datetime.now(timezone.utc)).total_seconds() <= expected
