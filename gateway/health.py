@@ -16,9 +16,8 @@ class Health:
         self._threshold = failures_before_cooldown
         self._cooldown = cooldown
         self._failures: dict[str, int] = {}
-        self._cooled_until: dict[str, float] = {}  # a deployment once cooled stays, at 0 when warm
+        self._cooled_until: dict[str, float] = {}  # until it answers again
         self._metrics = metrics
-        metrics.on_scrape(self._report_cooling)
 
     def available(self, names: Iterable[str]) -> list[str]:
         now = time.monotonic()
@@ -33,14 +32,9 @@ class Health:
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         if retry_after or failures >= self._threshold:
             self._cooled_until[name] = time.monotonic() + (retry_after or self._cooldown)
+            self._metrics.cooling(name, True)
 
     def succeeded(self, name: str) -> None:
         self._failures.pop(name, None)
-        if name in self._cooled_until:
-            self._cooled_until[name] = 0.0
-
-    def _report_cooling(self) -> None:
-        """ezat_deployment_cooling as of now, for a scrape."""
-        now = time.monotonic()
-        for name, until in self._cooled_until.items():
-            self._metrics.cooling(name, until > now)
+        if self._cooled_until.pop(name, None) is not None:  # tried again, and answered
+            self._metrics.cooling(name, False)

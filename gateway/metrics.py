@@ -66,7 +66,6 @@ class Metrics:
         self._downloads = Counter("ezat_image_downloads", "Image and PDF downloads, by what came of them.",
                                   ["outcome"], registry=r)
         self._children: dict[tuple, object] = {}
-        self._on_scrape: list = []  # what sets its gauges as of the scrape
 
     def _child(self, metric, *labels: str | int):
         """The metric's child for these label values, bound once."""
@@ -76,14 +75,8 @@ class Metrics:
             child = self._children[key] = metric.labels(*(str(label) for label in labels))
         return child
 
-    def on_scrape(self, report) -> None:
-        """Call `report()` before each scrape: a gauge of a state that changes with time alone."""
-        self._on_scrape.append(report)
-
     def exposition(self) -> bytes:
         """The text a scrape gets: this app's values, or every worker's under `--workers`."""
-        for report in self._on_scrape:
-            report()
         if multiprocess_mode():
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
@@ -94,15 +87,14 @@ class Metrics:
 
     def answered(self, route: str, model: str, status: int, seconds: float, first_output: float | None) -> None:
         children = self._children.get((route, model, status))
-        if children is None:  # the three a request's answer counts in, bound once
+        if children is None:  # the two every answer counts in, bound once
             children = self._children[(route, model, status)] = (
-                self._requests.labels(route, model, str(status)), self._duration.labels(route, model),
-                self._first_token.labels(route, model))
-        requests, duration, first_token = children
+                self._requests.labels(route, model, str(status)), self._duration.labels(route, model))
+        requests, duration = children
         requests.inc()
         duration.observe(seconds)
-        if first_output is not None:
-            first_token.observe(first_output)
+        if first_output is not None:  # a series only for what has a first output
+            self._child(self._first_token, route, model).observe(first_output)
 
     def refused(self, reason: str) -> None:
         self._child(self._refused, reason).inc()

@@ -23,8 +23,8 @@ class OpenStreams:
     def __init__(self, interval: float = 15.0, write_timeout: float = 30.0,
                  metrics: Metrics | NoMetrics = NO_METRICS) -> None:
         self.interval = interval
-        metrics.on_scrape(lambda: metrics.open_streams(len(self._streams)))
         self.write_timeout = write_timeout
+        self._metrics = metrics
         self._streams: set[EventStreamReply] = set()
         self._pings: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
         self._end: dict[str, Any] | None = None  # once set, every stream ends with it
@@ -32,11 +32,14 @@ class OpenStreams:
 
     def watch(self, stream: EventStreamReply) -> None:
         self._streams.add(stream)
+        # Set as it changes, not at a scrape: under --workers a scrape reads every worker's value.
+        self._metrics.open_streams(len(self._streams))
         if self._end is not None:  # it started after the end of all: it ends at once too
             stream.stop(self._end)
 
     def done(self, stream: EventStreamReply) -> None:
         self._streams.discard(stream)
+        self._metrics.open_streams(len(self._streams))
 
     def end_all_after(self, seconds: float, event: dict[str, Any]) -> None:
         """In `seconds`, end every open stream, and any that starts later, with `event` (an

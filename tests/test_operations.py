@@ -6,6 +6,7 @@ in-memory exporter, and a real OTLP/HTTP receiver on loopback) and the Grafana d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -174,13 +175,18 @@ async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
         ("closed", "connect_error"): 2, ("primary", "ok"): 1, ("primary", "4xx"): 1, ("slow", "timeout"): 1}
 
 
-async def test_a_deployment_cooling_down_shows(start_gateway, upstream, second):
+async def test_a_deployment_cooling_down_shows_until_it_is_tried_again(start_gateway, upstream, second):
     gateway = await start_gateway(two_deployments(upstream.url, second.url))
-    upstream.enqueue(Scenario(status=429, headers={"retry-after": "30"}))
+    upstream.enqueue(Scenario(status=429, headers={"retry-after": "1"}))
     await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
     m = await scrape(gateway.url)
     assert sample(m, "ezat_deployment_cooling", deployment="primary") == 1
     assert sample(m, "ezat_upstream_attempts_total", deployment="primary", outcome="429") == 1
+    await asyncio.sleep(1.2)  # its rest is over, but no request has needed it since
+    assert sample(await scrape(gateway.url), "ezat_deployment_cooling", deployment="primary") == 1
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)  # tried again, it answers
+    assert sample(await scrape(gateway.url), "ezat_deployment_cooling", deployment="primary") == 0
+    assert len(upstream.requests) == 2
 
 
 async def test_every_api_route_is_counted_and_image_downloads_too(start_gateway, upstream):
@@ -204,6 +210,10 @@ async def test_every_api_route_is_counted_and_image_downloads_too(start_gateway,
     for route, count in (("messages", 1), ("count_tokens", 1), ("models", 2)):
         assert sample(m, "ezat_requests_total", route=route, model=MODEL if route != "models" else "", status="200") == count
     assert sample(m, "ezat_time_to_first_token_seconds_count", route="messages", model=MODEL) == 1
+    # Only answers with a first output have a series: none for counts, model lists or refusals.
+    assert {dict(labels)["route"] for (name, labels) in m if name == "ezat_time_to_first_token_seconds_count"} == {
+        "messages", "chat_completions"}
+    assert ("ezat_time_to_first_token_seconds_count", (("model", ""), ("route", "chat_completions"))) not in m
     assert sample(m, "ezat_image_downloads_total", outcome="ok") == 1
     assert sample(m, "ezat_image_downloads_total", outcome="http_error") == 1
     assert sample(m, "ezat_refused_total", reason="field") == 1  # the image that could not be downloaded
@@ -329,15 +339,20 @@ async def test_the_access_log_can_be_off(tmp_path, upstream):
 # --- Several workers
 
 
+async def both_listening(served) -> None:
+    """Until both workers listen: /healthz answered from one, the other may still be starting."""
+    for _ in range(200):
+        lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
+        if len({line["pid"] for line in lines if line["message"].startswith("ezat-gateway listening")}) == 2:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
     served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
     try:
         await served.start("--workers", "2")
-        for _ in range(200):  # both listening: /healthz answered from one, the other may still be starting
-            lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
-            if len({line["pid"] for line in lines if line["message"].startswith("ezat-gateway listening")}) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await both_listening(served)
         for _ in range(24):  # a connection each: the kernel spreads connections over the workers
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
                 async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
@@ -351,6 +366,36 @@ async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
     assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered some
 
 
+async def test_every_scrape_counts_every_workers_open_streams(tmp_path, upstream):
+    """The open streams of both workers, in whichever worker answers the scrape, as they are:
+    set when a stream starts or ends, not when the worker itself last answered a scrape."""
+    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    upstream.enqueue(*[Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05)
+                       for _ in range(4)])
+    try:
+        await served.start("--workers", "2")
+        await both_listening(served)
+        async with contextlib.AsyncExitStack() as streams:
+            responses = []
+            for _ in range(4):  # a connection each: the kernel spreads them over the workers
+                http = await streams.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
+                response = await streams.enter_async_context(http.post(
+                    served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                    json={"model": MODEL, "messages": HELLO, "stream": True}))
+                await response.content.readany()  # it has begun
+                responses.append(response)
+            while_open = [sample(await scrape(served.url), "ezat_open_streams") for _ in range(6)]
+            for response in responses:
+                await response.read()
+        await asyncio.sleep(0.3)  # each stream's end, after its last bytes
+        after = [sample(await scrape(served.url), "ezat_open_streams") for _ in range(6)]
+    finally:
+        await served.stop()
+    assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered streams
+    assert (while_open, after) == ([4] * 6, [0] * 6)
+
+
+# --- Readiness
 # --- Readiness
 
 
