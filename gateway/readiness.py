@@ -1,7 +1,9 @@
-"""GET /readyz: whether this replica should be sent requests. 200 while its store answers, its
-rate limiter's Redis answers (when it has one) and it is not shutting down; 503 otherwise, saying
-which. On SIGTERM it turns 503 at once, before the drain, so a load balancer stops sending.
-GET /healthz stays liveness: the process serves."""
+"""GET /readyz: whether this replica should be sent requests. 200 while its store answers and it
+is not shutting down; 503 otherwise, saying why. On SIGTERM it turns 503 at once, before the
+drain, so a load balancer stops sending. The rate limiter's Redis is checked too, but without it
+requests are still served (rate limits fail open), and every replica shares it: it failing would
+take them all out at once. So it is named, as degraded, on a 200. GET /healthz stays liveness:
+the process serves."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ CHECK_TIMEOUT = 2.0
 
 class Readiness:
     def __init__(self, store: Store, limiter: RateLimiter) -> None:
-        self._checks = {"store": store.ping, "ratelimit": limiter.ping}
+        self._store, self._limiter = store, limiter
         self._draining = False
 
     def drain(self) -> None:
@@ -32,10 +34,11 @@ class Readiness:
     async def readyz(self, request: web.Request) -> web.Response:
         if self._draining:
             return web.json_response({"status": "shutting down"}, status=503)
-        failing = [name for name, ok in zip(self._checks, await asyncio.gather(
-            *(self._answers(check) for check in self._checks.values()))) if not ok]
-        if failing:
-            return web.json_response({"status": "not ready", "failing": failing}, status=503)
+        store, ratelimit = await asyncio.gather(self._answers(self._store.ping), self._answers(self._limiter.ping))
+        if not store:
+            return web.json_response({"status": "not ready", "failing": ["store"]}, status=503)
+        if not ratelimit:
+            return web.json_response({"status": "ready", "degraded": ["ratelimit"]})
         return web.json_response({"status": "ready"})
 
     @staticmethod
