@@ -150,14 +150,16 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadli
         model = request[MODEL]
         body = _for_model(request[BODY], model, model)
         try:
-            answer, _, _ = await attempts.first([(model, body)], count, None, _forwarded(request),
-                                                asyncio.get_running_loop().time() + deadline, operation="count_tokens")
+            answer, request[DEPLOYMENT], request[ANSWERED_MODEL] = await attempts.first(
+                [(model, body)], count, None, _forwarded(request), asyncio.get_running_loop().time() + deadline,
+                operation="count_tokens")
         except TimeoutError:
             raise GatewayError(504, f"The request took longer than {deadline:g} seconds.", type="server_error",
                                code="timeout") from None
         return answer
 
-    count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}))
+    count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}),
+                               provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}))
     return count_tokens
 
 

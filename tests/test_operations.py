@@ -323,6 +323,15 @@ async def test_access_lines_say_what_answered_and_how_each_stream_ended(start_ga
     assert (left["stream"], left["outcome"], left["input_tokens"] > 0) == (True, "client_closed", True)  # billed
 
 
+async def test_a_counts_access_line_names_the_deployment_that_answered(gateway, upstream, caplog):
+    caplog.set_level("INFO", logger="ezat.access")
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
+        await claude.messages.count_tokens(model=MODEL, messages=HELLO)
+    [record] = [r for r in caplog.records if r.name == "ezat.access"]
+    assert (record.fields["route"], record.fields["deployment"], record.fields["answered_model"]) == (
+        "count_tokens", "primary", MODEL)
+
+
 async def test_the_access_log_can_be_off(tmp_path, upstream):
     config = JSON_LOGS.replace('format = "json"', 'format = "json"\naccess_log = false')
     served = ServeProcess(tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
