@@ -77,7 +77,7 @@ async def level(db: Path, concurrency: int, duration: float) -> dict:
     await asyncio.gather(*(recorder(t) for t in range(concurrency)))
     elapsed = time.perf_counter() - start
     await ledger.close()
-    written = len(await store.ledger(key=str(key.id)))
+    written = len(await store.ledger(key_id=key.id))
     await store.close()
 
     def pick(q: float) -> float | None:

@@ -8,7 +8,7 @@ import csv
 import hashlib
 import io
 import secrets
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -131,14 +131,17 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
     try:
         if args.command == "usage":
             keys = await store.list_keys()
-            if args.key is not None and not any(args.key in (k.name, str(k.id)) for k in keys):
-                print(f"no key named or numbered {args.key!r}")
+            key = None if args.key is None else _one_key(keys, args.key)
+            if isinstance(key, str):
+                print(key)
                 return 1
-            rows = await store.ledger(key=args.key, since=args.since)
+            rows = await store.ledger(key_id=None if key is None else key.id, since=args.since)
             if args.by == "org":
                 names = {key.id: key.organization for key in keys}
             else:
-                names = {key.id: key.name or str(key.id) for key in keys}
+                shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
+                names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id)
+                         for key in keys}
             print(usage_report(rows, names, by=args.by, format=args.format), end="")
             return 0
         if args.command == "orgs":
@@ -163,15 +166,15 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
             fields = {"revoked": True}
         elif args.unrevoke:
             fields["revoked"] = False
-        named = [k for k in await store.list_keys() if args.key in (k.name, str(k.id))]
-        if len(named) == 1 and named[0].from_config:
+        key = _one_key(await store.list_keys(), args.key)
+        if isinstance(key, str):
+            print(key)
+            return 1
+        if key.from_config:
             # The next start would undo the change: the file is this key's source of truth.
             print(f"key {args.key!r} is declared in the config file: change it there (revoked = true to revoke it)")
             return 1
-        key = await store.update_key(args.key, **fields)
-        if key is None:
-            print(f"no single key named or numbered {args.key!r}")
-            return 1
+        key = await store.update_key(str(key.id), **fields)
         print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
         return 0
     finally:
@@ -229,6 +232,16 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
 
 KEY_COLUMNS = ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd", "rpm", "tpm", "max_concurrent",
                "expires_at", "revoked", "organization"]
+
+
+def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
+    """The key `ref` names on the command line: by its name, else by its id; or why none does
+    (a name that several keys share is refused: their ids tell them apart)."""
+    named = [key for key in keys if key.name == ref]
+    if len(named) > 1:
+        return f"{len(named)} keys are named {ref!r}: name one by its id (keys list shows them)"
+    found = named or [key for key in keys if str(key.id) == ref]
+    return found[0] if found else f"no key named or numbered {ref!r}"
 
 
 def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:

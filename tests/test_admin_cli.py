@@ -230,7 +230,32 @@ async def test_usage_of_an_unknown_key_or_since_never_is_said_plainly(backend):
 @pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
 async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key):
     status, output = await ezat(backend, "keys", "revoke", key)
-    assert (status, output) == (1, f"no single key named or numbered {key!r}\n")
+    assert (status, output) == (1, f"no key named or numbered {key!r}\n")
+
+
+async def test_a_key_is_found_by_its_name_first_then_its_id_and_a_shared_name_by_neither(backend, start_gateway):
+    _, _, url = backend
+    gateway = await serve(start_gateway, backend)  # the config file's key is in the store from here on
+    config_id = str((await stored_keys(url))["cfg"].id)
+    # A key named as the config file's key is numbered: its name finds it, not the other.
+    status, output = await ezat(backend, "keys", "create", "--name", config_id)
+    assert status == 0, output
+    status, output = await ezat(backend, "keys", "update", config_id, "--rpm", "5")
+    assert status == 0, output
+    keys = await stored_keys(url)
+    assert (keys[config_id].rpm, keys["cfg"].rpm) == (5, None)  # the file's key is untouched
+    # Two keys of one name: neither the commands nor usage pick one of them, and usage by key
+    # keeps them apart.
+    for _ in range(2):
+        status, output = await ezat(backend, "keys", "create", "--name", "dup")
+        await ask(gateway, re.findall(r"sk-ezat-[A-Za-z0-9_-]+", output)[0])
+    refusal = "2 keys are named 'dup': name one by its id (keys list shows them)\n"
+    assert await ezat(backend, "keys", "revoke", "dup") == (1, refusal)
+    assert await ezat(backend, "usage", "--key", "dup") == (1, refusal)
+    _, keys = await read_store(url)
+    assert not any(key.revoked for key in keys)
+    status, output = await ezat(backend, "usage", "--by", "key", "--format", "json")
+    assert sorted(line["key"] for line in json.loads(output)) == sorted(f"dup ({key.id})" for key in keys if key.name == "dup")
 
 
 async def test_keys_update_changes_expiry_and_models(backend, start_gateway, upstream):

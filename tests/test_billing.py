@@ -306,7 +306,7 @@ async def test_key_spend_is_the_sum_of_its_rows(start_gateway, upstream, storage
                 upstream.enqueue(Scenario(blocks=case.blocks, usage=case.usage))
                 sent[(await send(client, stream=stream, **case.request)).request_id] = case
 
-    rows = await store.ledger(key="test")
+    rows = await store.ledger(key_id=await key_id(store))
     assert [row.request_id for row in rows] == list(sent)  # in the order they were made
     assert [row.cost_usd for row in rows] == [case.cost for case in sent.values()]
     total = 2 * sum(case.cost for case in CASES.values())

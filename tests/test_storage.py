@@ -318,14 +318,14 @@ async def test_write_ledger_adds_exact_spend_and_ledger_filters(store_url, opene
     assert await reader.spent(alpha.id) == Decimal("0.100123001")
 
     assert await store.ledger() == rows  # every field read back as written
-    assert await store.ledger(key="alpha") == [rows[0], rows[1], rows[3]]
-    assert await store.ledger(key=str(beta.id)) == [rows[2]]
-    assert await store.ledger(key="nobody") == []
+    assert await store.ledger(key_id=alpha.id) == [rows[0], rows[1], rows[3]]
+    assert await store.ledger(key_id=beta.id) == [rows[2]]
+    assert await store.ledger(key_id=beta.id + 100) == []
     assert await store.ledger(since=day(2)) == rows[1:]  # since is inclusive
     assert await store.ledger(since=day(2) + timedelta(microseconds=1)) == rows[2:]
     plus_two = timezone(timedelta(hours=2))
     assert await store.ledger(since=datetime(2026, 1, 2, 2, 0, tzinfo=plus_two)) == rows[1:]  # any offset
-    assert await store.ledger(key="alpha", since=day(2)) == [rows[1], rows[3]]
+    assert await store.ledger(key_id=alpha.id, since=day(2)) == [rows[1], rows[3]]
     assert await store.ledger(since=day(4)) == []
 
 

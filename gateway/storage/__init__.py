@@ -86,7 +86,8 @@ class Store(Protocol):
         """write_ledger without leaving the event loop, where that cannot wait (SQLite's own
         file, unlocked); False, with nothing written, where it would."""
 
-    async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]: ...
+    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
+        """The ledger's rows, oldest first: one key's (by id), from `since` on."""
 
 
 def open_store(url: str) -> Store:

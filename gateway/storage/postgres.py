@@ -267,12 +267,12 @@ class PostgresStore:
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         return None  # every write is a round trip to the server
 
-    async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {LEDGER_SELECT} FROM ledger JOIN keys ON keys.id = ledger.key_id WHERE TRUE"
+    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
+        query = f"SELECT {LEDGER_SELECT} FROM ledger WHERE TRUE"
         params: list[Any] = []
-        if key is not None:
-            params.append(key)
-            query += f" AND (keys.name = ${len(params)} OR keys.id::text = ${len(params)})"
+        if key_id is not None:
+            params.append(key_id)
+            query += f" AND ledger.key_id = ${len(params)}"
         if since is not None:
             params.append(since)
             query += f" AND ledger.finished_at >= ${len(params)}"

@@ -176,4 +176,4 @@ ORGANIZATION_COLUMNS = ("o.id, o.name, o.balance_usd, o.suspended, o.spent_usd, 
                         " (SELECT count(*) FROM keys WHERE keys.organization_id = o.id) AS keys")
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
-LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)  # beside a join with keys
+LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)

@@ -295,13 +295,12 @@ class SQLiteStore:
         finally:
             self._checkpoint = None
 
-    async def ledger(self, *, key: str | None = None, since: datetime | None = None) -> list[LedgerRow]:
+    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger"
         where, params = [], []
-        if key is not None:
-            query += " JOIN keys ON keys.id = ledger.key_id"
-            where.append("(keys.name = ? OR CAST(keys.id AS TEXT) = ?)")
-            params += [key, key]
+        if key_id is not None:
+            where.append("ledger.key_id = ?")
+            params.append(key_id)
         if since is not None:
             where.append("ledger.finished_at >= ?")
             params.append(_text(since))
