@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from decimal import Decimal
 
+import asyncpg
 from aiohttp import web
 
 from gateway import admin
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     except TracingUnavailable as exc:
         print(f"ezat-gateway serve: {exc}", file=sys.stderr)
         return 1
-    except (OSError, sqlite3.Error) as exc:  # a port taken, a database out of reach
+    # A port taken, a database out of reach or refusing.
+    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         print(f"ezat-gateway {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0

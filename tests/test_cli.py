@@ -294,6 +294,15 @@ async def test_a_bad_storage_url_is_refused_without_showing_it(tmp_path):
     assert (status, output) == (2, "--storage: expected a sqlite:///, postgresql:// or postgres:// URL\n")
 
 
+@pytest.mark.parametrize("url", ["postgresql://admin:hunter2@127.0.0.1:1/x?sslmode=bogus",
+                                 "postgresql://admin:hunter2@127.0.0.1:1/x"])
+async def test_a_storage_url_postgresql_refuses_is_one_line_not_a_traceback(tmp_path, url):
+    status, output = await run_command("keys", "list", "--storage", url, cwd=tmp_path)
+    assert status == 1
+    assert output.startswith("ezat-gateway keys: ") and output.count("\n") == 1, output
+    assert "hunter2" not in output
+
+
 async def test_a_port_already_taken_is_one_line_not_a_traceback(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
