@@ -38,7 +38,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     orgs = commands.add_parser("orgs", help="create, list, suspend and update organizations")
     actions = orgs.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", parents=[storage_options], help="make a new organization")
-    create.add_argument("name")
+    create.add_argument("name", type=_name)
     create.add_argument("--balance", type=_limit, default=None, metavar="USD",
                         help='what all its keys may spend together ("none", the default: no limit)')
     create.add_argument("--suspended", action="store_true", help="its keys' requests are refused (403)")
@@ -88,6 +88,13 @@ def _limit(text: str) -> Decimal | None:
     if value is None or not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f'expected an amount of USD of 0 or more, or "none", not {text!r}')
     return value
+
+
+def _name(text: str) -> str:
+    """An argparse type: a non-empty name, as the config file's organizations have."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty string")
+    return text
 
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:

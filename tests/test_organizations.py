@@ -230,6 +230,8 @@ async def test_orgs_and_keys_commands_and_usage_by_org(start_gateway, upstream, 
     assert (await ezat("orgs", "create", "team", "--balance", "5"))[0] == 0
     status, output = await ezat("orgs", "create", "team")
     assert (status, output) == (1, "an organization named 'team' exists already\n")
+    status, output = await ezat("orgs", "create", "")
+    assert status == 2 and "argument name: expected a non-empty string" in output, output
     status, output = await ezat("keys", "create", "--name", "ci", "--org", "team")
     assert status == 0, output
     (secret,) = re.findall(r"sk-ezat-[A-Za-z0-9_-]+", output)
