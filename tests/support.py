@@ -254,13 +254,22 @@ class Link:
     """A TCP link to a server (PostgreSQL, say) that a test can cut: every byte passes through
     untouched until `cut()` aborts the connections and refuses new ones (an outage), or until a
     chunk holding `cut_after_sending` reaches the server, which aborts that client's connection
-    right after (the server got it; its answer is lost)."""
+    right after (the server got it; its answer is lost). `reply_delay`: seconds each chunk of the
+    server's answers is held back (a slow server); `arrived(needle)`: an event set once a chunk
+    holding `needle` has reached the server."""
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.up = True
         self.cut_after_sending: bytes | None = None
+        self.reply_delay = 0.0
+        self._arrivals: dict[bytes, asyncio.Event] = {}
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+
+    def arrived(self, needle: bytes) -> asyncio.Event:
+        """Set once a chunk holding `needle` reaches the server, from now on."""
+        self._arrivals[needle] = asyncio.Event()
+        return self._arrivals[needle]
 
     async def start(self) -> Link:
         self._server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
@@ -299,8 +308,14 @@ class Link:
         async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 while data := await reader.read(65536):
+                    if writer is client and self.reply_delay:
+                        await asyncio.sleep(self.reply_delay)
                     writer.write(data)
                     await writer.drain()
+                    if writer is server:
+                        for needle, event in self._arrivals.items():
+                            if needle in data:
+                                event.set()
                     if writer is server and self.cut_after_sending and self.cut_after_sending in data:
                         self.cut_after_sending = None
                         client.transport.abort()

@@ -23,7 +23,7 @@ from decimal import Decimal
 from gateway.app import STORE
 from gateway.config import ImagesConfig, KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
 from gateway.mock_upstream import Scenario
-from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, read_store, run_command
+from tests.support import KEY, MODEL, SERVE_CONFIG, Link, ServeProcess, make_config, read_store, run_command
 from tests.test_images import PNG, ImageServer
 from tests.test_routing import both_workers_listening
 
@@ -266,64 +266,29 @@ async def test_two_gateways_on_one_postgresql_database_hold_one_spend_limit(tmp_
 # --- Requests at once
 
 
-class SlowRedis:
-    """A TCP proxy in front of Redis that holds each reply back `delay` seconds; `asked` is set
-    when a script is run through it (EVALSHA: the limiter's scripts, once Redis has them)."""
-
-    def __init__(self, port: int, delay: float) -> None:
-        self.port, self._target, self._delay, self.asked = 0, port, delay, asyncio.Event()
-
-    async def start(self) -> SlowRedis:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def _relay(self, client_reader, client_writer) -> None:
-        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", self._target)
-
-        async def pipe(reader, writer, delay: float, seen: asyncio.Event | None) -> None:
-            try:
-                while data := await reader.read(65536):
-                    if seen is not None and b"EVALSHA" in data:
-                        seen.set()
-                    await asyncio.sleep(delay)
-                    writer.write(data)
-                    await writer.drain()
-            except OSError:
-                pass
-            finally:
-                writer.close()
-
-        await asyncio.gather(pipe(client_reader, redis_writer, 0, self.asked),
-                             pipe(redis_reader, client_writer, self._delay, None))
-
-    async def close(self) -> None:
-        self._server.close()
-
-
 async def test_a_client_gone_while_its_place_is_taken_gives_the_place_back(start_gateway, upstream, redis_url):
     """The client hangs up while the gateway waits for Redis to give it a place among the key's
     running requests: Redis gives it all the same, and the request, cancelled, gives it back.
     Else the key's one place stays taken for an hour."""
-    slow = await SlowRedis(URL(redis_url).port or 6379, delay=0.3).start()
-    config = replace(limited_config(upstream, max_concurrent=1),
-                     ratelimit=RateLimitConfig(url=str(URL(redis_url).with_port(slow.port))))
+    link = await Link(URL(redis_url).port or 6379).start()
+    config = replace(limited_config(upstream, max_concurrent=1), ratelimit=RateLimitConfig(url=link.url(redis_url)))
     gateway = await start_gateway(config)
-    async with gateway.client() as client:  # a first request: Redis has the scripts from here on
+    async with gateway.client() as client:  # a first request: Redis has the limiter's scripts from here on
         await client.chat.completions.create(model=MODEL, messages=HI)
-    slow.asked.clear()
+    link.reply_delay = 0.3  # Redis answers slowly
+    asked = link.arrived(b"EVALSHA")  # the limiter's script that gives a place
     body = orjson.dumps({"model": MODEL, "messages": HI})
     reader, writer = await asyncio.open_connection("127.0.0.1", URL(gateway.url).port)
     writer.write(b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer " + KEY.encode()
                  + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await asyncio.wait_for(slow.asked.wait(), 10)  # the gateway asked for a place: gone before the answer
-    writer.close()
-    await asyncio.sleep(1)  # Redis's answer, then what the cancelled request gives back
     try:
+        await asyncio.wait_for(asked.wait(), 10)  # the gateway asked Redis for a place: gone before the answer
+        writer.close()
+        await asyncio.sleep(1)  # Redis's answer, then what the cancelled request gives back
         async with gateway.client() as client:
             answer = await client.chat.completions.create(model=MODEL, messages=HI)
     finally:
-        await slow.close()
+        await link.close()
     assert answer.choices[0].message.content.startswith("Hello from the mock upstream")
     assert len(upstream.requests) == 2  # the one whose client left never reached it
 
