@@ -181,7 +181,7 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
             # The next start would undo the change: the file is this key's source of truth.
             print(f"key {args.key!r} is declared in the config file: change it there (revoked = true to revoke it)")
             return 1
-        key = await store.update_key(str(key.id), **fields)
+        key = await store.update_key(key.id, **fields)
         print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
         return 0
     finally:

@@ -992,7 +992,7 @@ async def test_revoked_key_is_refused_at_once_without_a_key_cache(start_gateway,
     store = gateway.app[STORE]
     async with gateway.client() as client:
         await send(client, stream=False)
-        assert (await store.update_key("test", revoked=True)).revoked
+        assert (await store.update_key(await key_id(store), revoked=True)).revoked
         for stream in (False, True):
             with pytest.raises(openai.AuthenticationError) as caught:
                 await send(client, stream=stream)
@@ -1007,7 +1007,7 @@ async def test_revoked_key_is_refused_within_the_key_cache_time(start_gateway, u
     store = gateway.app[STORE]
     async with gateway.client() as client:
         await send(client, stream=False)
-        await store.update_key("test", revoked=True)
+        await store.update_key(await key_id(store), revoked=True)
         revoked_at = time.monotonic()
         refused = None
         async with asyncio.timeout(cache_seconds + 5):

@@ -34,7 +34,9 @@ class Store(Protocol):
 
     async def list_keys(self) -> list[KeyRecord]: ...
 
-    async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None: ...
+    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
+        """The key with `fields` (KeyRecord's, and `organization_id`) changed; None if there is
+        no such key. (The command line finds a key by its name or id: gateway/admin.py.)"""
 
     async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
         """Create or update the organizations the config file declares (before its keys, which

@@ -17,7 +17,6 @@ from gateway.storage.schema import (
     KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, POSTGRES,
 )
 
-_MAX_ID = 2**63 - 1  # BIGSERIAL's largest
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
 # Seconds a connection may take to open, and a statement to answer, before it counts as failed:
@@ -107,14 +106,11 @@ class PostgresStore:
     async def list_keys(self) -> list[KeyRecord]:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
 
-    async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
-        # ASCII digits ("²".isdigit() too) that fit an id; else a name.
-        by_id = name_or_id.isascii() and name_or_id.isdigit() and int(name_or_id) <= _MAX_ID
-        column, value = ("id", int(name_or_id)) if by_id else ("name", name_or_id)
-        rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.{column} = $1", value)
-        if len(rows) != 1:
+    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
+        row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = $1", key_id)
+        if row is None:
             return None
-        found = _key(rows[0])
+        found = _key(row)
         merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
         assignments = ", ".join(f"{f} = ${i}" for i, f in enumerate(KEY_FIELDS, start=2))
         await self._pool.execute(

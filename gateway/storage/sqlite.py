@@ -182,8 +182,8 @@ class SQLiteStore:
     async def list_keys(self) -> list[KeyRecord]:
         return await self._reader.call(_select_keys)
 
-    async def update_key(self, name_or_id: str, **fields: Any) -> KeyRecord | None:
-        return await self._writer.call(_transaction, _update_key, name_or_id, fields)
+    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
+        return await self._writer.call(_transaction, _update_key, key_id, fields)
 
     # --- organizations
 
@@ -436,9 +436,8 @@ def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
     )
 
 
-def _update_key(db: sqlite3.Connection, name_or_id: str, fields: dict[str, Any]) -> KeyRecord | None:
-    by_id = name_or_id.isascii() and name_or_id.isdigit()  # ASCII digits: "²".isdigit() too
-    found = _select_key(db, "k.id = ?" if by_id else "k.name = ?", name_or_id)
+def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> KeyRecord | None:
+    found = _select_key(db, "k.id = ?", key_id)
     if found is None or not fields:
         return found
     merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
