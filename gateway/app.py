@@ -94,7 +94,7 @@ def build_app(
         cache_breakpoints_middleware(api="anthropic"), native, billing,
     ]
     count_tokens_chain = [
-        auth, size_limit, bounds, limits_middleware(find_model=config.model, limiter=limiter, reserve=False),
+        auth, size_limit, bounds, limits_for(api="anthropic", reserve=False),
         anthropic_images, native,
     ]
     streams = OpenStreams(ping_interval, config.server.write_timeout_seconds, metrics)
