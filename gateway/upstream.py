@@ -314,8 +314,7 @@ def _through_end(events: list) -> list[dict[str, Any]] | None:
         if not isinstance(event, dict) or type(event.get("type")) is not str:
             return None
         if not readable_event(event):  # the stream ends there, as if the upstream had failed
-            raw = orjson.dumps(event)
-            log.warning("upstream sent an event the gateway cannot read (%d bytes, starting %r)", len(raw), raw[:200])
+            log.warning("upstream sent an event the gateway cannot read, starting %r", repr(event)[:200])
             return [*events[:index], _UNREADABLE]
         if event["type"] == "error":
             return [*events[:index], passed_on_error(event)]

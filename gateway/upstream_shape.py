@@ -22,27 +22,21 @@ _DELTA_TEXT = {"text_delta": "text", "input_json_delta": "partial_json", "thinki
 
 def readable_message(message: Any) -> bool:
     """A whole (non-streamed) message: a JSON object of type "message" with a list of readable
-    content blocks, which the gateway can send on (orjson reads JSON nested 1,024 deep, and
-    writes it only 255 deep)."""
+    content blocks, which the gateway can send on (see _sendable)."""
     if not isinstance(message, dict) or message.get("type", "message") != "message":
         return False
     content = message.get("content")
-    if not (
+    return (
         isinstance(content, list)
         and all(_readable_block(block) for block in content)
         and _readable_usage(message.get("usage"))
         and _readable_stop(message.get("stop_reason"))
-    ):
-        return False
-    try:
-        orjson.dumps(message)
-    except orjson.JSONEncodeError:
-        return False
-    return True
+        and _sendable(message)
+    )
 
 
 def readable_event(event: dict[str, Any]) -> bool:
-    """One stream event (a JSON object with a string `type`)."""
+    """One stream event (a JSON object with a string `type`), which the gateway can send on."""
     kind = event["type"]
     if kind == "content_block_delta":
         delta = event.get("delta")
@@ -50,19 +44,33 @@ def readable_event(event: dict[str, Any]) -> bool:
             return False
         dtype = delta.get("type")
         field = _DELTA_TEXT.get(dtype) if isinstance(dtype, str) else None  # a list is no key
-        return field is None or isinstance(delta.get(field), str)
-    if kind == "content_block_start":
-        return type(event.get("index")) is int and _readable_block(event.get("content_block"))
-    if kind == "content_block_stop":
+        if field is not None:  # nearly every event: a string, nothing nested to check
+            return isinstance(delta.get(field), str)
+    elif kind == "content_block_start":
+        if not (type(event.get("index")) is int and _readable_block(event.get("content_block"))):
+            return False
+    elif kind == "content_block_stop":
         return type(event.get("index")) is int
-    if kind == "message_start":
+    elif kind == "message_start":
         message = event.get("message")
-        return isinstance(message, dict) and _readable_usage(message.get("usage"))
-    if kind == "message_delta":
+        if not (isinstance(message, dict) and _readable_usage(message.get("usage"))):
+            return False
+    elif kind == "message_delta":
         delta = event.get("delta", {})
-        return isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(event.get("usage"))
-    if kind == "error":
+        if not (isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(event.get("usage"))):
+            return False
+    elif kind == "error":
         return isinstance(event.get("error") or {}, dict)
+    return _sendable(event)
+
+
+def _sendable(value: Any) -> bool:
+    """Whether the gateway can write `value` out again: orjson reads JSON nested 1,024 deep, and
+    writes it only 255 deep. A reply it could not send on is never billed."""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
     return True
 
 

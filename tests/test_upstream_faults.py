@@ -226,6 +226,27 @@ async def test_an_answer_larger_than_any_message_is_not_read(serve_upstream, chu
     assert await gateway.app[STORE].ledger() == []
 
 
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+async def test_a_stream_event_nested_deeper_than_the_gateway_can_send_ends_it_unbilled(serve_upstream, route):
+    """The burst ends with message_stop, but one of its events cannot be written out again: the
+    stream ends with an error there, and is not billed (it was, then the write failed)."""
+    deep = {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": "", "citations": nested(300)}}
+    gateway = await serve_upstream(200, sse(
+        START, TEXT_START, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        {"type": "content_block_stop", "index": 0}, deep,
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}, {"type": "message_stop"}))
+    if route == "openai":
+        status, text = await call(gateway, stream=True)
+    else:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY}, json={
+                    "model": MODEL, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+                status, text = response.status, await response.text()
+    assert status == 200
+    assert "The upstream sent an event the gateway cannot read." in text
+    assert await gateway.app[STORE].ledger() == []
+
+
 async def test_a_stream_cut_before_any_output_is_a_plain_error(serve_upstream):
     gateway = await serve_upstream(200, sse(START, TEXT_START))  # ends without a token or message_stop
     status, text = await call(gateway, stream=True)
