@@ -36,6 +36,7 @@ class MessageReply(web.Response):
         self.usage = Usage.from_message(payload)
         # The upstream message's, for the app's traces (a stage may replace the payload).
         self.message_id, self.stop_reason = payload.get("id"), payload.get("stop_reason")
+        self.response_model = payload.get("model")
 
     async def prepare(self, request: web.BaseRequest):
         self.body = orjson.dumps(self.payload)
@@ -141,6 +142,10 @@ class EventStreamReply(web.StreamResponse):
     @property
     def stop_reason(self) -> str | None:
         return self.usage.stop_reason
+
+    @property
+    def response_model(self) -> str | None:
+        return self.usage.response_model
 
     def when_done(self, callback: Callable[[EventStreamReply], None]) -> None:
         """Call `callback(self)` once the stream has ended, however it ended (its `outcome`)."""

@@ -96,6 +96,7 @@ class StreamUsage:
         self.thinking_chars = 0
         self.output_chars = 0  # text and tool arguments
         self.message_id: str | None = None  # the upstream message's (message_start)
+        self.response_model: str | None = None  # the model the upstream says answered (message_start)
         self.stop_reason: str | None = None  # why it stopped (message_delta)
 
     def count(self, batch: list[dict[str, Any]]) -> None:
@@ -120,6 +121,7 @@ class StreamUsage:
                 message = event.get("message") or {}
                 self.numbers.update(message.get("usage") or {})
                 self.message_id = message.get("id")
+                self.response_model = message.get("model")
             elif kind == "message_delta":
                 # Numbers it repeats override message_start's; one it sends as null does not.
                 self.numbers.update((name, n) for name, n in (event.get("usage") or {}).items() if n is not None)
