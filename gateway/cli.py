@@ -29,13 +29,14 @@ from gateway.tracing import Tracing, TracingUnavailable
 from gateway.server import LISTEN_BACKLOG, app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
-    LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, Model, Pricing, StorageConfig, expired_keys, load_config,
-    load_storage_config, storage_url_problem,
+    LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, LoggingConfig, Model, Pricing, StorageConfig, expired_keys,
+    load_config, load_storage_config, storage_url_problem,
 )
 
 log = logging.getLogger("ezat")
 
 LOCAL_KEY_FILE = "ezat-gateway.key"
+LOG_FORMAT_ENV = "EZAT_LOG_FORMAT"  # the log's format when --log-format is not given
 # Not the config's default (ezat-gateway.db): the config file is its keys' source of truth, so a
 # demo and a config sharing one database would each revoke the other's keys on starting.
 DEMO_STORAGE = StorageConfig(url="sqlite:///ezat-demo.db")
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     serving.add_argument("--host", help="override [server] host")
     serving.add_argument("--port", type=_port, help="override [server] port")
     serving.add_argument("--workers", type=_workers, help="override [server] workers (processes sharing the port)")
-    serving.add_argument("--log-format", choices=LOG_FORMATS, help="override [logging] format")
+    serving.add_argument("--log-format", choices=LOG_FORMATS, help=f"override [logging] format and ${LOG_FORMAT_ENV}")
 
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
@@ -76,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     admin.add_commands(commands, storage_options)
 
     args = parser.parse_args(argv)
-    configure_logging()  # serve's config may say otherwise
+    # The environment's format is every command's, over the config's: an image can set it once.
+    log_format = getattr(args, "log_format", None) or os.environ.get(LOG_FORMAT_ENV) or None
+    if log_format not in (None, *LOG_FORMATS):
+        parser.error(f"{LOG_FORMAT_ENV}: expected text or json, not {log_format!r}")
+    configure_logging(LoggingConfig(format=log_format or "text"))  # serve's config may say otherwise
     try:
         if args.command == "check-config":
             return check_config(args.file)
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
             return asyncio.run(admin.run(args, storage))
-        serve(args.config, Overrides(args.host, args.port, args.workers, args.log_format))
+        serve(args.config, Overrides(args.host, args.port, args.workers, log_format))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1

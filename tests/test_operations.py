@@ -36,7 +36,7 @@ from gateway.mock_upstream import Scenario
 from gateway.tracing import Tracing
 from tests.support import (
     KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
-    served,
+    run_command, served,
 )
 from tests.test_images import PNG, fake_get
 
@@ -664,3 +664,26 @@ async def test_serve_log_format_overrides_the_file(tmp_path, upstream):
         await served.stop()
     [line] = access_lines(served)
     assert (line["status"], line["outcome"]) == (200, "ok")
+
+
+async def test_ezat_log_format_sets_the_log_format_unless_the_option_does(tmp_path, upstream):
+    config = JSON_LOGS.replace('format = "json"', 'format = "text"')  # the variable wins over the file
+    served = ServeProcess(tmp_path, "gateway", config, env={"EZAT_LOG_FORMAT": "json"},
+                          storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start("--workers", "1")
+        await served.client().chat.completions.create(model=MODEL, messages=HELLO)
+    finally:
+        await served.stop()
+    assert [json.loads(line)["logger"] for line in served.log.read_text().splitlines()].count("ezat.access") == 1
+    texts = ServeProcess(tmp_path, "texts", config, env={"EZAT_LOG_FORMAT": "json"},
+                         storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await texts.start("--log-format", "text")  # the option wins over the variable
+    finally:
+        await texts.stop()
+    lines = texts.output().splitlines()
+    assert lines and all(" INFO " in line and not line.startswith("{") for line in lines)
+    status, output = await run_command("keys", "list", "--storage", f"sqlite:///{tmp_path / 'db'}",
+                                       env={"EZAT_LOG_FORMAT": "xml"})
+    assert (status, output.splitlines()[-1]) == (2, "ezat-gateway: error: EZAT_LOG_FORMAT: expected text or json, not 'xml'")
