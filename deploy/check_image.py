@@ -1,9 +1,10 @@
 """Builds the gateway's container image and proves it by running it, with podman (no Docker daemon
 needed): the image runs as a non-root user on a read-only root filesystem with a mounted config,
 answers /healthz and /readyz and its HEALTHCHECK, serves a chat completion and a stream from the
-mock upstream (the same image's), finishes a stream it is serving when it gets SIGTERM and exits
-0; and it reports the image's size and the gateway's memory, idle and with 100 open streams (its
-footprint as a sidecar: SQLite, one key).
+mock upstream (the same image's), logs JSON though started with a command of its own (not CMD),
+finishes a stream it is serving when it gets SIGTERM and exits 0; and it reports the image's size
+and the gateway's memory, idle and with 100 open streams (its footprint as a sidecar: SQLite, one
+key).
 
     python deploy/check_image.py [--base IMAGE]
 
@@ -163,7 +164,9 @@ async def run_checks(work: Path) -> dict:
     podman("run", "-d", "--name", "ezat-check-gateway", "--network", "host", "--read-only",
            # A volume for the SQLite ledger, which takes the image's /var/lib/ezat (and its owner).
            "--tmpfs", "/tmp", "-v", f"{VOLUME}:/var/lib/ezat", "-v", f"{config}:/etc/ezat/gateway.toml:ro",
-           "-e", f"EZAT_API_KEY={KEY}", "-e", f"EZAT_PORT={port}", IMAGE)
+           "-e", f"EZAT_API_KEY={KEY}", "-e", f"EZAT_PORT={port}",
+           # A command of its own, not CMD: the image's environment alone makes its log JSON.
+           IMAGE, "serve", "--config", "/etc/ezat/gateway.toml")
     report: dict = {}
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as http:
         await until_up(http, url)
@@ -201,7 +204,7 @@ async def run_checks(work: Path) -> dict:
     exit_code = podman("wait", "ezat-check-gateway").stdout.strip()
     logs = container_log("ezat-check-gateway")
     assert exit_code == "0", f"exit code {exit_code}:\n{logs[-3000:]}"
-    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in logs.splitlines() if line.strip()]  # every line: JSON, or this fails
     assert lines and any(line.get("logger") == "ezat.access" for line in lines), "no JSON access lines"
     assert KEY not in logs, "the key is in the log"
     report["exit_code_after_sigterm"] = 0

@@ -1,16 +1,23 @@
 """The deployment files' gateway configs load as the gateway reads them, and the manifests agree
 with them and with the image (make deploy-check validates the files themselves offline, and make
-image-check runs the image)."""
+image-check runs the image). What the image's environment and compose's health checks promise is
+proven here by running the real command with them."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gateway.config import parse_config
+from tests.support import MODEL, SERVE_CONFIG, ServeProcess, free_port, spawn
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 ENV = {"EZAT_API_KEY": "sk-test", "EZAT_DB_PASSWORD": "pw", "ANTHROPIC_API_KEY": "sk-ant-test",
@@ -81,3 +88,43 @@ def test_the_sidecar_serves_its_app_on_localhost_with_sqlite_on_the_pods_volume(
     assert next(volume for volume in pod["volumes"] if volume["name"] == data["name"])["emptyDir"] == {}
     config = parse_config((DEPLOY / "kubernetes" / "sidecar" / "gateway.toml").read_text(), env=ENV)
     assert config.storage.url == "sqlite:////var/lib/ezat/gateway.db" and config.server.port == 8080
+
+
+# --- The image's environment, and compose's health checks
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """The final stage's instructions, as (INSTRUCTION, its arguments), continued lines joined."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    lines = [line.split(None, 1) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    last_stage = max(i for i, (instruction, _) in enumerate(lines) if instruction == "FROM")
+    return [(instruction, arguments) for instruction, arguments in lines[last_stage:]]
+
+
+def image_environment() -> dict[str, str]:
+    return dict(pair.split("=", 1) for instruction, arguments in dockerfile() if instruction == "ENV"
+                for pair in shlex.split(arguments))
+
+
+def compose_services() -> dict[str, dict]:
+    return yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+
+
+async def test_the_image_logs_json_whatever_command_it_runs(tmp_path, upstream):
+    environment = image_environment()
+    assert environment["EZAT_LOG_FORMAT"] == "json"
+    [command] = [json.loads(arguments) for instruction, arguments in dockerfile() if instruction == "CMD"]
+    assert command == ["serve"]  # the format is not CMD's to give: any other command would lose it
+    assert "--log-format" not in str(compose_services()["gateway"]["entrypoint"])
+    # The image's variable, a config that says nothing of the format (text), other arguments.
+    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, env={"EZAT_LOG_FORMAT": environment["EZAT_LOG_FORMAT"]},
+                          storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    try:
+        await served.start("--host", "127.0.0.1", "--port", str(served.port))
+        await served.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}])
+    finally:
+        await served.stop()
+    lines = [json.loads(line) for line in served.log.read_text().splitlines()]  # every line
+    assert [line["logger"] for line in lines].count("ezat.access") == 1
+    assert any(line["message"].startswith("ezat-gateway listening on") for line in lines)
+
