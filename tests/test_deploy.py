@@ -128,3 +128,30 @@ async def test_the_image_logs_json_whatever_command_it_runs(tmp_path, upstream):
     assert [line["logger"] for line in lines].count("ezat.access") == 1
     assert any(line["message"].startswith("ezat-gateway listening on") for line in lines)
 
+
+def test_every_compose_service_has_a_health_check_the_gateway_waits_for():
+    services = compose_services()
+    assert all(service.get("healthcheck", {}).get("test") for service in services.values())
+    others = {name for name in services if name != "gateway"}
+    assert services["gateway"]["depends_on"] == {name: {"condition": "service_healthy"} for name in others}
+
+
+async def test_the_mock_upstreams_health_check_passes_once_it_serves():
+    mock = compose_services()["mock-upstream"]
+    port = mock["command"][mock["command"].index("--port") + 1]
+    kind, program, *arguments = mock["healthcheck"]["test"]
+    assert (kind, program) == ("CMD", "python3") and port in " ".join(arguments)
+    here = free_port()  # the probe as compose runs it, on a port free here
+    probe = [sys.executable, *(argument.replace(port, str(here)) for argument in arguments)]
+    assert subprocess.run(probe, capture_output=True).returncode != 0  # nothing serves yet
+    process = await spawn("mock-upstream", "--host", "127.0.0.1", "--port", str(here))
+    try:
+        for _ in range(100):
+            if subprocess.run(probe, capture_output=True).returncode == 0:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the mock upstream's health check never passed")
+    finally:
+        process.terminate()
+        await process.communicate()
