@@ -11,7 +11,9 @@ import asyncio
 import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -21,6 +23,7 @@ from middlewares.core.reply import EventStreamReply, MessageReply
 
 PROVIDER = "anthropic"
 _OPERATION = {"chat_completions": "chat", "messages": "chat", "count_tokens": "count_tokens", "models": "models"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class TracingUnavailable(Exception):
@@ -91,7 +94,7 @@ class Tracing:
             span.set_attribute("gen_ai.request.model", model.id)
         if answered is not None:
             span.set_attribute("gen_ai.response.model", answered.id)
-        self.answered(span, reply)
+        _message(span, reply)
         if row is not None:
             span.set_attribute("gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", row.output_tokens)
@@ -108,10 +111,11 @@ class Tracing:
     @contextmanager
     def attempt(self, operation: str, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
         """A CLIENT span `{operation} {model}` around one attempt; `headers` gains its `traceparent`."""
+        host, port = _server(deployment.base_url)
         with self._tracer.start_as_current_span(
             f"{operation} {model}", kind=self._trace.SpanKind.CLIENT,
             attributes={"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
-                        "gen_ai.request.model": model, "server.address": deployment.base_url},
+                        "gen_ai.request.model": model, "server.address": host, "server.port": port},
             record_exception=False, set_status_on_exception=False,
         ) as span:
             self._propagate.inject(headers)
@@ -124,9 +128,25 @@ class Tracing:
 
     @staticmethod
     def answered(span: Any, reply: Any) -> None:
-        """The upstream message's id and stop reason, as far as the reply knows them yet."""
-        if isinstance(reply, (MessageReply, EventStreamReply)):
-            if reply.message_id:
-                span.set_attribute("gen_ai.response.id", reply.message_id)
-            if reply.stop_reason:
-                span.set_attribute("gen_ai.response.finish_reasons", [reply.stop_reason])
+        """An attempt's answer: the upstream message's id, stop reason and model (the upstream's
+        own name, which may differ from the name asked: the SERVER span names the configured model)."""
+        _message(span, reply)
+        if isinstance(reply, (MessageReply, EventStreamReply)) and reply.response_model:
+            span.set_attribute("gen_ai.response.model", reply.response_model)
+
+
+def _message(span: Any, reply: Any) -> None:
+    """The upstream message's id and stop reason, as far as the reply knows them yet."""
+    if isinstance(reply, (MessageReply, EventStreamReply)):
+        if reply.message_id:
+            span.set_attribute("gen_ai.response.id", reply.message_id)
+        if reply.stop_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [reply.stop_reason])
+
+
+@lru_cache(maxsize=256)
+def _server(base_url: str) -> tuple[str, int]:
+    """A deployment's host and port, the scheme's when the URL names none (the config allows only
+    http(s) URLs with a host)."""
+    parts = urlsplit(base_url)
+    return parts.hostname or "", parts.port or _DEFAULT_PORTS.get(parts.scheme, 0)

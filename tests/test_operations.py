@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from gateway.app import STORE
 from gateway.logs import TextFormatter
@@ -38,7 +39,7 @@ from tests.support import (
     KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
     run_command, served,
 )
-from tests.test_images import PNG, fake_get
+from tests.test_images import PNG, FakedResponse, fake_get
 
 HELLO = [{"role": "user", "content": "Hello"}]
 LIMITED = "sk-limited-key"
@@ -528,6 +529,9 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     }
     assert server.attributes["gen_ai.response.id"].startswith("msg_mock_")
     assert client.attributes["gen_ai.response.id"] == server.attributes["gen_ai.response.id"]
+    # The upstream's own name for the model it answered with (the mock's: the name asked), and where it is.
+    assert {k: client.attributes[k] for k in ("gen_ai.response.model", "server.address", "server.port")} == {
+        "gen_ai.response.model": UPSTREAM_MODEL, "server.address": "127.0.0.1", "server.port": URL(upstream.url).port}
     assert upstream.requests[0].headers["traceparent"].split("-")[1] == format(client.context.trace_id, "032x")
     assert (servers[1].attributes["error.type"], clients[1].attributes["error.type"]) == ("503", "529")
     assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
@@ -576,6 +580,42 @@ async def test_a_streamed_messages_request_has_its_access_line_and_span(start_ga
     assert (server.name, server.attributes["gen_ai.usage.input_tokens"], server.attributes["gen_ai.usage.output_tokens"],
             server.attributes["gen_ai.response.finish_reasons"], server.attributes["gen_ai.response.id"]) == (
         "POST /v1/messages", 49, row.output_tokens, ("end_turn",), message.id)
+
+
+async def test_an_attempts_span_names_the_model_the_upstream_answered_with_and_its_host(start_gateway, spans):
+    # An upstream on https with no port in its URL, answering with a dated name of the model asked.
+    exporter, tracing = spans
+    config = make_config("https://upstream.example")
+    gateway = await start_gateway(config, tracing=tracing)
+    answered = UPSTREAM_MODEL + "-20261101"
+    message = {"id": "msg_dated", "type": "message", "role": "assistant", "model": answered,
+               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "stop_sequence": None,
+               "usage": {"input_tokens": 3, "output_tokens": 2}}
+    start = {**message, "content": [], "stop_reason": None, "id": "msg_dated_stream"}
+    events = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    ]
+    stream = "".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events)
+    with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
+        outside.post("https://upstream.example/v1/messages", payload=message, response_class=FakedResponse)
+        outside.post("https://upstream.example/v1/messages", body=stream, content_type="text/event-stream",
+                     response_class=FakedResponse)
+        await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+        async for _ in await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True):
+            pass
+    finished = exporter.get_finished_spans()
+    clients = [s for s in finished if s.kind == SpanKind.CLIENT]
+    assert [(s.attributes["gen_ai.response.id"], s.attributes["gen_ai.response.model"], s.attributes["gen_ai.request.model"],
+             s.attributes["server.address"], s.attributes["server.port"]) for s in clients] == [
+        ("msg_dated", answered, UPSTREAM_MODEL, "upstream.example", 443),
+        ("msg_dated_stream", answered, UPSTREAM_MODEL, "upstream.example", 443)]
+    # The request's span names the configured model that answered, not the upstream's name for it.
+    assert [s.attributes["gen_ai.response.model"] for s in finished if s.kind == SpanKind.SERVER] == [MODEL, MODEL]
 
 
 async def test_spans_reach_an_otlp_receiver(start_gateway, upstream):
