@@ -149,8 +149,8 @@ async def read_store(url: str) -> tuple[list[LedgerRow], list[KeyRecord]]:
 
 def clean_environment(**extra: str) -> dict[str, str]:
     """This process's environment without what would change the command's configuration (a real
-    upstream key, a client key, a config path), plus `extra`."""
-    unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG")
+    upstream key, a client key, a config path, a log format), plus `extra`."""
+    unwanted = ("ANTHROPIC_API_KEY", "EZAT_API_KEY", "EZAT_CONFIG", "EZAT_LOG_FORMAT")
     return {**{k: v for k, v in os.environ.items() if k not in unwanted}, **extra}
 
 
