@@ -110,6 +110,8 @@ class System:
     log: Path | None = None
     extra: dict = field(default_factory=dict)
     api: str = "anthropic"  # what its clients speak: "anthropic" (Messages) or "openai" (Chat Completions)
+    cwd: Path | None = None  # where the process runs; else the work directory
+    env: dict | None = None  # its environment; else this process's
 
     @property
     def pid(self) -> int:
@@ -138,7 +140,8 @@ class System:
         self.log = workdir / f"{self.name}.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True
+                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd or workdir, env=env or self.env,
+                start_new_session=True,
             )
         self._wait_ready()
         return self
@@ -213,7 +216,7 @@ def floor_system(upstream_url: str) -> System:
 
 def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
                    name: str | None = None, limits: bool = True, native: bool = False, observed: bool = True,
-                   ratelimit_url: str | None = None) -> System:
+                   ratelimit_url: str | None = None, source: Path | None = None) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
@@ -221,23 +224,35 @@ def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers:
     spend limit, rpm or tpm (bench/limits.py). `native`: its clients speak Anthropic's Messages
     API to it (bench/native.py), not Chat Completions. `observed=False`: no metrics and no access
     log (bench/observability.py); by default both, the log in JSON, as production runs it.
-    `ratelimit_url`: the key's rate limits counted in that Redis, as `--workers` needs."""
+    `ratelimit_url`: the key's rate limits counted in that Redis, as `--workers` needs.
+    `source`: the gateway's code from that checkout (another revision's git worktree), run as
+    `python -m gateway serve` from it, with it first on PYTHONPATH (`source_env`)."""
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
     config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed,
                                      ratelimit_url))
+    command = [PYTHON, "-m", "gateway"] if source else [EZAT_GATEWAY]
     return System(
         name,
         port,
         "/v1/messages" if native else "/v1/chat/completions",
         [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"] if native else [f"Authorization: Bearer {GATEWAY_KEY}"],
-        [EZAT_GATEWAY, "serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
+        command + ["serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
         ready_path="/healthz",
         workers=workers,
         extra={"config": str(config), "db": str(workdir / f"{name}.db")},
         api="anthropic" if native else "openai",
+        cwd=source,
+        env=source_env(source) if source else None,
     )
+
+
+def source_env(source: Path) -> dict:
+    """This environment with `source` first on PYTHONPATH, so that `gateway` and `middlewares`
+    are imported from it, not from the editable install (whose finder comes after the path)."""
+    path = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))
+    return os.environ | {"PYTHONPATH": path}
 
 
 def gateway_config(port: int, upstream_url: str, db: Path, models: list[str], limits: bool = True,
