@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,6 +87,16 @@ FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
     "bench-paced": ([{"type": "text", "text": _FAST_TEXT}], True, 0.01),  # 50 deltas, 0.5 s
     "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
 }
+
+
+# A token, as the mock counts the output it writes: a word of up to 7 letters, or one other
+# character (short English words are a token each, as in Anthropic's counts, which are well
+# under one token for every 4 characters of English prose).
+_TOKEN = re.compile(r"\w{1,7}|[^\w\s]")
+
+
+def output_tokens(text: str) -> int:
+    return len(_TOKEN.findall(text))
 
 
 def _sse(event: dict) -> bytes:
@@ -295,9 +306,9 @@ class MockUpstream:
             last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
             echo = _text_of(last_user["content"])[:200] if last_user else ""
             blocks = [{"type": "text", "text": "Hello from the mock upstream. You said: " + echo}]
-        out_chars = sum(
-            len(b.get("text", "")) + len(b.get("thinking", ""))
-            + (len(orjson.dumps(b.get("input", {}))) if b.get("type") == "tool_use" else 0)
+        produced = sum(
+            output_tokens(b.get("text", "")) + output_tokens(b.get("thinking", ""))
+            + (output_tokens(orjson.dumps(b.get("input", {})).decode()) if b.get("type") == "tool_use" else 0)
             for b in blocks
         )
         overrides = sc.usage
@@ -312,7 +323,7 @@ class MockUpstream:
             "cache_creation_input_tokens": one_hour + five_minutes if written is None else written,
             "cache_read_input_tokens": overrides.get("cache_read_input_tokens", cached["cache_read_input_tokens"]),
             "cache_creation": {"ephemeral_5m_input_tokens": five_minutes, "ephemeral_1h_input_tokens": one_hour},
-            "output_tokens": overrides.get("output_tokens", 0 if warming else max(1, out_chars // 4)),
+            "output_tokens": overrides.get("output_tokens", 0 if warming else max(1, produced)),
             "service_tier": "standard",
         }
         if "thinking_tokens" in overrides:

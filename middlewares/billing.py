@@ -1,12 +1,15 @@
 """The billing stage: metering, on the way out. It prices the usage and records it in the
 ledger, durably, before the reply ends: before the body of a message, before `[DONE]` of a
 stream. Failed requests are not billed; a stream the client closes early is, for what was
-produced, with the output estimated from the text seen. (Whether a request may run at all is
+produced, with the output estimated from the text seen. Every number billed is the upstream's,
+but an output count that is missing or cannot be true (middlewares/core/usage.py): the
+estimate stands in for it, and a warning names the deployment. (Whether a request may run at all is
 the limits stage's, on the way in.)"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +23,8 @@ from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import StreamUsage, Usage
 
 __all__ = ["billing_middleware"]
+
+log = logging.getLogger("ezat.billing")
 
 
 def billing_middleware(*, record: RecordRow):
@@ -75,6 +80,9 @@ class Bill:
             started_at=self._started,
             finished_at=datetime.now(timezone.utc),
         )
+        if usage.estimated is not None and outcome == "complete":  # the answer ended, yet its count is wanting
+            log.warning("deployment %s sent an answer whose output count is %s: billed the estimate from its text, "
+                        "%d tokens", row.deployment, usage.estimated, usage.output_tokens)
         try:
             await self._record(row)
         except asyncio.CancelledError:

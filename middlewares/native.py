@@ -30,8 +30,11 @@ def native_middleware():
         reply = await handler(request)
         if isinstance(reply, MessageReply):
             reply.payload["model"] = asked
+            if reply.usage.estimated is not None:  # what is billed is what the client is told
+                usage = reply.payload.get("usage")
+                reply.payload["usage"] = {**(usage or {}), "output_tokens": reply.usage.output_tokens}
         elif isinstance(reply, EventStreamReply):
-            reply.encoder = AnthropicSSE(asked)
+            reply.encoder = AnthropicSSE(asked, reply.usage)
         return reply
 
     return native

@@ -73,21 +73,28 @@ class EventSource(EventStream, Protocol):
 class AnthropicSSE:
     """Anthropic's own SSE framing: what a stream sends when no stage translates it. With
     `model`, the message is said to be that model's (the name the client asked by, not the
-    upstream's)."""
+    upstream's). With `usage` (the stream's meter), a message_delta whose output count the
+    gateway did not bill as sent says the output it billed, so the client and the ledger agree."""
 
     finished = False
     ping = ANTHROPIC_PING
 
-    def __init__(self, model: str | None = None) -> None:
+    def __init__(self, model: str | None = None, usage: StreamUsage | None = None) -> None:
         self._model = model
+        self._usage = usage
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         self.finished = bool(batch) and batch[-1]["type"] in ("message_stop", "error")
         return b"".join(_sse(self._outgoing(event)) for event in batch)
 
     def _outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
-        if event["type"] == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
+        kind = event["type"]
+        if kind == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
             return {**event, "message": {**event["message"], "model": self._model}}
+        if kind == "message_delta" and self._usage is not None:
+            billed = self._usage.total()
+            if billed.estimated is not None:
+                return {**event, "usage": {**(event.get("usage") or {}), "output_tokens": billed.output_tokens}}
         return event
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +18,11 @@ def estimate_tokens(chars: int) -> int:
     return (chars + 3) // 4
 
 
+# An upstream's output count below one token per this many characters of what the answer
+# carried cannot be true: no tokenizer makes tokens that long.
+CHARS_PER_TOKEN_AT_MOST = 10
+
+
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0  # uncached input
@@ -26,17 +31,37 @@ class Usage:
     output_tokens: int = 0  # reasoning included
     reasoning_tokens: int = 0
     cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour (dearer)
+    # Why the output is the gateway's estimate, not the upstream's count: "missing" (no final
+    # count: a stream cut short, a client gone, a reply without usage) or "implausible".
+    estimated: str | None = field(default=None, compare=False)
 
     @classmethod
-    def from_anthropic(cls, usage: dict[str, Any], thinking_chars: int = 0, output_chars: int = 0) -> Usage:
+    def from_anthropic(
+        cls, usage: dict[str, Any], thinking_chars: int = 0, output_chars: int = 0, *, final: bool = True
+    ) -> Usage:
         """Anthropic's usage, for an answer that carried `output_chars` characters of text and
-        tool input and `thinking_chars` of thinking. The output billed is the larger of the
-        upstream's count and the estimate from those characters: an answer is never billed
-        less than the text it carried (a count missing, or lower than the text could be).
-        Reasoning is Anthropic's `thinking_tokens`, else estimated from the thinking text; never
-        more than the output."""
-        estimate = estimate_tokens(output_chars) + estimate_tokens(thinking_chars)
-        output = max(usage.get("output_tokens") or 0, estimate)
+        tool input and `thinking_chars` of thinking; `final`: the output count is the answer's
+        last word (a stream's message_delta has come).
+
+        Every number is the upstream's own. The output is estimated from those characters (4
+        a token) only where the upstream's count is missing or cannot be true (fewer than one
+        token per 10 characters); the estimate is then billed, and `estimated` says why.
+        Reasoning is Anthropic's `thinking_tokens`, else estimated from the thinking text;
+        never more than the output."""
+        reported = usage.get("output_tokens")
+        if type(reported) is not int:
+            reported = None
+        chars = output_chars + thinking_chars
+        if not final or reported is None:
+            estimated = "missing"
+        elif reported * CHARS_PER_TOKEN_AT_MOST < chars:
+            estimated = "implausible"
+        else:
+            estimated = None
+        if estimated is None:
+            output = reported
+        else:
+            output = max(reported or 0, estimate_tokens(output_chars) + estimate_tokens(thinking_chars))
         reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
         if reasoning is None:
             reasoning = estimate_tokens(thinking_chars)
@@ -49,6 +74,7 @@ class Usage:
             reasoning_tokens=min(reasoning, output),
             cache_write_1h_tokens=min((usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0,
                                       cache_write),
+            estimated=estimated,
         )
 
     @classmethod
@@ -87,12 +113,12 @@ class Usage:
 class StreamUsage:
     """A stream's usage, metered once as its events are read, for every stage that needs it
     (billing, the translator), as `MessageReply.usage` is for a whole message: Anthropic's
-    numbers (message_start's, then each message_delta's) and the text seen, which backs the
-    estimates (reasoning from the thinking text; the output, never billed below the text and
-    tool arguments seen, whether the stream ends or is cut short)."""
+    numbers (message_start's, then message_delta's) and the text seen, which backs the
+    estimate where the upstream's count is missing or cannot be true."""
 
     def __init__(self) -> None:
         self.numbers: dict[str, Any] = {}
+        self.final = False  # message_delta gave the output count
         self.thinking_chars = 0
         self.output_chars = 0  # text and tool arguments
         self.message_id: str | None = None  # the upstream message's (message_start)
@@ -124,14 +150,16 @@ class StreamUsage:
                 self.response_model = message.get("model")
             elif kind == "message_delta":
                 # Numbers it repeats override message_start's; one it sends as null does not.
-                self.numbers.update((name, n) for name, n in (event.get("usage") or {}).items() if n is not None)
+                usage = event.get("usage") or {}
+                self.numbers.update((name, n) for name, n in usage.items() if n is not None)
+                self.final = self.final or usage.get("output_tokens") is not None
                 self.stop_reason = (event.get("delta") or {}).get("stop_reason")
 
     def total(self) -> Usage:
-        """The usage so far: the upstream's numbers, its output never below the estimate from
-        the text seen (its count may be missing or too low, and a stream cut short has none
-        yet: the upstream sends it at the end)."""
-        return Usage.from_anthropic(self.numbers, self.thinking_chars, self.output_chars)
+        """The usage so far: the upstream's numbers, its output estimated from the text seen
+        where its count is missing (a stream cut short has none yet: the upstream sends it at
+        the end) or cannot be true."""
+        return Usage.from_anthropic(self.numbers, self.thinking_chars, self.output_chars, final=self.final)
 
 
 # The blocks whose `input` is what the model wrote (a stream's input_json_delta, whole).
