@@ -82,6 +82,7 @@ def proxy_handler(
                     await upstream.post(deployment, body, **forward),
                     idle_timeout=deployment.stream_idle_timeout_seconds,
                     max_duration=deployment.max_stream_duration_seconds,
+                    relay=native,  # the native route sends on the upstream's bytes
                 )
                 await events.first_output()
         except TimeoutError:

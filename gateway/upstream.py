@@ -17,6 +17,7 @@ from gateway.config import Deployment
 from gateway.upstream_errors import upstream_error
 from gateway.upstream_shape import passed_on_error, readable_event
 from middlewares.core.errors import GatewayError, error_event, stream_error, too_deeply_nested
+from middlewares.core.reply import Batch, RelayedEvent, ends_stream
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.core.usage import StreamUsage
 
@@ -116,22 +117,26 @@ class UpstreamClient:
 
 
 class UpstreamEvents:
-    """An upstream SSE body as batches of parsed events: the events that arrived in one read,
-    a text block's deltas among them joined into one. `usage` meters them as they are read.
+    """An upstream SSE body as batches of events: the events that arrived in one read. Parsed,
+    a text block's deltas among them joined into one; or, with `relay`, as the upstream's
+    bytes, only the events the gateway reads parsed (see _relayed_events). `usage` meters
+    them as they are read.
 
     The stream ends after `message_stop` or `error`; a body that ends before either yields an
     `error` event, so nothing downstream mistakes a cut stream for a finished one.
     """
 
     def __init__(
-        self, response: aiohttp.ClientResponse, *, idle_timeout: float | None = None, max_duration: float | None = None
+        self, response: aiohttp.ClientResponse, *, idle_timeout: float | None = None,
+        max_duration: float | None = None, relay: bool = False,
     ) -> None:
         self.usage = StreamUsage()
+        self._events_of = _relayed_events if relay else _parse_events
         self._response = response
         self._content = response.content
         self._partial = bytearray()  # the start of an event whose end has not arrived
         self._held_cr = False  # the last read ended in "\r": the next may start with its "\n"
-        self._pending: list[list[dict[str, Any]]] = []  # a list: an empty deque takes 600 bytes a stream
+        self._pending: list[Batch] = []  # a list: an empty deque takes 600 bytes a stream
         self._finished = False
         self._closed = False
         self._stopped: dict[str, Any] | None = None  # the error the gateway ends the stream with
@@ -150,13 +155,15 @@ class UpstreamEvents:
         """Read until the model has produced output, keeping what was read for the client.
         An error before that is raised as an HTTP error: the client has seen nothing yet.
         From then on, an upstream silent for `idle_timeout` is given up on."""
-        primed: list[list[dict[str, Any]]] = []
+        primed: list[Batch] = []
         try:
             while True:
                 batch = await self.__anext__()  # nothing is pending yet: this reads
                 if batch:
                     primed.append(batch)
                 for event in batch:
+                    if event.__class__ is bytes:  # relayed: a run of content_block_deltas
+                        event = _RELAYED_DELTA
                     if event["type"] == "error":
                         raise stream_error(event)
                     if event["type"] in _FIRST_OUTPUT:
@@ -190,7 +197,7 @@ class UpstreamEvents:
     def __aiter__(self) -> UpstreamEvents:
         return self
 
-    async def __anext__(self) -> list[dict[str, Any]]:
+    async def __anext__(self) -> Batch:
         """The next batch: what first_output kept, else what the next read brought."""
         if self._pending:
             return self._pending.pop(0)
@@ -214,9 +221,9 @@ class UpstreamEvents:
                 await self.aclose()
                 return [_UNREADABLE]
             return []
-        batch = _parse_events(complete)
+        batch = self._events_of(complete)
         self.usage.count(batch)
-        if batch and batch[-1]["type"] in _ENDS:
+        if ends_stream(batch):
             # The upstream ended the stream, unless the gateway gave up on what it sent: then
             # it is still answering, and its connection is closed at once.
             self._finished = batch[-1] is not _UNREADABLE
@@ -287,15 +294,21 @@ class UpstreamEvents:
 _DATA_LINE = re.compile(rb"\ndata: ?(.*)")
 
 
+# An event line that names anything but a content_block_delta: the events a relayed stream parses.
+_READ_EVENT = re.compile(rb"\nevent:(?! ?content_block_delta\n)")
+# What a relayed run of deltas is, to first_output: output.
+_RELAYED_DELTA = {"type": "content_block_delta"}
+_NO_EVENT = {"type": ""}
+
 # A text delta's data line up to its text, as the upstream writes it (compact, keys in this order).
 _TEXT_DELTA = re.compile(rb'data: \{"type":"content_block_delta","index":\d+,"delta":\{"type":"text_delta","text":"')
 
 
 def _parse_events(complete: bytes) -> list[dict[str, Any]]:
-    """The events in `complete` (whole SSE events, "\n"-separated), through the first one that
-    ends the stream; an event the gateway cannot read ends it as an error. Every event the
-    upstream sends has one data line, so all of them parse as one JSON array: one call for the
-    whole batch, not one per event. Anything else takes the event-by-event way."""
+    """The events in `complete` (whole SSE events, "\n"-separated), parsed, through the first
+    one that ends the stream; an event the gateway cannot read ends it as an error. Every event
+    the upstream sends has one data line, so all of them parse as one JSON array: one call for
+    the whole batch, not one per event. Anything else takes the event-by-event way."""
     complete = _join_text_deltas(complete)
     # (An event of several data lines yields pieces that are not JSON objects, and so the slow way.)
     try:
@@ -307,10 +320,47 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
     return _through_end([event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None])
 
 
-def _through_end(events: list) -> list[dict[str, Any]] | None:
+def _relayed_events(complete: bytes) -> Batch:
+    """The events in `complete` as a relayed stream has them, through the first that ends the
+    stream: each run of content_block_delta events (nearly all of a stream) as its bytes,
+    unparsed; every other event (message_start and _delta, message_stop, error, a block's
+    start and stop, ping: a few a stream) parsed, its bytes kept beside it. Events are told
+    apart by their `event:` line; a batch in which an event has none is parsed whole."""
+    lines = b"\n" + complete
+    if lines.count(b"\nevent:") != complete.count(b"\n\n"):
+        return _through_end([_relayed(raw + b"\n\n") for raw in complete.split(b"\n\n")[:-1]])
+    batch: Batch = []
+    done = 0  # what of `complete` is in the batch
+    for found in _READ_EVENT.finditer(lines):
+        line = found.start()  # where the event line starts, in `complete`
+        start = complete.rfind(b"\n\n", 0, line) + 2 if line else 0  # (a line may precede it)
+        if start == 1:
+            start = 0
+        end = complete.find(b"\n\n", line) + 2
+        if start > done:
+            batch.append(complete[done:start])
+        batch.append(_relayed(complete[start:end]))
+        done = end
+    if done < len(complete):
+        batch.append(complete[done:])
+    return _through_end(batch)
+
+
+def _relayed(raw: bytes) -> RelayedEvent:
+    """One SSE event, read, with its bytes. One that holds no JSON event (a comment, an event
+    without data) is of no type the gateway knows, and passes as it came."""
+    event = RelayedEvent(_parse_event(raw) or _NO_EVENT)
+    event.raw = raw
+    return event
+
+
+def _through_end(events: list) -> Batch | None:
     """`events` through the first that ends the stream, or that the gateway cannot read (an
-    error then ends it); None if one of them is not a JSON event (one of several data lines)."""
+    error then ends it); None if one of them is not a JSON event (one of several data lines).
+    Relayed bytes pass as they are."""
     for index, event in enumerate(events):
+        if event.__class__ is bytes:
+            continue
         if not isinstance(event, dict) or type(event.get("type")) is not str:
             return None
         if not readable_event(event):  # the stream ends there, as if the upstream had failed

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timezone
-from typing import Any
 
 from aiohttp import web
 
@@ -19,7 +18,7 @@ from middlewares.core.chain import stage
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SETTLE, request_id
 from middlewares.core.protocols import RecordRow
 from middlewares.core.records import LedgerRow
-from middlewares.core.reply import EventStreamReply, MessageReply
+from middlewares.core.reply import Batch, EventStreamReply, MessageReply, ends_stream
 from middlewares.core.usage import StreamUsage, Usage
 
 __all__ = ["billing_middleware"]
@@ -119,10 +118,9 @@ class BilledEvents:
     def __aiter__(self) -> BilledEvents:
         return self
 
-    async def __anext__(self) -> list[dict[str, Any]]:
+    async def __anext__(self) -> Batch:
         batch = await self._events.__anext__()
-        # Only the last event of a batch can end the stream: nothing after an end is read.
-        ending = batch[-1]["type"] if batch else None
+        ending = ends_stream(batch)
         if ending == "message_stop":
             self._settled = True
             await self._bill.record(self._usage.total())

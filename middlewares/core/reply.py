@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -43,11 +44,32 @@ class MessageReply(web.Response):
         return await super().prepare(request)
 
 
+class RelayedEvent(dict):
+    """A stream event the gateway has read, sent on as the upstream's own bytes (`raw`: the
+    whole SSE event), not written again."""
+
+    __slots__ = ("raw",)
+
+
+# A batch: the events that arrived together. Each is a dict, or, on a stream relayed as the
+# upstream sent it, bytes: a run of content_block_delta events the gateway did not parse.
+Batch = list[dict[str, Any] | bytes]
+
+
+def ends_stream(batch: Batch) -> str | None:
+    """The type of the event that ends the stream with this batch (only a batch's last event
+    can: nothing after an end is read), or None."""
+    if not batch or batch[-1].__class__ is bytes:
+        return None
+    kind = batch[-1]["type"]
+    return kind if kind in ("message_stop", "error") else None
+
+
 class EventEncoder(Protocol):
     finished: bool  # the last batch encoded ended the stream
     ping: bytes  # what keeps a quiet stream alive, in the encoder's framing
 
-    def encode(self, batch: list[dict[str, Any]]) -> bytes:
+    def encode(self, batch: Batch) -> bytes:
         """The bytes to send for a batch of upstream events (b"" when none)."""
 
 
@@ -57,8 +79,8 @@ class EventStream(Protocol):
 
     usage: StreamUsage
 
-    def __aiter__(self) -> AsyncIterator[list[dict[str, Any]]]: ...
-    async def __anext__(self) -> list[dict[str, Any]]: ...
+    def __aiter__(self) -> AsyncIterator[Batch]: ...
+    async def __anext__(self) -> Batch: ...
     async def aclose(self, failed: bool = False) -> None:
         """`failed`: the stream ended in an error the client was told of (not billed)."""
 
@@ -71,9 +93,10 @@ class EventSource(EventStream, Protocol):
 
 
 class AnthropicSSE:
-    """Anthropic's own SSE framing: what a stream sends when no stage translates it. With
-    `model`, the message is said to be that model's (the name the client asked by, not the
-    upstream's). With `usage` (the stream's meter), a message_delta whose output count the
+    """Anthropic's own SSE framing: what a stream sends when no stage translates it. Events the
+    gateway relays go out as the upstream's bytes; those it made (an error) are written here.
+    With `model`, the message is said to be that model's (the name the client asked by, not
+    the upstream's). With `usage` (the stream's meter), a message_delta whose output count the
     gateway did not bill as sent says the output it billed, so the client and the ledger agree."""
 
     finished = False
@@ -83,24 +106,43 @@ class AnthropicSSE:
         self._model = model
         self._usage = usage
 
-    def encode(self, batch: list[dict[str, Any]]) -> bytes:
-        self.finished = bool(batch) and batch[-1]["type"] in ("message_stop", "error")
-        return b"".join(_sse(self._outgoing(event)) for event in batch)
+    def encode(self, batch: Batch) -> bytes:
+        self.finished = ends_stream(batch) is not None
+        return b"".join(self._bytes(event) for event in batch)
 
-    def _outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
+    def _bytes(self, event: dict[str, Any] | bytes) -> bytes:
+        if event.__class__ is bytes:
+            return event
         kind = event["type"]
         if kind == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
-            return {**event, "message": {**event["message"], "model": self._model}}
+            return _with_model(event, self._model)
         if kind == "message_delta" and self._usage is not None:
             billed = self._usage.total()
             if billed.estimated is not None:
-                return {**event, "usage": {**(event.get("usage") or {}), "output_tokens": billed.output_tokens}}
-        return event
+                return _sse({**event, "usage": {**(event.get("usage") or {}), "output_tokens": billed.output_tokens}})
+        raw = getattr(event, "raw", None)
+        return _sse(event) if raw is None else raw
 
 
 def _sse(event: dict[str, Any]) -> bytes:
     # The event's name is its type, as on Anthropic's API.
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+# The first "model" member of a message_start's data, its value a JSON string.
+_MODEL_MEMBER = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _with_model(event: dict[str, Any], model: str) -> bytes:
+    """A message_start said to be `model`'s: in its own bytes where the gateway relays them
+    (only the name's value changes), else written again."""
+    raw = getattr(event, "raw", None)
+    if raw is not None:
+        found = _MODEL_MEMBER.search(raw)
+        # It is the message's own member when it holds the message's name.
+        if found is not None and orjson.loads(found[1]) == event["message"].get("model"):
+            return raw[: found.start(1)] + orjson.dumps(model) + raw[found.end(1):]
+    return _sse({**event, "message": {**event["message"], "model": model}})
 
 
 class StreamRegistry(Protocol):
@@ -224,7 +266,7 @@ class EventStreamReply(web.StreamResponse):
                     # write_eof sets aiohttp's own flag only after draining: a ping must not
                     # slip in after the terminator meanwhile.
                     self._ending = True
-                    self._failed = batch[-1]["type"] == "error"
+                    self._failed = ends_stream(batch) == "error"
                     await self._write(data, last=True)
                     self.outcome = "failed" if self._failed else "ok"
                     return

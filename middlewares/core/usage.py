@@ -114,7 +114,11 @@ class StreamUsage:
     """A stream's usage, metered once as its events are read, for every stage that needs it
     (billing, the translator), as `MessageReply.usage` is for a whole message: Anthropic's
     numbers (message_start's, then message_delta's) and the text seen, which backs the
-    estimate where the upstream's count is missing or cannot be true."""
+    estimate where the upstream's count is missing or cannot be true.
+
+    A batch's events are dicts, or (where the gateway relays the upstream's bytes) bytes: a
+    run of content_block_delta events it does not parse, counted by their size, in the block
+    the last content_block_start opened."""
 
     def __init__(self) -> None:
         self.numbers: dict[str, Any] = {}
@@ -124,9 +128,14 @@ class StreamUsage:
         self.message_id: str | None = None  # the upstream message's (message_start)
         self.response_model: str | None = None  # the model the upstream says answered (message_start)
         self.stop_reason: str | None = None  # why it stopped (message_delta)
+        self._block = "text"  # the open content block's type, for relayed deltas
+        self._envelope: int | None = None  # the bytes of its deltas that are not their text
 
-    def count(self, batch: list[dict[str, Any]]) -> None:
+    def count(self, batch: list[dict[str, Any] | bytes]) -> None:
         for event in batch:
+            if event.__class__ is bytes:
+                self._count_relayed(event)
+                continue
             kind = event["type"]
             if kind == "content_block_delta":
                 delta = event.get("delta") or {}
@@ -139,9 +148,10 @@ class StreamUsage:
                     self.thinking_chars += len(delta.get("thinking", ""))
             elif kind == "content_block_start":  # a block may start with some text (sent on too)
                 block = event.get("content_block") or {}
-                if block.get("type") == "text":
+                self._block, self._envelope = block.get("type"), None
+                if self._block == "text":
                     self.output_chars += _length(block.get("text"))
-                elif block.get("type") == "thinking":
+                elif self._block == "thinking":
                     self.thinking_chars += _length(block.get("thinking"))
             elif kind == "message_start":
                 message = event.get("message") or {}
@@ -155,11 +165,49 @@ class StreamUsage:
                 self.final = self.final or usage.get("output_tokens") is not None
                 self.stop_reason = (event.get("delta") or {}).get("stop_reason")
 
+    def _count_relayed(self, run: bytes) -> None:
+        """The characters a run of relayed content_block_deltas carried, from its size: each
+        delta's bytes less its envelope, which the block's first delta measures (the upstream
+        writes its deltas alike); a signature is no text the model wrote."""
+        if self._block not in _TEXT_BLOCKS:  # a block of no text (redacted thinking, a server tool's results)
+            return
+        if self._envelope is None:
+            self._envelope = _envelope_of(run[: run.find(b"\n\n") + 2])
+        envelope = self._envelope
+        size = len(run) - run.count(b"\n\n") * envelope
+        if self._block == "thinking":
+            at = run.find(b'"signature_delta"')
+            if at >= 0:  # less its event, whole (its envelope is already off)
+                start = run.rfind(b"\n\n", 0, at)
+                start = start + 2 if start >= 0 else 0
+                size -= run.find(b"\n\n", at) + 2 - start - envelope
+            self.thinking_chars += max(size, 0)
+        else:
+            self.output_chars += max(size, 0)
+
     def total(self) -> Usage:
         """The usage so far: the upstream's numbers, its output estimated from the text seen
         where its count is missing (a stream cut short has none yet: the upstream sends it at
         the end) or cannot be true."""
         return Usage.from_anthropic(self.numbers, self.thinking_chars, self.output_chars, final=self.final)
+
+
+# The blocks whose deltas carry what the model wrote.
+_TEXT_BLOCKS = frozenset({"text", "thinking", "tool_use", "server_tool_use", "mcp_tool_use"})
+# A text delta's bytes that are not its text, as Anthropic writes it: for a delta not read.
+_ENVELOPE = len(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                b'"delta":{"type":"text_delta","text":""}}\n\n')
+
+
+def _envelope_of(event: bytes) -> int:
+    """The bytes of one relayed delta event that are not its text (its one string besides the
+    type), however the upstream spaces and orders its JSON."""
+    try:
+        delta = orjson.loads(event[event.index(b"data:") + 5:])["delta"]
+        text = next(value for name, value in delta.items() if name != "type" and isinstance(value, str))
+    except (ValueError, KeyError, TypeError, AttributeError, StopIteration):
+        return _ENVELOPE
+    return len(event) - len(orjson.dumps(text)) + 2
 
 
 # The blocks whose `input` is what the model wrote (a stream's input_json_delta, whole).
