@@ -69,9 +69,10 @@ class Scenario:
 class RecordedRequest:
     path: str  # without the query string
     query: dict[str, str]  # e.g. {"beta": "true"}, as Claude Code sends
-    headers: dict[str, str]  # lower-cased names
+    headers: dict[str, str]  # lower-cased names; a header sent on several lines, its values joined by ", "
     body: dict
     connection: int = 0  # which TCP connection it came on (the client's port)
+    header_lines: list[tuple[str, str]] = field(default_factory=list)  # (lower-cased name, value), as sent
 
 
 # fast=True: the reply to each model, as (content blocks, streamed?, seconds between deltas).
@@ -193,11 +194,15 @@ class MockUpstream:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        headers = {k.lower(): v for k, v in request.headers.items()}
+        header_lines = [
+            (name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in request.raw_headers]
+        headers: dict[str, str] = {}
+        for name, value in header_lines:  # a header on several lines is one list (RFC 9110)
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
         # Record before validating, so tests can inspect rejected requests too.
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.requests.append(RecordedRequest(
-            path=request.path, query=dict(request.query), headers=headers,
+            path=request.path, query=dict(request.query), headers=headers, header_lines=header_lines,
             body=body if isinstance(body, dict) else {}, connection=peer[1] if peer else 0,
         ))
 

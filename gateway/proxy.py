@@ -211,9 +211,10 @@ class Attempts:
     async def _try(self, attempt, deployment: Deployment, body: dict[str, Any], forward: Forward, operation: str):
         if self.tracing is None:
             return await attempt(deployment, body, forward)
-        headers = dict(forward.get("headers") or {})
-        with self.tracing.attempt(operation, body.get("model"), deployment, headers) as span:
+        context: dict[str, str] = {}  # the trace's, for the upstream
+        with self.tracing.attempt(operation, body.get("model"), deployment, context) as span:
             try:
+                headers = [*forward.get("headers", ()), *context.items()]
                 reply = await attempt(deployment, body, {**forward, "headers": headers})
             except GatewayError as failure:
                 self.tracing.failed(span, attempt_outcome(failure))  # in the metric's words
@@ -264,12 +265,12 @@ async def _whole_body(response: aiohttp.ClientResponse) -> bytes | None:
 
 # What a client of Anthropic's API sends that goes upstream with its request, as sent.
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
-Forward = dict[str, dict[str, str]]  # upstream.post's `headers` and `query`
+Forward = dict[str, Any]  # upstream.post's `headers` (lines) and `query`
 
 
 def _forwarded(request: web.Request) -> Forward:
-    # A header sent on several lines is one list (RFC 9110): all of it goes on.
-    headers = {name: ", ".join(values) for name in FORWARDED_HEADERS if (values := request.headers.getall(name, ()))}
+    # Every line of them, byte for byte: a header sent on several lines goes on several.
+    headers = [(name, value) for name in FORWARDED_HEADERS for value in request.headers.getall(name, ())]
     beta = request.query.get("beta")
     return {"headers": headers, "query": {"beta": beta} if beta is not None else {}}
 

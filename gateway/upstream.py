@@ -69,11 +69,12 @@ class UpstreamClient:
 
     async def post(
         self, deployment: Deployment, body: dict[str, Any], *, path: str = MESSAGES,
-        headers: dict[str, str] | None = None, query: dict[str, str] | None = None,
+        headers: list[tuple[str, str]] | None = None, query: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        """POST {base_url}{path}; `headers` (a client's own anthropic-version or anthropic-beta)
-        go with the deployment's, and `query` on the URL. A non-2xx answer is raised as the
-        client's error."""
+        """POST {base_url}{path}; `headers` ((lower-cased name, value) lines: a client's own
+        anthropic-version or anthropic-beta, each line as it sent it) go with the deployment's,
+        in place of any of the same name, and `query` on the URL. A non-2xx answer is raised
+        as the client's error."""
         assert self._session is not None, "UpstreamClient.lifespan is not running"
         target = self._targets.get((deployment, path))
         if target is None:
@@ -83,7 +84,11 @@ class UpstreamClient:
                 aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
             )
         url, fixed, timeout = target
-        headers = {**fixed, **headers} if headers else fixed
+        if headers:
+            names = {name for name, _ in headers}
+            headers = [*((name, value) for name, value in fixed.items() if name not in names), *headers]
+        else:
+            headers = fixed
         if query:
             url = url.with_query(query)
         try:

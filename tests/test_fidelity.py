@@ -1,7 +1,8 @@
 """What the client sees is what the upstream said. Usage is the upstream's own count on both
 routes, streamed and not, and the ledger row says the same; the estimate from the answer's text
 stands in only where that count is missing or cannot be true. The native route relays the
-upstream's stream as its bytes (only message_start's model set back to the client's name)."""
+upstream's stream as its bytes (only message_start's model set back to the client's name), and
+its anthropic-beta lines go upstream as sent."""
 
 from __future__ import annotations
 
@@ -242,3 +243,14 @@ async def test_a_native_message_keeps_every_field_in_its_order(start_gateway):
         await runner.cleanup()
     assert status == 200
     assert list(json.loads(got).items()) == list({**reply, "model": MODEL}.items())
+
+
+async def test_anthropic_beta_lines_go_upstream_byte_for_byte(gateway, upstream):
+    lines = [("anthropic-beta", "interleaved-thinking-2025-05-14,effort-2025-11-24"),
+             ("anthropic-beta", "context-management-2025-06-27")]
+    status, _ = await post(gateway.url, {"model": MODEL, "max_tokens": 5, "messages": HELLO},
+                           [("x-api-key", KEY), ("anthropic-version", "2023-06-01"), *lines])
+    assert status == 200
+    [sent] = upstream.requests
+    assert [line for line in sent.header_lines if line[0] == "anthropic-beta"] == lines
+    assert [line for line in sent.header_lines if line[0] == "anthropic-version"] == [("anthropic-version", "2023-06-01")]
