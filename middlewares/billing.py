@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SETTLE, request_id
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SESSION, SETTLE, request_id
 from middlewares.core.protocols import RecordRow
 from middlewares.core.records import LedgerRow
 from middlewares.core.reply import Batch, EventStreamReply, MessageReply, ends_stream
@@ -78,6 +78,7 @@ class Bill:
             outcome=outcome,
             started_at=self._started,
             finished_at=datetime.now(timezone.utc),
+            session=LedgerRow.session_name(request.get(SESSION)),
         )
         if usage.estimated is not None and outcome == "complete":  # the answer ended, yet its count is wanting
             log.warning("deployment %s sent an answer whose output count is %s: billed the estimate from its text, "

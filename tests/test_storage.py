@@ -175,6 +175,65 @@ async def test_processes_opening_a_fresh_sqlite_file_at_once_migrate_it_once(tmp
         ]
 
 
+async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_one(store_url, opened):
+    """A database whose ledger has no session column (every migration before it applied, one row
+    written): opening it adds the column; the old row reads back with no session, and new rows
+    keep theirs."""
+    scripts = migrations(store_url)
+    before = next(i for i, script in enumerate(scripts) if "ADD COLUMN session" in script)
+    old = ("old-row", "anthropic/claude-sonnet-5-5", "anthropic/claude-sonnet-5-5", "primary", 1, 2, 3, 4, 0,
+           "0.5", "complete")
+    if store_url.startswith("sqlite:///"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
+            db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            for number, script in enumerate(scripts[:before], start=1):
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+            db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
+            db.execute("INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
+                       " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
+                       " started_at, finished_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                       " '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:01.000000Z')", old)
+        db.close()
+    else:
+        db = await asyncpg.connect(store_url)
+        try:
+            async with db.transaction():
+                await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                for number, script in enumerate(scripts[:before], start=1):
+                    await db.execute(script)
+                    await db.execute("INSERT INTO schema_version VALUES ($1)", number)
+                key_id = await db.fetchval("INSERT INTO keys (key_sha256, name) VALUES ($1, 'older') RETURNING id",
+                                           digest("sk-older"))
+                await db.execute(
+                    "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
+                    " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
+                    " started_at, finished_at) VALUES ($1, $12, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11,"
+                    " '2026-01-01T00:00:00Z', '2026-01-01T00:00:01Z')", *old, key_id)
+        finally:
+            await db.close()
+
+    store = await opened(store_url)
+    assert await query(store_url, "SELECT max(version) FROM schema_version") == [(len(scripts),)]
+    key = await store.find_key(digest("sk-older"))
+    new = row("new-row", key.id, "0.25", session="claude-code-session")
+    await store.write_ledger([new])
+    [kept, written] = await store.ledger()
+    assert (kept.request_id, kept.cost_usd, kept.session) == ("old-row", Decimal("0.5"), None)
+    assert written == new
+
+
+async def test_a_rows_session_is_kept_as_written(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-sessions"), name="sessions")
+    rows = [row("named", key.id, "0.1", session="a" * 64), row("unnamed", key.id, "0.2"),
+            row("digest", key.id, "0.3", session=LedgerRow.session_name("a" * 65))]
+    await store.write_ledger(rows)
+    assert await store.ledger() == rows
+    assert [r.session for r in rows] == ["a" * 64, None, "sha256:" + hashlib.sha256(b"a" * 65).hexdigest()[:32]]
+
+
 # --- keys
 
 

@@ -24,7 +24,7 @@ _MIGRATION_LOCK = 0x657A6174
 _TIMEOUT = 10.0
 # The ledger's columns in LEDGER_FIELDS' order, as PostgreSQL types for unnest().
 _LEDGER_TYPES = ("text", "bigint", "text", "text", "text", "bigint", "bigint", "bigint", "bigint", "bigint",
-                 "numeric", "text", "timestamptz", "timestamptz", "bigint")
+                 "numeric", "text", "timestamptz", "timestamptz", "bigint", "text")
 assert len(_LEDGER_TYPES) == len(LEDGER_FIELDS)
 # Written again after a commit whose answer was lost (the ledger tries a failed batch again), a
 # row that is already there is skipped, and only the rows inserted add to their key's spend.

@@ -89,6 +89,8 @@ SQLITE = [
     """,
     # An organization's keys, counted when organizations are listed (ledger writes never change it).
     "CREATE INDEX keys_by_organization ON keys (organization_id)",
+    # The conversation a request belonged to (LedgerRow.session_name); rows from before have none.
+    "ALTER TABLE ledger ADD COLUMN session TEXT",
 ]
 
 POSTGRES = [
@@ -163,6 +165,8 @@ POSTGRES = [
     "ALTER TABLE ledger ADD COLUMN cache_write_1h_tokens BIGINT NOT NULL DEFAULT 0",
     # An organization's keys, counted when organizations are listed (ledger writes never change it).
     "CREATE INDEX keys_by_organization ON keys (organization_id)",
+    # The conversation a request belonged to (LedgerRow.session_name); rows from before have none.
+    "ALTER TABLE ledger ADD COLUMN session TEXT",
 ]
 
 # Key columns a caller may set, in the order both stores read them back.

@@ -574,10 +574,11 @@ def _key(row: tuple) -> KeyRecord:
 
 def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:
     return [
-        (*counts, str(cost), outcome, _text(started), _text(finished), cache_write_1h)
-        for *counts, cost, outcome, started, finished, cache_write_1h in rows
+        (*counts, str(cost), outcome, _text(started), _text(finished), cache_write_1h, session)
+        for *counts, cost, outcome, started, finished, cache_write_1h, session in rows
     ]
 
 
 def _ledger_row(values: tuple) -> LedgerRow:
-    return LedgerRow(*values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]), values[14])
+    return LedgerRow(*values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]),
+                     values[14], values[15])

@@ -3,6 +3,8 @@ ledger row (billing makes it). The gateway's stores keep them; another app may k
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -10,6 +12,12 @@ from fnmatch import fnmatchcase
 from typing import Literal, NamedTuple
 
 Outcome = Literal["complete", "client_closed"]
+
+# The longest conversation name the ledger keeps as sent; a longer one is kept as its digest.
+MAX_SESSION_CHARS = 64
+# What a name kept as sent may not hold: control characters (PostgreSQL's text refuses NUL; a
+# report's line would break on a newline) and surrogates (a header's bytes that are not UTF-8).
+_UNKEPT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,16 @@ class LedgerRow(NamedTuple):
     started_at: datetime
     finished_at: datetime
     cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour
+    session: str | None = None  # the conversation, as `session_name` keeps it
+
+    @staticmethod
+    def session_name(session: str | None) -> str | None:
+        """How the ledger names a request's conversation (the name routing sticks by): as sent
+        when it is at most MAX_SESSION_CHARS characters of text; else "sha256:" and the first 32
+        hex digits of its SHA-256, the same for every request of the conversation. None for a
+        request that names none."""
+        if not session:
+            return None
+        if len(session) <= MAX_SESSION_CHARS and not _UNKEPT.search(session):
+            return session
+        return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()[:32]
