@@ -57,8 +57,9 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
     usage.add_argument("--key", help="only this key (name or id)")
     usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
-    usage.add_argument("--by", choices=("day", "model", "key", "org"), default="day",
-                       help="org: by each key's organization (as it is now)")
+    usage.add_argument("--by", choices=("day", "model", "key", "org", "session"), default="day",
+                       help="org: by each key's organization (as it is now); session: by conversation "
+                            "(x-ezat-session or prompt_cache_key)")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 
@@ -263,16 +264,19 @@ USAGE_COLUMNS = ["requests", "input_tokens", "cache_write_tokens", "cache_write_
 
 
 def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
-    groups: dict[str, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
+    """The rows added up by `by`. By session, requests that named no conversation are one group,
+    None (an empty cell; null in JSON), last."""
+    groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
     for row in rows:
         group = {"day": row.finished_at.date().isoformat(), "model": row.answered_model,
                  "key": key_names.get(row.key_id, str(row.key_id)),
-                 "org": key_names.get(row.key_id, "default")}[by]
+                 "org": key_names.get(row.key_id, "default"), "session": row.session}[by]
         totals = groups[group]
         for i, value in enumerate((1, *(getattr(row, column) for column in USAGE_COLUMNS[1:]))):
             totals[i] += value
     header = [by, *USAGE_COLUMNS]
-    lines = [[group, *totals] for group, totals in sorted(groups.items())]
+    ordered = sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or ""))
+    lines = [[group, *totals] for group, totals in ordered]
     if format == "json":
         return orjson.dumps([dict(zip(header, line)) for line in lines], default=str, option=orjson.OPT_INDENT_2).decode() + "\n"
     if format == "csv":

@@ -341,18 +341,22 @@ def totals(rows) -> dict:
 
 
 def parsed(output: str, format: str, by: str) -> dict:
-    """{group: totals} from the command's csv, json or table output."""
+    """{group: totals} from the command's csv, json or table output (an empty group, as
+    requests without a session are, is None)."""
     if format == "json":
         lines = json.loads(output)
     elif format == "csv":
         lines = list(csv.DictReader(io.StringIO(output)))
     else:
         header, *rest = output.splitlines()
-        lines = [dict(zip(header.split(), line.split())) for line in rest]
+        # Cells are left-aligned under their column's name: sliced at the names' offsets.
+        starts = [match.start() for match in re.finditer(r"\S+", header)]
+        lines = [{header[start:end].strip(): line[start:end].strip()
+                  for start, end in zip(starts, [*starts[1:], None])} for line in rest]
     result = {}
     for line in lines:
         assert set(line) == {by, *totals([])}, line
-        result[line[by]] = {
+        result[line[by] if line[by] != "" else None] = {
             name: Decimal(str(value)) if name == "cost_usd" else int(value)
             for name, value in line.items() if name != by
         }
@@ -413,3 +417,34 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
     for (options, want), (status, output) in zip(filters.items(), outputs):
         assert status == 0, output
         assert parsed(output, "json", "key") == want, (options, output)
+
+
+async def test_usage_by_session_adds_up_each_conversations_cost_in_every_format(backend, start_gateway, upstream):
+    """Each conversation named by x-ezat-session or prompt_cache_key; the requests that named
+    none are one group, last."""
+    _, _, url = backend
+    secret = await create_ci_key(backend)
+    gateway = await serve(start_gateway, backend)
+    asked = [  # (key, session options, model, usage)
+        (secret, {"extra_headers": {"x-ezat-session": "alpha"}}, *CI_USAGE[0][:2]),
+        (secret, {"prompt_cache_key": "beta"}, *CI_USAGE[1][:2]),
+        (CONFIG_KEY, {"extra_headers": {"x-ezat-session": "alpha"}}, *CFG_USAGE[0][:2]),
+        (CONFIG_KEY, {}, *CFG_USAGE[1][:2]),
+    ]
+    for key, options, model, usage in asked:
+        upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "billed"}], usage=usage))
+        async with gateway.client(api_key=key) as client:
+            await client.chat.completions.create(model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
+                                                 **options)
+    rows, _ = await read_store(url)
+    assert [r.session for r in rows] == ["alpha", "beta", "alpha", None]
+    expected = {"alpha": totals([rows[0], rows[2]]), "beta": totals([rows[1]]), None: totals([rows[3]])}
+    assert expected["alpha"]["cost_usd"] == CI_USAGE[0][2] + CFG_USAGE[0][2]
+
+    for format in ("table", "csv", "json"):
+        status, output = await ezat(backend, "usage", "--by", "session", "--format", format)
+        assert status == 0, output
+        assert parsed(output, format, "session") == expected, (format, output)
+        assert list(parsed(output, format, "session")) == ["alpha", "beta", None]  # the unnamed last
+    status, output = await ezat(backend, "usage", "--by", "session", "--key", "ci", "--format", "json")
+    assert parsed(output, "json", "session") == {"alpha": totals([rows[0]]), "beta": totals([rows[1]])}
