@@ -59,7 +59,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
     usage.add_argument("--by", choices=("day", "model", "key", "org", "session"), default="day",
                        help="org: by each key's organization (as it is now); session: by conversation "
-                            "(x-ezat-session or prompt_cache_key)")
+                            "(x-ezat-session, prompt_cache_key or Claude Code's session id)")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 

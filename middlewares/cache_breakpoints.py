@@ -6,8 +6,10 @@ text, or the last tool when there is no system prompt) and one on the newest mes
 the next turn reads back. A request that places its own (`cache_control` on content parts or
 tools, OpenRouter style) keeps them and gets none added.
 
-The stage also names the conversation for routing: `x-ezat-session`, else `prompt_cache_key`
-(routing falls back on the stable prefix), so requests that can share a cache go to one deployment.
+The stage also names the conversation for routing and the ledger: `x-ezat-session`, else
+`prompt_cache_key` (on Anthropic's API, which has no such field, the `X-Claude-Code-Session-Id`
+Claude Code sends on every request of a session); routing falls back on the stable prefix. So
+requests that can share a cache go to one deployment.
 
 On Anthropic's Messages API (`api="anthropic"`) the same two go on the last block of `system` (or
 the last tool) and on the newest message's last block; a request with a `cache_control` of its
@@ -162,7 +164,9 @@ def _mark_last_block(blocks: list[Any]) -> bool:
 
 
 def _anthropic_session(request: web.Request, body: dict[str, Any]) -> str | None:
-    return request.headers.get("x-ezat-session") or None
+    # The gateway's own header first: a client that names its conversations means that name.
+    headers = request.headers
+    return headers.get("x-ezat-session") or headers.get("x-claude-code-session-id") or None
 
 
 def _blocks(content: Any) -> list[Any]:

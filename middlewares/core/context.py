@@ -48,9 +48,9 @@ FALLBACK_MODELS = _key("fallback_models", tuple[ModelSpec, ...])
 # Settles what admission reserved, set by limits: billing calls it with the usage it recorded,
 # or with None for a request it does not bill. Only the first call counts.
 SETTLE = _key("settle", Callable[[Usage | None], Awaitable[None]])
-# The conversation the request belongs to (`x-ezat-session`, else `prompt_cache_key`), as sent,
-# set by cache_breakpoints; routing keeps a conversation on one deployment, and billing names it
-# in the ledger row.
+# The conversation the request belongs to (`x-ezat-session`, else `prompt_cache_key`, or on
+# Anthropic's API Claude Code's `X-Claude-Code-Session-Id`), as sent, set by cache_breakpoints;
+# routing keeps a conversation on one deployment, and billing names it in the ledger row.
 SESSION = _key("session", str | None)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
 REQUEST_ID = _key("request_id", str)
