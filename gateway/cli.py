@@ -30,7 +30,7 @@ from gateway.server import LISTEN_BACKLOG, app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
     LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, LoggingConfig, Model, Pricing, StorageConfig, expired_keys,
-    load_config, load_storage_config, storage_url_problem,
+    load_config, load_storage_config, shared_upstream_models, storage_url_problem,
 )
 
 log = logging.getLogger("ezat")
@@ -126,7 +126,8 @@ def check_config(path: str) -> int:
         f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
         f"{len(config.keys)} keys)"
     )
-    for warning in expired_keys(config):  # valid, so not a failure, but worth a look
+    # Valid, so not a failure, but worth a look.
+    for warning in [*expired_keys(config), *shared_upstream_models(config)]:
         print(warning)
     return 0
 

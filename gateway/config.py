@@ -11,6 +11,7 @@ import math
 import os
 import re
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from datetime import datetime, timezone
@@ -206,7 +207,8 @@ class Pricing:  # USD per million tokens
 @dataclass(frozen=True)
 class Model:
     id: str = _field(check=_non_empty)  # what clients send
-    upstream_model: str = _field(check=_non_empty, fallback=lambda values: values["id"])  # sent upstream
+    # Sent upstream; clients may send it too (Config.model says when it names this model).
+    upstream_model: str = _field(check=_non_empty, fallback=lambda values: values["id"])
     deployments: tuple[str, ...] = _field(check=_some_deployments)  # in preference order
     aliases: tuple[str, ...] = _field((), check_each=_non_empty)  # other names clients may send for it
     max_output_tokens: int = _field(64000, check=_positive)
@@ -268,8 +270,13 @@ class Config:
     # cached_property writes to the instance __dict__ directly, so it works on a frozen dataclass.
     @cached_property
     def _models_by_id(self) -> dict[str, Model]:
-        """Every name a model answers to: its id and its aliases."""
-        return {name: model for model in self.models for name in (*model.aliases, model.id)}
+        """Every name a model answers to: its id and its aliases, and its upstream_model (the
+        name Claude Code and Anthropic's SDKs send) unless another model's id or alias is that
+        name, or another model has the same upstream_model (shared_upstream_models)."""
+        shared = Counter(model.upstream_model for model in self.models)
+        names = {model.upstream_model: model for model in self.models if shared[model.upstream_model] == 1}
+        names.update((name, model) for model in self.models for name in (*model.aliases, model.id))
+        return names
 
     @cached_property
     def _deployments_by_name(self) -> dict[str, Deployment]:
@@ -336,6 +343,22 @@ def expired_keys(config: Config, now: datetime | None = None) -> list[str]:
             name = f" ({key.name})" if key.name else ""
             lines.append(f"keys[{i}]{name}: expired at {key.expires_at.isoformat()}; requests with it get 401")
     return lines
+
+
+def shared_upstream_models(config: Config) -> list[str]:
+    """One line for each upstream_model name that several models share and no model's id or alias
+    is: a valid config (two models may send the same upstream model), but a client sending that
+    name gets 404, where a name only one model sends would find it."""
+    named = {name for model in config.models for name in (*model.aliases, model.id)}
+    sharing: dict[str, list[int]] = {}
+    for i, model in enumerate(config.models):
+        if model.upstream_model not in named:
+            sharing.setdefault(model.upstream_model, []).append(i)
+    return [
+        f'models[{entries[0]}].upstream_model: "{name}" is also {" and ".join(f"models[{i}]" for i in entries[1:])}\'s;'
+        f" requests for it get 404 (an alias of that name on one of them picks it)"
+        for name, entries in sharing.items() if len(entries) > 1
+    ]
 
 
 def _join(path: str, key: str) -> str:

@@ -21,6 +21,7 @@ from gateway.config import (
     load_config,
     load_storage_config,
     parse_config,
+    shared_upstream_models,
 )
 from tests.support import run_command
 
@@ -247,7 +248,8 @@ def test_port_bounds_accepted(port):
 def test_lookups():
     config = parse_config(EXAMPLE, env=ENV)
     assert config.model("anthropic/claude-sonnet-5-5") is config.models[0]
-    assert config.model("claude-sonnet-5-5") is None
+    assert config.model("claude-sonnet-5-5") is config.models[0]  # its upstream_model
+    assert config.model("claude-sonnet") is None
     assert config.deployment("anthropic") is config.deployments[0]
     assert config.deployment("other") is None
 
@@ -652,6 +654,69 @@ async def test_check_config_refuses_an_unpriced_model(tmp_path):
     ])
     with pytest.raises(ConfigError):
         load_config(path)
+
+
+# --- Upstream model names
+
+
+def models(*entries: tuple[str, str, tuple[str, ...]]) -> str:
+    """Free models on deployment a: (id, upstream_model, aliases) each."""
+    return DEPLOYMENT + "".join(
+        f'[[models]]\nid = "{id}"\nupstream_model = "{upstream}"\naliases = {list(aliases)!r}\n'
+        f'deployments = ["a"]\nfree = true\n'.replace("'", '"')
+        for id, upstream, aliases in entries
+    )
+
+
+def test_a_model_answers_to_its_upstream_model_name():
+    config = parse_config(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
+                                 ("anthropic/claude-haiku-4-5-dated", "claude-haiku-4-5-20251001", ())))
+    haiku, dated = config.models
+    assert config.model("claude-haiku-4-5") is haiku
+    assert config.model("claude-haiku-4-5-20251001") is dated
+    assert shared_upstream_models(config) == []
+
+
+def test_another_models_id_or_alias_keeps_its_name():
+    config = parse_config(models(("anthropic/haiku", "claude-haiku-4-5", ()),  # sent upstream by both
+                                 ("claude-haiku-4-5", "claude-haiku-4-5", ()),  # ...and this one's id
+                                 ("anthropic/sonnet", "claude-sonnet-5-5", ()),
+                                 ("team/sonnet", "claude-sonnet-5-5-20260101", ("claude-sonnet-5-5",))))
+    haiku, named_haiku, sonnet, team = config.models
+    assert config.model("claude-haiku-4-5") is named_haiku
+    assert config.model("claude-sonnet-5-5") is team  # an alias, over another model's upstream name
+    assert config.model("claude-sonnet-5-5-20260101") is team and config.model("anthropic/sonnet") is sonnet
+    assert shared_upstream_models(config) == []  # each name finds a model: nothing to warn of
+
+
+def test_an_upstream_model_name_several_models_share_names_none_of_them():
+    config = parse_config(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
+                                 ("anthropic/claude-sonnet-5-5", "claude-sonnet-5-5", ()),
+                                 ("cheap/haiku", "claude-haiku-4-5", ()),
+                                 ("batch/haiku", "claude-haiku-4-5", ())))
+    assert config.model("claude-haiku-4-5") is None
+    assert config.model("claude-sonnet-5-5") is config.models[1]
+    assert [config.model(m.id) for m in config.models] == list(config.models)
+    assert shared_upstream_models(config) == [
+        'models[0].upstream_model: "claude-haiku-4-5" is also models[2] and models[3]\'s; requests for it get 404'
+        " (an alias of that name on one of them picks it)"
+    ]
+
+
+async def test_check_config_warns_of_an_upstream_model_name_that_names_no_model(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
+                           ("cheap/haiku", "claude-haiku-4-5", ())), encoding="utf-8")
+    status, output = await run_command("check-config", str(path), cwd=tmp_path)
+    assert (status, output.splitlines()) == (0, [  # a warning: the file is valid
+        f"{path}: ok (1 deployments, 2 models, 0 keys)",
+        'models[0].upstream_model: "claude-haiku-4-5" is also models[1]\'s; requests for it get 404'
+        " (an alias of that name on one of them picks it)",
+    ])
+    # An alias of that name on one of them takes it, and the warning goes.
+    path.write_text(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ("claude-haiku-4-5",)),
+                           ("cheap/haiku", "claude-haiku-4-5", ())), encoding="utf-8")
+    assert await run_command("check-config", str(path), cwd=tmp_path) == (0, f"{path}: ok (1 deployments, 2 models, 0 keys)\n")
 
 
 # --- Reading files
