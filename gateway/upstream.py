@@ -299,8 +299,10 @@ class UpstreamEvents:
 _DATA_LINE = re.compile(rb"\ndata: ?(.*)")
 
 
-# An event line that names anything but a content_block_delta: the events a relayed stream parses.
-_READ_EVENT = re.compile(rb"\nevent:(?! ?content_block_delta\n)")
+# An event that names anything but a content_block_delta: the events a relayed stream parses.
+_READ_EVENT = re.compile(rb"\n\nevent:(?! ?content_block_delta\n)")
+# An event that does not start with its event line (a relayed stream parses its batch whole).
+_UNNAMED_EVENT = re.compile(rb"\n\n(?!event:|\Z)")
 # What a relayed run of deltas is, to first_output: output.
 _RELAYED_DELTA = {"type": "content_block_delta"}
 _NO_EVENT = {"type": ""}
@@ -331,17 +333,13 @@ def _relayed_events(complete: bytes) -> Batch:
     unparsed; every other event (message_start and _delta, message_stop, error, a block's
     start and stop, ping: a few a stream) parsed, its bytes kept beside it. Events are told
     apart by their `event:` line; a batch in which an event has none is parsed whole."""
-    lines = b"\n" + complete
-    if lines.count(b"\nevent:") != complete.count(b"\n\n"):
+    if not complete.startswith(b"event:") or _UNNAMED_EVENT.search(complete) is not None:
         return _through_end([_relayed(raw + b"\n\n") for raw in complete.split(b"\n\n")[:-1]])
     batch: Batch = []
     done = 0  # what of `complete` is in the batch
-    for found in _READ_EVENT.finditer(lines):
-        line = found.start()  # where the event line starts, in `complete`
-        start = complete.rfind(b"\n\n", 0, line) + 2 if line else 0  # (a line may precede it)
-        if start == 1:
-            start = 0
-        end = complete.find(b"\n\n", line) + 2
+    for found in _READ_EVENT.finditer(b"\n\n" + complete):  # the first event too follows a blank line
+        start = found.start()  # where the event starts in `complete`: its event line
+        end = complete.find(b"\n\n", start) + 2
         if start > done:
             batch.append(complete[done:start])
         batch.append(_relayed(complete[start:end]))
@@ -354,7 +352,16 @@ def _relayed_events(complete: bytes) -> Batch:
 def _relayed(raw: bytes) -> RelayedEvent:
     """One SSE event, read, with its bytes. One that holds no JSON event (a comment, an event
     without data) is of no type the gateway knows, and passes as it came."""
-    event = RelayedEvent(_parse_event(raw) or _NO_EVENT)
+    event = None
+    data = raw.find(b"\ndata:") + 6
+    if data > 5 and raw.find(b"\n", data) == len(raw) - 2:  # one data line, the last: as upstreams write
+        try:
+            event = orjson.loads(raw[data:])  # the space after "data:" and the blank line are JSON's whitespace
+        except orjson.JSONDecodeError:
+            pass
+    if not (isinstance(event, dict) and type(event.get("type")) is str):
+        event = _parse_event(raw)
+    event = RelayedEvent(event or _NO_EVENT)
     event.raw = raw
     return event
 

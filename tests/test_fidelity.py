@@ -193,6 +193,45 @@ async def test_a_native_stream_is_the_upstreams_bytes_event_by_event(start_gatew
     assert row.output_tokens == usage["output_tokens"]
 
 
+def with_ids(stream: bytes) -> bytes:
+    """Each event led by an `id:` line, which SSE allows before its event line."""
+    parts = stream.split(b"\n\n")[:-1]
+    return b"".join(b"id: %d\n%s\n\n" % (n, part) for n, part in enumerate(parts))
+
+
+def without_event_lines(stream: bytes) -> bytes:
+    """Each event as its data line alone, the type only in its JSON."""
+    return b"".join(line + b"\n\n" for line in stream.split(b"\n") if line.startswith(b"data:"))
+
+
+@pytest.mark.parametrize("rewrite", [with_ids, without_event_lines])
+async def test_a_stream_whose_events_do_not_start_with_their_name_is_relayed_and_billed(start_gateway, rewrite):
+    mock = MockUpstream(api_key=UPSTREAM_KEY)
+    await mock.start()
+    body = {"model": UPSTREAM_MODEL, "max_tokens": 1024, "stream": True, "messages": HELLO}
+    try:
+        mock.enqueue(Scenario(blocks=ANSWERS["text-burst"], chunk_size=3))
+        _, sent = await post(mock.url, body, [("x-api-key", UPSTREAM_KEY), ("anthropic-version", "2023-06-01")])
+    finally:
+        await mock.close()
+    sent = rewrite(sent)
+    replay = Replay(sent)
+    runner, url = await replay.start()
+    try:
+        gateway = await start_gateway(make_config(url))
+        status, got = await post(gateway.url, {**body, "model": MODEL})
+        [row] = await gateway.app[STORE].ledger()
+    finally:
+        await runner.cleanup()
+
+    assert status == 200
+    expected = events(sent)
+    expected[0] = named_as_asked(expected[0], UPSTREAM_MODEL)
+    assert events(got) == expected
+    usage = json.loads(expected[-3].split(b"data: ", 1)[1])["usage"]
+    assert row.output_tokens == usage["output_tokens"]
+
+
 def written_as_another_would(event: dict) -> bytes:
     """An SSE event with its JSON spaced and its keys in the reverse order."""
     def reorder(value):
