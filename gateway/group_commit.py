@@ -15,8 +15,11 @@ from typing import Any
 # concurrent requests: twice the rows a transaction, a tenth less CPU a request.
 LINGER_TURNS = 2
 # An arrival is alone when the one before it came (or was committed) at least this long before:
-# not one of a burst of requests, which had better share a transaction.
-ALONE_AFTER = 0.0002
+# not one of a burst of requests, which had better share a transaction. Long enough that a busy
+# gateway's arrivals, spread by the work between them and by the lone commits themselves, still
+# count as busy: with a window shorter than a request's own CPU, one lone commit each kept them
+# apart (bench/RESULTS.md, 2026-12-03).
+ALONE_AFTER = 0.001
 # The most one group takes (ledger rows, spend holds): a burst of thousands is written in several
 # transactions, none long on the event loop.
 MAX_GROUP = 2000

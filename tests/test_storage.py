@@ -530,6 +530,7 @@ async def test_a_row_recorded_alone_is_committed_by_its_own_request(tmp_path, op
         assert asyncio.all_tasks() == tasks
         assert len(await query(f"sqlite:///{tmp_path / 'alone.db'}", "SELECT 1 FROM ledger")) == i + 1
     store.commit_seconds = 2 * ALONE_AFTER  # a commit slower than the gap that makes a row alone
+    await asyncio.sleep(2 * ALONE_AFTER)
     await asyncio.gather(*(ledger.record(row(f"req-burst-{i}", key.id, "0.01")) for i in range(50)))
 
     assert store.batches == [1, 1, 1, 1, 49]  # the burst's first row finds the ledger idle
