@@ -1,5 +1,5 @@
 """The benchmarks' upstream in a process of its own: `MockUpstream(fast=True)`, which answers
-from pre-encoded bytes chosen by the request's `model` (gateway.mock_upstream.FAST_MODELS), run
+from pre-encoded bytes chosen by the request's `model` (gateway.mock.upstream.FAST_MODELS), run
 as `ezat-gateway mock-upstream` runs the mock (uvloop, the gateway's garbage-collector tuning).
 
     python bench/mock.py --port 8081
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.mock_upstream import run
+from gateway.mock.upstream import run
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)

@@ -1,6 +1,6 @@
 """What the clients send: each scenario as an OpenAI request (to the gateway) and the
 equivalent Anthropic request (to the floor), so that both cause the same upstream work. The
-fast mock picks its reply by `model` (gateway.mock_upstream.FAST_MODELS)."""
+fast mock picks its reply by `model` (gateway.mock.upstream.FAST_MODELS)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> l
 
     from gateway.app import build_app
     from gateway.config import parse_config
-    from gateway.mock_upstream import MockUpstream
+    from gateway.mock.upstream import MockUpstream
     from systems import GATEWAY_KEY
 
     differences = []

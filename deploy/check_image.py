@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.mock_upstream import FAST_MODELS
+from gateway.mock.upstream import FAST_MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "localhost/ezat-python-base"
@@ -160,7 +160,7 @@ async def run_checks(work: Path) -> dict:
     config.write_text(GATEWAY_TOML.format(port=port, upstream_port=upstream_port, models=models))
     config.chmod(0o644)  # the container's user reads it
     podman("run", "-d", "--name", "ezat-check-mock", "--network", "host", "--read-only", "--entrypoint", "python3",
-           IMAGE, "-c", f"from gateway.mock_upstream import run; run('127.0.0.1', {upstream_port}, fast=True)")
+           IMAGE, "-c", f"from gateway.mock.upstream import run; run('127.0.0.1', {upstream_port}, fast=True)")
     podman("run", "-d", "--name", "ezat-check-gateway", "--network", "host", "--read-only",
            # A volume for the SQLite ledger, which takes the image's /var/lib/ezat (and its owner).
            "--tmpfs", "/tmp", "-v", f"{VOLUME}:/var/lib/ezat", "-v", f"{config}:/etc/ezat/gateway.toml:ro",

@@ -10,11 +10,11 @@ from aiohttp import web
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
-from gateway.metrics import NO_METRICS, Metrics, metrics_handler
-from gateway.observe import observe_middleware
+from gateway.ops.metrics import NO_METRICS, Metrics, metrics_handler
+from gateway.ops.observe import observe_middleware
 from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
-from gateway.readiness import Readiness
-from gateway.tracing import Tracing
+from gateway.ops.readiness import Readiness
+from gateway.ops.tracing import Tracing
 from gateway.ratelimit import rate_limiter
 from gateway.server import server_header
 from gateway.storage import Store, open_store

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from gateway import admin
 from gateway.app import READINESS, build_app
-from gateway.logs import configure_logging
-from gateway.metrics import MULTIPROCESS_DIR
-from gateway.tracing import Tracing, TracingUnavailable
+from gateway.ops.logs import configure_logging
+from gateway.ops.metrics import MULTIPROCESS_DIR
+from gateway.ops.tracing import Tracing, TracingUnavailable
 from gateway.server import LISTEN_BACKLOG, app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
 from gateway.config import (
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-config":
             return check_config(args.file)
         if args.command == "mock-upstream":
-            from gateway.mock_upstream import run
+            from gateway.mock.upstream import run
 
             run(args.host, args.port)
             return 0
@@ -250,7 +250,7 @@ async def embedded_config():
     if api_key:
         deployment = Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key=api_key)
     else:
-        from gateway.mock_upstream import MockUpstream
+        from gateway.mock.upstream import MockUpstream
 
         mock = MockUpstream()
         url = await mock.start()

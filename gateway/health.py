@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from gateway.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 
 
 class Health:

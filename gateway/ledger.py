@@ -10,7 +10,7 @@ import logging
 import time
 
 from gateway.group_commit import MAX_GROUP, GroupCommit
-from gateway.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
 from middlewares.core.errors import GatewayError
 

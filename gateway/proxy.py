@@ -26,8 +26,8 @@ from gateway.config import Config, Deployment, Model
 from gateway.health import Health
 from gateway.routing import affinity, ranked
 from gateway.streams import OpenStreams
-from gateway.metrics import NO_METRICS, Metrics, NoMetrics
-from gateway.tracing import Tracing
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.ops.tracing import Tracing
 from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message

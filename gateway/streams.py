@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from middlewares.core.reply import EventStreamReply
 
 

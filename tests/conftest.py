@@ -16,7 +16,7 @@ import redis.exceptions
 
 from gateway.app import build_app
 from gateway.config import Config
-from gateway.mock_upstream import MockUpstream
+from gateway.mock.upstream import MockUpstream
 from tests.support import UPSTREAM_KEY, Gateway, make_config
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from gateway.admin import USAGE_COLUMNS
 from gateway.config import StorageConfig, load_config
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, read_store, run_command
 
 CONFIG_KEY = "sk-config-key-for-cfg"

@@ -26,7 +26,7 @@ from yarl import URL
 
 from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock.upstream import MockUpstream, Scenario
 from middlewares.core.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
 from tests.requests_util import WEATHER_TOOLS as TOOLS

@@ -17,7 +17,7 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from gateway.config import Deployment
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock.upstream import MockUpstream, Scenario
 from gateway.routing import ranked
 from tests.requests_util import echo
 from tests.support import MODEL, UPSTREAM_KEY, make_config

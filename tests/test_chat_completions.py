@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from gateway.app import STORE
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.requests_util import SPEC_IGNORED_FIELDS, echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config
 

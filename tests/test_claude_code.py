@@ -22,7 +22,7 @@ import pytest
 
 from gateway.app import STORE
 from gateway.config import Deployment
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from gateway.routing import ranked
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config, run_command
 

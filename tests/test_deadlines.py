@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gateway.app import STORE
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, data, make_config, raw_stream
 
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import KeyConfig
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.requests_util import echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config, served
 

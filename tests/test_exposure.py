@@ -21,7 +21,7 @@ from aiohttp import web
 from yarl import URL
 
 from gateway.config import ServerConfig
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from gateway.storage import open_store
 from middlewares.core.errors import MAX_ERROR_MESSAGE
 from tests.support import KEY, MODEL, SERVE_CONFIG, Gateway, ServeProcess, data, make_config, raw_stream

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from gateway.app import STORE
-from gateway.mock_upstream import MockUpstream, Scenario, output_tokens
+from gateway.mock.upstream import MockUpstream, Scenario, output_tokens
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config, served
 
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]

@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.requests_util import WEATHER_TOOLS as TOOLS
 from tests.requests_util import echo
 from tests.support import MODEL, make_config

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from gateway.app import build_app
 from gateway.config import Config
-from gateway.mock_upstream import MockUpstream
+from gateway.mock.upstream import MockUpstream
 from tests.support import KEY, MODEL, UPSTREAM_KEY, Gateway, make_config
 
 ENDPOINT = "/openai/v1/chat/completions"

@@ -22,7 +22,7 @@ from decimal import Decimal
 
 from gateway.app import STORE
 from gateway.config import ImagesConfig, KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, SERVE_CONFIG, Link, ServeProcess, make_config, read_store, run_command
 from tests.test_images import PNG, ImageServer
 from tests.test_routing import both_workers_listening

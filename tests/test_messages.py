@@ -20,7 +20,7 @@ from aioresponses import aioresponses
 
 from gateway.app import STORE
 from gateway.config import BoundsConfig, ConfigError, Deployment, ImagesConfig, KeyConfig, Pricing, parse_config
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config, served
 from tests.test_billing import key_id, storage_url, write_lock  # noqa: F401 (fixtures)
 from tests.test_images import PNG, fake_get

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock.upstream import MockUpstream, Scenario
 
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 VERSION = {"anthropic-version": "2023-06-01"}
@@ -723,7 +723,7 @@ def test_run_serves_until_interrupted():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = f"from gateway.mock_upstream import run; run('127.0.0.1', {port})"
+    code = f"from gateway.mock.upstream import run; run('127.0.0.1', {port})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=Path(__file__).parent.parent)
     try:

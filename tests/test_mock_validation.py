@@ -6,7 +6,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from gateway.mock_upstream import MockUpstream
+from gateway.mock.upstream import MockUpstream
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL
 
 PROGRAMS = Path(__file__).with_name("node")

@@ -29,12 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from gateway.app import STORE
-from gateway.logs import TextFormatter
+from gateway.ops.logs import TextFormatter
 from gateway.config import (
     ConfigError, Deployment, ImagesConfig, KeyConfig, MetricsConfig, RateLimitConfig, TracingConfig, parse_config,
 )
-from gateway.mock_upstream import Scenario
-from gateway.tracing import Tracing
+from gateway.mock.upstream import Scenario
+from gateway.ops.tracing import Tracing
 from tests.support import (
     KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
     run_command, served,

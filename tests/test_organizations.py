@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gateway.config import KeyConfig, OrganizationConfig, StorageConfig
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from gateway.storage import open_store
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, read_store, run_command
 from tests.test_limits import COSTLY, HI, SPEND_LIMIT

@@ -12,7 +12,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, read_store
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from gateway.app import STORE
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, RoutingConfig
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock.upstream import MockUpstream, Scenario
 from tests.requests_util import WEATHER_TOOLS, echo
 from tests.support import (
     KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, ServeProcess, data, free_port, make_config, raw_stream,

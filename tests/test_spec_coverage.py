@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.requests_util import WEATHER_TOOLS
 from tests.support import KEY, MODEL, data, make_config
 

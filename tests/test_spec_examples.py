@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.support import KEY, make_config
 
 EXAMPLES = Path(__file__).resolve().parent / "product_examples.md"

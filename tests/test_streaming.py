@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gateway import upstream as gateway_upstream
-from gateway.mock_upstream import Scenario
+from gateway.mock.upstream import Scenario
 from tests.requests_util import WEATHER_TOOLS
 from tests.support import KEY, MODEL, data, raw_stream
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from gateway.mock_upstream import MockUpstream, Scenario
+from gateway.mock.upstream import MockUpstream, Scenario
 from tests.requests_util import echo
 from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config
 

@@ -23,8 +23,8 @@ import orjson
 from aiohttp import web
 
 from gateway import runtime
-from gateway.mock_cache import PromptCache, prompt_tokens
-from gateway.mock_validation import ALLOWED_FIELDS, COUNT_TOKENS_FIELDS, Invalid, validate, validate_betas
+from gateway.mock.cache import PromptCache, prompt_tokens
+from gateway.mock.validation import ALLOWED_FIELDS, COUNT_TOKENS_FIELDS, Invalid, validate, validate_betas
 from gateway.server import LISTEN_BACKLOG
 
 # 2023-06-01 is the documented version; the installed SDK (2.x) sends 2026-10-21.

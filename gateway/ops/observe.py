@@ -16,9 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.logs import ACCESS, CURRENT_REQUEST, access
-from gateway.metrics import NO_METRICS, TOKEN_COLUMNS, Metrics, NoMetrics
-from gateway.tracing import Tracing
+from gateway.ops.logs import ACCESS, CURRENT_REQUEST, access
+from gateway.ops.metrics import NO_METRICS, TOKEN_COLUMNS, Metrics, NoMetrics
+from gateway.ops.tracing import Tracing
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, request_id
 from middlewares.core.reply import EventStreamReply
 

@@ -1,6 +1,6 @@
 """The gateway's log: text or JSON lines (`[logging] format`), each with the request id of the
 request it is about, and one access line per request when it ends (`access`, which
-gateway/observe.py calls).
+gateway/ops/observe.py calls).
 
 JSON lines are encoded with orjson: `{"time", "level", "logger", "message", "pid", "request_id",
 …}`, an access line's fields at the top level. No line ever holds a key: the gateway logs a key's
