@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 
-.PHONY: demo test clean image deploy-check image-check
+.PHONY: demo test lint clean image deploy-check image-check
 
 $(READY): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,fast]'
+	$(BIN)/pip install --quiet -e '.[test,fast,lint]'
 	touch $(READY)
 
 # `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).
@@ -18,6 +18,11 @@ demo: $(READY)
 
 test: $(READY)
 	$(BIN)/pytest -q -rs $(PYTEST_ARGS)
+
+# ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree.
+lint: $(READY)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

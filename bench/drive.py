@@ -21,12 +21,26 @@ SETTLE = 0.2  # seconds after the client ends before reading /proc, so connectio
 def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: float) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        [wrk, "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "30s", "-s", str(WRK_SCRIPT),
-         f"http://127.0.0.1:{system.port}{system.path}", "--", str(body), *system.headers],
-        capture_output=True, text=True, timeout=duration + 60,
+        [
+            wrk,
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(duration))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(WRK_SCRIPT),
+            f"http://127.0.0.1:{system.port}{system.path}",
+            "--",
+            str(body),
+            *system.headers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=duration + 60,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("WRK_JSON ")), None)
+    line = next((out for out in done.stdout.splitlines() if out.startswith("WRK_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
     data = json.loads(line.removeprefix("WRK_JSON "))
@@ -44,14 +58,36 @@ def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: 
     }
 
 
-def drive_asyncio(system: System, body: Path, expect: str, concurrency: int, duration: float,
-                  streams: int | None = None, ramp: float = 0.0) -> dict:
-    argv = [PYTHON, str(LOADGEN), "--port", str(system.port), "--path", system.path, "--body-file", str(body),
-            "--expect", expect, "-H", "Content-Type: application/json"]
+def drive_asyncio(
+    system: System,
+    body: Path,
+    expect: str,
+    concurrency: int,
+    duration: float,
+    streams: int | None = None,
+    ramp: float = 0.0,
+) -> dict:
+    argv = [
+        PYTHON,
+        str(LOADGEN),
+        "--port",
+        str(system.port),
+        "--path",
+        system.path,
+        "--body-file",
+        str(body),
+        "--expect",
+        expect,
+        "-H",
+        "Content-Type: application/json",
+    ]
     for header in system.headers:
         argv += ["-H", header]
-    argv += ["--streams", str(streams), "--ramp", str(ramp), "--timeout", "60"] if streams else [
-        "--concurrency", str(concurrency), "--duration", str(duration)]
+    argv += (
+        ["--streams", str(streams), "--ramp", str(ramp), "--timeout", "60"]
+        if streams
+        else ["--concurrency", str(concurrency), "--duration", str(duration)]
+    )
     done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + ramp + 120)
     if done.returncode != 0:
         raise RuntimeError(f"loadgen failed: {done.stderr[-3000:]}")
@@ -72,8 +108,9 @@ def drive_asyncio(system: System, body: Path, expect: str, concurrency: int, dur
     }
 
 
-def in_turns(systems: list[System], mock: System, drive, rounds: int, duration: float, label: str,
-             swap: bool = False) -> dict[str, list[dict]]:
+def in_turns(
+    systems: list[System], mock: System, drive, rounds: int, duration: float, label: str, swap: bool = False
+) -> dict[str, list[dict]]:
     """Each system warmed up, then measured `rounds` times in turns, A, B, A, B, so that the
     machine's drift cancels out; with `swap`, the systems after the first trade places every
     other round. `drive(system, seconds)` makes a run's driver. {system name: its runs}."""
@@ -132,8 +169,9 @@ def driver(args, wrk: str | None, system: System, scenario: Scenario, body: Path
 def check(system: System, scenario: Scenario, body: Path) -> None:
     """One request of each scenario, checked, so no run measures an error path."""
     headers = {"Content-Type": "application/json", **dict(h.split(": ", 1) for h in system.headers)}
-    request = urllib.request.Request(f"http://127.0.0.1:{system.port}{system.path}", data=body.read_bytes(),
-                                     headers=headers)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{system.port}{system.path}", data=body.read_bytes(), headers=headers
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         status, data = response.status, response.read()
     expected = {
@@ -147,8 +185,16 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
         raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")
 
 
-def nonstream_in_turns(wrk: str, mock: System, systems: list[System], workdir: Path, levels: list[int], rounds: int,
-                       duration: float, swap: bool = False):
+def nonstream_in_turns(
+    wrk: str,
+    mock: System,
+    systems: list[System],
+    workdir: Path,
+    levels: list[int],
+    rounds: int,
+    duration: float,
+    swap: bool = False,
+):
     """For each concurrency of `levels`: (it, in_turns' runs of `systems` driven by wrk with
     non-streaming requests). Each system is started and checked first; all of them, the mock
     (started already) included, are stopped at the end, whatever happens."""
@@ -163,6 +209,7 @@ def nonstream_in_turns(wrk: str, mock: System, systems: list[System], workdir: P
             started.append(system)
             check(system, nonstream, bodies[system.kind])
         for concurrency in levels:
+
             def drive(system, seconds):
                 return lambda: drive_wrk(wrk, system, bodies[system.kind], concurrency, seconds)
 

@@ -9,7 +9,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from systems import PYTHON, ROOT
@@ -66,7 +66,7 @@ def machine(wrk: str | None) -> dict:
     import orjson
 
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": first("/proc/cpuinfo", "model name"),
         "cores": os.cpu_count(),
         "memory": first("/proc/meminfo", "MemTotal"),

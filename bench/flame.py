@@ -10,15 +10,19 @@ loop's thread spends them, by function itself, by file, and by function with its
 from __future__ import annotations
 
 import html
-import zlib
 import re
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: its files are shown from here
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
-_TRIM = (re.compile(r"^.*/site-packages/"), re.compile(r"^.*/lib/python3\.\d+/"), re.compile("^" + re.escape(f"{ROOT}/")))
+_TRIM = (
+    re.compile(r"^.*/site-packages/"),
+    re.compile(r"^.*/lib/python3\.\d+/"),
+    re.compile("^" + re.escape(f"{ROOT}/")),
+)
 
 
 def read_stacks(path: Path) -> list[tuple[list[str], int]]:
@@ -108,7 +112,7 @@ def svg(stacks: list[tuple[list[str], int]], title: str, width: int = 1400, row:
                 label = name if len(name) * 6.6 < w else name[: max(0, int(w / 6.6) - 2)] + ".."
                 pct = 100 * child["count"] / total
                 out.append(
-                    f'<g><title>{html.escape(name)}: {child["count"]} samples, {pct:.1f}%</title>'
+                    f"<g><title>{html.escape(name)}: {child['count']} samples, {pct:.1f}%</title>"
                     f'<rect x="{10 + x:.1f}" y="{y}" width="{w:.1f}" height="{row - 1}" '
                     f'fill="hsl({hue},85%,{55 + level % 3 * 5}%)"/>'
                     + (f'<text x="{13 + x:.1f}" y="{y + row - 5}">{html.escape(label)}</text>' if w > 20 else "")

@@ -20,15 +20,16 @@ import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+
+from loadgen import percentile
+from report import ledger_table
 
 from gateway.config import KeyConfig
 from gateway.ledger import Ledger
 from gateway.storage import LedgerRow, open_store
-from loadgen import percentile
-from report import ledger_table
 
 
 async def level(db: Path, concurrency: int, duration: float) -> dict:
@@ -52,7 +53,7 @@ async def level(db: Path, concurrency: int, duration: float) -> dict:
 
     store.write_ledger, store.write_ledger_now = counted_write, counted_write_now  # count the transactions
     ledger = Ledger(store)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     latencies: list[float] = []
     recorded = 0
 
@@ -61,10 +62,20 @@ async def level(db: Path, concurrency: int, duration: float) -> dict:
         n = 0
         while time.perf_counter() < deadline:
             row = LedgerRow(
-                request_id=f"c{concurrency}-t{task}-{n}", key_id=key.id, model="bench-nonstream",
-                answered_model="bench-nonstream", deployment="mock", input_tokens=12, cache_write_tokens=0,
-                cache_read_tokens=0, output_tokens=100, reasoning_tokens=0, cost_usd=Decimal("0.001536"),
-                outcome="complete", started_at=now, finished_at=now,
+                request_id=f"c{concurrency}-t{task}-{n}",
+                key_id=key.id,
+                model="bench-nonstream",
+                answered_model="bench-nonstream",
+                deployment="mock",
+                input_tokens=12,
+                cache_write_tokens=0,
+                cache_read_tokens=0,
+                output_tokens=100,
+                reasoning_tokens=0,
+                cost_usd=Decimal("0.001536"),
+                outcome="complete",
+                started_at=now,
+                finished_at=now,
             )
             started = time.perf_counter()
             await ledger.record(row)
@@ -112,6 +123,9 @@ if __name__ == "__main__":
     print(json.dumps(result) if args.json else ledger_table(result))
     lost = [r for r in result["levels"] if r["rows_in_file"] != r["rows"]]
     for r in lost:
-        print(f"FAILED: {r['concurrency']} concurrent record(): {r['rows']:,} rows recorded, "
-              f"{r['rows_in_file']:,} in the file", file=sys.stderr)
+        print(
+            f"FAILED: {r['concurrency']} concurrent record(): {r['rows']:,} rows recorded, "
+            f"{r['rows_in_file']:,} in the file",
+            file=sys.stderr,
+        )
     sys.exit(1 if lost else 0)

@@ -134,7 +134,7 @@ class Connection(asyncio.Protocol):
                 return True
             if len(buf) < line_end + 2 + size + 2:
                 break
-            self._tail = (self._tail + bytes(buf[line_end + 2 + max(0, size - 64): line_end + 2 + size]))[-64:]
+            self._tail = (self._tail + bytes(buf[line_end + 2 + max(0, size - 64) : line_end + 2 + size]))[-64:]
             pos = line_end + 2 + size + 2
         del buf[:pos]
         return False
@@ -180,7 +180,7 @@ async def one(conn: Connection, stats: Stats, timeout: float) -> bool:
     try:
         stats.add(*await conn.request(timeout))
         return True
-    except (Failed, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, Failed, OSError) as exc:
         stats.error(exc)
         conn.transport.close()
         return False
@@ -245,9 +245,15 @@ def main() -> None:
     parser.add_argument("--expect", default="", help="bytes the end of each response body must contain")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=3.0)
-    parser.add_argument("--streams", type=int, help="open this many connections, then one request on each (at once, unless --ramp)")
-    parser.add_argument("--ramp", type=float, default=0.0,
-                        help="with --streams: send the requests evenly over this many seconds, not all at once")
+    parser.add_argument(
+        "--streams", type=int, help="open this many connections, then one request on each (at once, unless --ramp)"
+    )
+    parser.add_argument(
+        "--ramp",
+        type=float,
+        default=0.0,
+        help="with --streams: send the requests evenly over this many seconds, not all at once",
+    )
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args()
 

@@ -80,8 +80,9 @@ def worktree(rev: str):
         shutil.rmtree(parent, ignore_errors=True)
 
 
-def compare(rounds: int, duration: float, levels: list[int], names: list[str], limits: bool,
-            baseline: dict | None = None) -> tuple[str, dict]:
+def compare(
+    rounds: int, duration: float, levels: list[int], names: list[str], limits: bool, baseline: dict | None = None
+) -> tuple[str, dict]:
     """The table and the JSON result; with `baseline` (from `worktree`), its gateway's native
     route is measured too, as baseline-native."""
     wrk = ensure_wrk()
@@ -90,17 +91,35 @@ def compare(rounds: int, duration: float, levels: list[int], names: list[str], l
     models = [s.model for s in scenarios]
     mock = mock_system().start(workdir)
     upstream = f"http://127.0.0.1:{mock.port}"
-    systems = [floor_system(upstream),
-               gateway_system(upstream, workdir, models, name="gateway-native", native=True, limits=limits),
-               gateway_system(upstream, workdir, models, name="gateway-openai", limits=limits)]
+    systems = [
+        floor_system(upstream),
+        gateway_system(upstream, workdir, models, name="gateway-native", native=True, limits=limits),
+        gateway_system(upstream, workdir, models, name="gateway-openai", limits=limits),
+    ]
     if baseline:
-        systems.insert(1, gateway_system(upstream, workdir, models, name="baseline-native", native=True, limits=limits,
-                                         source=Path(baseline["worktree"])))
+        systems.insert(
+            1,
+            gateway_system(
+                upstream,
+                workdir,
+                models,
+                name="baseline-native",
+                native=True,
+                limits=limits,
+                source=Path(baseline["worktree"]),
+            ),
+        )
     started = [mock]
-    result = {"meta": machine(wrk) | {"rounds": rounds, "duration_s": duration, "concurrency": levels,
-                                      "limits": limits, "baseline": baseline}, "cells": []}
-    head = (["scenario", "conc.", "floor CPU µs/req"] + (["baseline", "baseline ÷ floor"] if baseline else [])
-            + ["native", "native ÷ floor", "rounds' range", "OpenAI route ÷ floor", f"native ≤ {TARGET}×"])
+    result = {
+        "meta": machine(wrk)
+        | {"rounds": rounds, "duration_s": duration, "concurrency": levels, "limits": limits, "baseline": baseline},
+        "cells": [],
+    }
+    head = (
+        ["scenario", "conc.", "floor CPU µs/req"]
+        + (["baseline", "baseline ÷ floor"] if baseline else [])
+        + ["native", "native ÷ floor", "rounds' range", "OpenAI route ÷ floor", f"native ≤ {TARGET}×"]
+    )
     lines = ["| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 2) + "| --- |"]
     options = SimpleNamespace(client="auto")  # wrk for plain answers, the asyncio client for streams
     try:
@@ -114,6 +133,7 @@ def compare(rounds: int, duration: float, levels: list[int], names: list[str], l
                 bodies[system.name].write_bytes(ENCODERS[system.api](scenario))
                 check(system, scenario, bodies[system.name])
             for concurrency in levels:
+
                 def drive(system, seconds):
                     return driver(options, wrk, system, scenario, bodies[system.name], concurrency, seconds)
 
@@ -122,14 +142,26 @@ def compare(rounds: int, duration: float, levels: list[int], names: list[str], l
                 ratio = cpu["gateway-native"] / cpu["floor"]
                 pairs = [a["cpu_us"] / b["cpu_us"] for a, b in zip(runs["gateway-native"], runs["floor"])]
                 met = ratio <= TARGET
-                cell = {"scenario": scenario.name, "concurrency": concurrency, "runs": runs, "cpu_us": cpu,
-                        "ratio": ratio, "round_ratios": pairs, "met": met}
+                cell = {
+                    "scenario": scenario.name,
+                    "concurrency": concurrency,
+                    "runs": runs,
+                    "cpu_us": cpu,
+                    "ratio": ratio,
+                    "round_ratios": pairs,
+                    "met": met,
+                }
                 row = [scenario.name, str(concurrency), f"{cpu['floor']:,.0f}"]
                 if baseline:
                     cell["baseline_ratio"] = cpu["baseline-native"] / cpu["floor"]
                     row += [f"{cpu['baseline-native']:,.0f}", f"{cell['baseline_ratio']:.2f}×"]
-                row += [f"{cpu['gateway-native']:,.0f}", f"**{ratio:.2f}×**", f"{min(pairs):.2f}–{max(pairs):.2f}",
-                        f"{cpu['gateway-openai'] / cpu['floor']:.2f}×", "yes" if met else "**no**"]
+                row += [
+                    f"{cpu['gateway-native']:,.0f}",
+                    f"**{ratio:.2f}×**",
+                    f"{min(pairs):.2f}–{max(pairs):.2f}",
+                    f"{cpu['gateway-openai'] / cpu['floor']:.2f}×",
+                    "yes" if met else "**no**",
+                ]
                 lines.append("| " + " | ".join(row) + " |")
                 result["cells"].append(cell)
     finally:
@@ -145,14 +177,26 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--scenarios", default="nonstream,stream50")
-    parser.add_argument("--no-limits", action="store_true",
-                        help="the gateways' key without a spend limit, rpm or tpm (they have them, too high to bite, by default)")
-    parser.add_argument("--baseline", metavar="REV",
-                        help="a git revision whose native route is measured too, from a temporary worktree (baseline-native)")
+    parser.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="the gateways' key without a spend limit, rpm or tpm (they have them, too high to bite, by default)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="a git revision whose native route is measured too, from a temporary worktree (baseline-native)",
+    )
     args = parser.parse_args()
     with worktree(args.baseline) if args.baseline else nullcontext() as baseline:
-        table, result = compare(args.rounds, args.duration, [int(c) for c in args.concurrency.split(",")],
-                                args.scenarios.split(","), not args.no_limits, baseline)
+        table, result = compare(
+            args.rounds,
+            args.duration,
+            [int(c) for c in args.concurrency.split(",")],
+            args.scenarios.split(","),
+            not args.no_limits,
+            baseline,
+        )
     print(table)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"native-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"

@@ -20,8 +20,17 @@ from gateway.server import LISTEN_BACKLOG
 
 # Hop-by-hop headers (and those aiohttp recomputes) are not forwarded; everything else is.
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-     "host", "content-length"}
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
 )
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 
@@ -48,7 +57,9 @@ def make_app(upstream: str) -> web.Application:
     async def session(app: web.Application):
         connector = aiohttp.TCPConnector(limit=0)
         app[SESSION] = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
         yield

@@ -42,12 +42,17 @@ def summarise_cell(cell: dict) -> None:
     cell["ratio"] = ratios(cell["median"]["floor"], cell["median"]["gateway"])
     # Each gateway round ÷ the floor round just before it: how far the machine's noise moves
     # the CPU ratio, so that a verdict it could flip is seen as one.
-    pairs = [g["cpu_us"] / f["cpu_us"] for f, g in zip(cell["runs"]["floor"], cell["runs"]["gateway"])
-             if f.get("cpu_us") and g.get("cpu_us") is not None]
+    pairs = [
+        g["cpu_us"] / f["cpu_us"]
+        for f, g in zip(cell["runs"]["floor"], cell["runs"]["gateway"])
+        if f.get("cpu_us") and g.get("cpu_us") is not None
+    ]
     cell["cpu_ratio_range"] = (min(pairs), max(pairs)) if pairs else None
     f, g = cell["median"]["floor"], cell["median"]["gateway"]
     for q in ("p50", "p99"):
-        cell[f"added_{q}_ms"] = g[f"{q}_ms"] - f[f"{q}_ms"] if f[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
+        cell[f"added_{q}_ms"] = (
+            g[f"{q}_ms"] - f[f"{q}_ms"] if f[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
+        )
 
 
 def _fmt(value, pattern: str) -> str:
@@ -61,8 +66,9 @@ def cells_table(cells: list[dict]) -> str:
         for name in SYSTEMS:
             m = cell["median"][name]
             values = [_fmt(m[key], pattern) for key, _, pattern in COLUMNS]
-            lines.append(f"| {cell['scenario']} | {cell['concurrency']} | {name} | " + " | ".join(values)
-                         + f" | {m['errors']} |")
+            lines.append(
+                f"| {cell['scenario']} | {cell['concurrency']} | {name} | " + " | ".join(values) + f" | {m['errors']} |"
+            )
         values = [_fmt(cell["ratio"][key], "{:.2f}×") if key != "cpu_us" else _cpu_ratio(cell) for key, _, _ in COLUMNS]
         lines.append("| | | gateway ÷ floor | " + " | ".join(values) + " | |")
     return "\n".join(lines)
@@ -95,20 +101,27 @@ def slow_table(slow: dict) -> str:
             f"| {m['peak_rss_mib']:.1f} | {_fmt(m['rss_per_stream_kib'], '{:.1f}')} | {_fmt(m['cpu_us'], '{:,.0f}')} |"
         )
     r = slow["ratio"]
-    lines.append(f"| gateway ÷ floor | | | | | | | | {_fmt(r['peak_rss_mib'], '{:.2f}×')} "
-                 f"| {_fmt(r['rss_per_stream_kib'], '{:.2f}×')} | {_fmt(r['cpu_us'], '{:.2f}×')} |")
+    lines.append(
+        f"| gateway ÷ floor | | | | | | | | {_fmt(r['peak_rss_mib'], '{:.2f}×')} "
+        f"| {_fmt(r['rss_per_stream_kib'], '{:.2f}×')} | {_fmt(r['cpu_us'], '{:.2f}×')} |"
+    )
     return "\n".join(lines)
 
 
 def ledger_table(ledger: dict) -> str:
     """bench/ledger.py's levels; a level whose rows are not all in the file says so in bold."""
-    lines = ["| concurrent record() | rows/s | record p50 ms | p99 ms | batches | mean batch | rows in file |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| concurrent record() | rows/s | record p50 ms | p99 ms | batches | mean batch | rows in file |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in ledger["levels"]:
-        in_file = f"{r['rows_in_file']:,}" if _all_rows_in_file(r) else \
-            f"**{r['rows_in_file']:,} of {r['rows']:,} recorded**"
-        lines.append(f"| {r['concurrency']:,} | {r['rows_per_s']:,} | {_fmt(r['record_ms']['p50'], '{}')} "
-                     f"| {_fmt(r['record_ms']['p99'], '{}')} | {r['batches']:,} | {r['mean_batch']} | {in_file} |")
+        in_file = (
+            f"{r['rows_in_file']:,}" if _all_rows_in_file(r) else f"**{r['rows_in_file']:,} of {r['rows']:,} recorded**"
+        )
+        lines.append(
+            f"| {r['concurrency']:,} | {r['rows_per_s']:,} | {_fmt(r['record_ms']['p50'], '{}')} "
+            f"| {_fmt(r['record_ms']['p99'], '{}')} | {r['batches']:,} | {r['mean_batch']} | {in_file} |"
+        )
     return "\n".join(lines)
 
 
@@ -117,23 +130,34 @@ def _all_rows_in_file(level: dict) -> bool:
 
 
 def workers_table(workers: dict) -> str:
-    lines = ["| workers | req/s | p50 ms | p99 ms | CPU µs/req | cores busy |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| workers | req/s | p50 ms | p99 ms | CPU µs/req | cores busy |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for n, m in workers["median"].items():
         cores = m["rps"] * m["cpu_us"] / 1e6 if m["rps"] and m["cpu_us"] else None
-        lines.append(f"| {n} | {m['rps']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {m['cpu_us']:,.0f} "
-                     f"| {_fmt(cores, '{:.2f}')} |")
+        lines.append(
+            f"| {n} | {m['rps']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | {m['cpu_us']:,.0f} "
+            f"| {_fmt(cores, '{:.2f}')} |"
+        )
     return "\n".join(lines)
 
 
-def targets(cells: list[dict], slow: list[dict], ledger: dict | None, workers: dict | None,
-            cores: int | None = None) -> list[dict]:
+def targets(
+    cells: list[dict], slow: list[dict], ledger: dict | None, workers: dict | None, cores: int | None = None
+) -> list[dict]:
     """The issue's targets, each with the measured figure and whether it is met; `cores`: the
     machine's, when known."""
     found = []
 
     def cpu_target(scenario: str, limit: float, what: str, levels: tuple[int, ...] | None = None) -> None:
-        mine = [c for c in cells if c["scenario"] == scenario and c["ratio"]["cpu_us"] is not None
-                and (levels is None or c["concurrency"] in levels)]
+        mine = [
+            c
+            for c in cells
+            if c["scenario"] == scenario
+            and c["ratio"]["cpu_us"] is not None
+            and (levels is None or c["concurrency"] in levels)
+        ]
         if mine:
             figures = ", ".join(f"c={c['concurrency']}: {_cpu_ratio(c).replace('**', '')}" for c in mine)
             met = all(c["ratio"]["cpu_us"] <= limit for c in mine)
@@ -145,32 +169,52 @@ def targets(cells: list[dict], slow: list[dict], ledger: dict | None, workers: d
     cpu_target("paced", 1.3, "paced stream")
     c1 = next((c for c in cells if c["scenario"] == "nonstream" and c["concurrency"] == 1), None)
     if c1 and c1["added_p50_ms"] is not None and c1["added_p99_ms"] is not None:
-        found.append({"target": "latency added to the floor's at concurrency 1, non-streaming: p50 ≤ 0.5 ms, p99 ≤ 2 ms",
-                      "measured": f"p50 {c1['added_p50_ms']:+.3f} ms, p99 {c1['added_p99_ms']:+.3f} ms",
-                      "met": c1["added_p50_ms"] <= 0.5 and c1["added_p99_ms"] <= 2.0})
+        found.append(
+            {
+                "target": "latency added to the floor's at concurrency 1, non-streaming: p50 ≤ 0.5 ms, p99 ≤ 2 ms",
+                "measured": f"p50 {c1['added_p50_ms']:+.3f} ms, p99 {c1['added_p99_ms']:+.3f} ms",
+                "met": c1["added_p50_ms"] <= 0.5 and c1["added_p99_ms"] <= 2.0,
+            }
+        )
     for run in slow:
         g = run["median"]["gateway"]
         mb = g["peak_rss_mib"] * 1.048576
-        found.append({"target": f"10,000 simultaneous slow streams in one process, {arrival(run)}: under 400 MB RSS, "
-                                "none dropped",
-                      "measured": f"{run['streams']:,} streams: {mb:.0f} MB peak ({g['rss_per_stream_kib']:.1f} KiB a stream), "
-                                  f"{g['dropped']:.0f} dropped, {g['max_in_flight']:.0f} at once",
-                      "met": mb < 400 and g["dropped"] == 0 and g["max_in_flight"] >= 10_000})
+        found.append(
+            {
+                "target": f"10,000 simultaneous slow streams in one process, {arrival(run)}: under 400 MB RSS, "
+                "none dropped",
+                "measured": f"{run['streams']:,} streams: {mb:.0f} MB peak ({g['rss_per_stream_kib']:.1f} KiB a stream), "
+                f"{g['dropped']:.0f} dropped, {g['max_in_flight']:.0f} at once",
+                "met": mb < 400 and g["dropped"] == 0 and g["max_in_flight"] >= 10_000,
+            }
+        )
     if ledger:
         best = max(ledger["levels"], key=lambda r: r["rows_per_s"])
         lost = [r for r in ledger["levels"] if not _all_rows_in_file(r)]
-        missing = "".join(f"; **{r['rows'] - r['rows_in_file']:,} rows missing from the file at "
-                          f"{r['concurrency']:,} concurrent record()**" for r in lost)
-        found.append({"target": "ledger ≥ 5,000 recorded requests/s on SQLite, every row in the file",
-                      "measured": f"{best['rows_per_s']:,} rows/s ({best['concurrency']:,} concurrent record()){missing}",
-                      "met": best["rows_per_s"] >= 5000 and not lost})
+        missing = "".join(
+            f"; **{r['rows'] - r['rows_in_file']:,} rows missing from the file at "
+            f"{r['concurrency']:,} concurrent record()**"
+            for r in lost
+        )
+        found.append(
+            {
+                "target": "ledger ≥ 5,000 recorded requests/s on SQLite, every row in the file",
+                "measured": f"{best['rows_per_s']:,} rows/s ({best['concurrency']:,} concurrent record()){missing}",
+                "met": best["rows_per_s"] >= 5000 and not lost,
+            }
+        )
     target = "`serve --workers N` scales throughput near-linearly with cores (1 vs 2)"
     if workers and workers["speedup"]:
         shared = f"the {cores} cores" if cores else "the cores"
-        found.append({"target": target,
-                      "measured": f"{workers['speedup']:.2f}× req/s with 2 workers, at {_cpu_growth(workers)} the CPU per "
-                                  f"request of one; judged only with cores to spare (here the mock and the load "
-                                  f"generator share {shared})", "met": None})
+        found.append(
+            {
+                "target": target,
+                "measured": f"{workers['speedup']:.2f}× req/s with 2 workers, at {_cpu_growth(workers)} the CPU per "
+                f"request of one; judged only with cores to spare (here the mock and the load "
+                f"generator share {shared})",
+                "met": None,
+            }
+        )
     else:
         found.append({"target": target, "measured": "not measured (--no-workers, or --quick)", "met": None})
     return found

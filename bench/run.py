@@ -33,15 +33,16 @@ from urllib.parse import urlsplit
 import report
 from drive import check, drive_asyncio, driver, measure
 from environment import ensure_py_spy, ensure_wrk, log, machine
-from gateway.runtime import raise_open_files_limit
-from scenarios import (SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request,
-                       upstream_differences)
+from scenarios import SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request, upstream_differences
 from systems import BENCH, PYTHON, floor_system, gateway_config, gateway_system, machine_ticks, mock_system
+
+from gateway.runtime import raise_open_files_limit
 
 RESULTS = BENCH / "results"
 
 
 # --- the suite --------------------------------------------------------------------------
+
 
 def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, str], Path]:
     """Each scenario's request body for each system: {(system, scenario name): file}."""
@@ -73,10 +74,16 @@ def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
     done = 0
     for scenario, concurrency in args.cells:
         duration = round_seconds(args, scenario, concurrency)
-        cell = {"scenario": scenario.name, "concurrency": concurrency, "duration_s": duration,
-                "runs": {s.name: [] for s in systems}}
-        drives = {s.name: (lambda d, s=s: driver(args, wrk, s, scenario, bodies[(s.name, scenario.name)],
-                                                  concurrency, d)) for s in systems}
+        cell = {
+            "scenario": scenario.name,
+            "concurrency": concurrency,
+            "duration_s": duration,
+            "runs": {s.name: [] for s in systems},
+        }
+        drives = {
+            s.name: (lambda d, s=s: driver(args, wrk, s, scenario, bodies[(s.name, scenario.name)], concurrency, d))
+            for s in systems
+        }
         for system in systems:  # warm up: connection pools, caches, the allocator
             drives[system.name](args.warmup)()
         for round_ in range(args.rounds):
@@ -84,9 +91,11 @@ def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
                 run = measure(system, mock, drives[system.name](duration))
                 cell["runs"][system.name].append(run)
                 done += 1
-                log(f"[{done:3}/{total}] {scenario.name:9} c={concurrency:<3} {system.name:7} round {round_ + 1}: "
+                log(
+                    f"[{done:3}/{total}] {scenario.name:9} c={concurrency:<3} {system.name:7} round {round_ + 1}: "
                     f"{run['rps']:8,.0f} req/s  p50 {run['p50_ms']:7.2f} ms  "
-                    f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)")
+                    f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)"
+                )
         report.summarise_cell(cell)
         cells.append(cell)
     return cells
@@ -108,24 +117,34 @@ def bench_slow(args, mock, systems, bodies, workdir: Path, mock_files: int, ramp
             system.start(workdir)
             expect = closing_marker(system.api, SLOW)
             body = bodies[(system.name, SLOW.name)]
-            run = measure(system, mock, lambda: drive_asyncio(system, body, expect, 0, 15, streams=args.slow_streams, ramp=ramp))
+            run = measure(
+                system, mock, lambda: drive_asyncio(system, body, expect, 0, 15, streams=args.slow_streams, ramp=ramp)
+            )
             run["completed"] = run["requests"]
             run["dropped"] = args.slow_streams - run["requests"]
             run["p50_s"] = run["p50_ms"] / 1000 if run["p50_ms"] is not None else None
             run["max_s"] = run["max_ms"] / 1000 if run["max_ms"] is not None else None
             run["rss_per_stream_kib"] = (run["peak_rss_mib"] - run["rss_before_mib"]) * 1024 / args.slow_streams
             runs[system.name].append(run)
-            log(f"slow streams {system.name:7} over {ramp:g} s, round {round_ + 1}: {run['completed']:,}/{args.slow_streams:,} completed, "
-                f"{run['max_in_flight']:,} at once, peak RSS {run['peak_rss_mib']:.1f} MiB, errors {run.get('error_kinds')}")
+            log(
+                f"slow streams {system.name:7} over {ramp:g} s, round {round_ + 1}: {run['completed']:,}/{args.slow_streams:,} completed, "
+                f"{run['max_in_flight']:,} at once, peak RSS {run['peak_rss_mib']:.1f} MiB, errors {run.get('error_kinds')}"
+            )
     keys = ("completed", "dropped", "max_in_flight", "p50_s", "first_token_p50_ms", "rss_per_stream_kib", "cpu_us")
     med = {
         name: {k: _median([r[k] for r in rs]) for k in keys}
-        | {"max_s": max((r["max_s"] or 0) for r in rs), "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
-           "dropped": max(r["dropped"] for r in rs), "max_in_flight": min(r["max_in_flight"] for r in rs)}
+        | {
+            "max_s": max((r["max_s"] or 0) for r in rs),
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+            "dropped": max(r["dropped"] for r in rs),
+            "max_in_flight": min(r["max_in_flight"] for r in rs),
+        }
         for name, rs in runs.items()
     }
-    ratio = {k: med["gateway"][k] / med["floor"][k] if med["floor"].get(k) else None
-             for k in ("peak_rss_mib", "rss_per_stream_kib", "cpu_us")}
+    ratio = {
+        k: med["gateway"][k] / med["floor"][k] if med["floor"].get(k) else None
+        for k in ("peak_rss_mib", "rss_per_stream_kib", "cpu_us")
+    }
     return {"streams": args.slow_streams, "ramp_s": ramp, "runs": runs, "median": med, "ratio": ratio}
 
 
@@ -135,8 +154,13 @@ def _median(values):
 
 
 def bench_ledger(duration: float) -> dict:
-    done = subprocess.run([PYTHON, str(BENCH / "ledger.py"), "--json", "--duration", str(duration)],
-                          capture_output=True, text=True, timeout=120, cwd=BENCH)
+    done = subprocess.run(
+        [PYTHON, str(BENCH / "ledger.py"), "--json", "--duration", str(duration)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=BENCH,
+    )
     try:
         # It exits with 1 when rows are missing from the file, after printing its results: the
         # report shows the levels that lost rows, and the ledger target is then not met.
@@ -159,8 +183,10 @@ def bench_workers(args, wrk, mock, workdir, models, body) -> dict:
     if redis is None:
         log(f"workers: no Redis at {REDIS_URL}: both gateways' key has no limits")
     options = {"ratelimit_url": redis} if redis else {"limits": False}
-    systems = {1: gateway_system(upstream, workdir, models, name="gateway-1-worker", **options),
-               2: gateway_system(upstream, workdir, models, workers=2, **options)}
+    systems = {
+        1: gateway_system(upstream, workdir, models, name="gateway-1-worker", **options),
+        2: gateway_system(upstream, workdir, models, workers=2, **options),
+    }
     runs = {1: [], 2: []}
     started = []
     try:
@@ -180,8 +206,14 @@ def bench_workers(args, wrk, mock, workdir, models, body) -> dict:
             system.stop()
     med = {n: {k: _median([r[k] for r in rs]) for k in ("rps", "p50_ms", "p99_ms", "cpu_us")} for n, rs in runs.items()}
     speedup = med[2]["rps"] / med[1]["rps"] if med[1]["rps"] else None
-    return {"scenario": scenario.name, "concurrency": 64, "runs": runs, "median": med, "speedup": speedup,
-            "ratelimit": "redis" if redis else "none"}
+    return {
+        "scenario": scenario.name,
+        "concurrency": 64,
+        "runs": runs,
+        "median": med,
+        "speedup": speedup,
+        "ratelimit": "redis" if redis else "none",
+    }
 
 
 # Where the workers' rate limits are counted (a database of its own: the tests use 15).
@@ -207,6 +239,7 @@ def ledger_rows(db: Path) -> int | None:
 
 # --- profile mode -----------------------------------------------------------------------
 
+
 def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> None:
     """Record the gateway under load with py-spy; write a flame graph and a summary of the top frames."""
     import flame
@@ -221,8 +254,20 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
         driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
         raw = RESULTS / f"profile-{scenario.name}-{stamp}.raw"
         # --nonblocking: pausing the process for each sample would make py-spy count idle threads as running.
-        argv = [spy, "record", "--pid", str(gateway.pid), "--rate", "250", "--nonblocking", "--threads",
-                "--format", "raw", "--output", str(raw)]
+        argv = [
+            spy,
+            "record",
+            "--pid",
+            str(gateway.pid),
+            "--rate",
+            "250",
+            "--nonblocking",
+            "--threads",
+            "--format",
+            "raw",
+            "--output",
+            str(raw),
+        ]
         for _ in range(3):  # attaching now and then fails ("failed to find python version"): try again
             recorder = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             time.sleep(1.0)
@@ -235,8 +280,10 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
         recorder.wait(60)
         title = f"gateway, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
         svg, text = flame.render(raw, title)
-        header = (f"# Profile: {title}\n\n{run['rps']:,.0f} req/s, {run['cpu_us']:,.0f} µs CPU per request "
-                  f"(inflated by sampling), {run['errors']} errors\n\n")
+        header = (
+            f"# Profile: {title}\n\n{run['rps']:,.0f} req/s, {run['cpu_us']:,.0f} µs CPU per request "
+            f"(inflated by sampling), {run['errors']} errors\n\n"
+        )
         summary = raw.with_suffix(".md")
         summary.write_text(header + text + f"\nFlame graph: {svg.name}\n")
         print(header + text)
@@ -245,24 +292,42 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
 
 # --- main -------------------------------------------------------------------------------
 
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (about a minute)")
     parser.add_argument("--rounds", type=int, help="measured runs of each system per cell (default 5; quick 2)")
     parser.add_argument("--duration", type=float, help="seconds per run (default 2; quick 1)")
-    parser.add_argument("--warmup", type=float, help="seconds of unmeasured load per system per cell (default 1; quick 0.5)")
+    parser.add_argument(
+        "--warmup", type=float, help="seconds of unmeasured load per system per cell (default 1; quick 0.5)"
+    )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}")
-    parser.add_argument("--concurrency", help="comma-separated connection counts (default 1,64,256; "
-                                               "quick: 64, and 1 for nonstream)")
-    parser.add_argument("--slow-streams", type=int, help="simultaneous slow streams (default 10,000, or what the open-files limit allows; quick 500; 0: skip)")
-    parser.add_argument("--slow-rounds", type=int, help="runs of each system with the slow streams (default 2; quick 1)")
-    parser.add_argument("--client", choices=("auto", "asyncio", "wrk"), default="auto",
-                        help="auto: wrk for non-streaming requests, the asyncio client for streams (first-token times)")
+    parser.add_argument(
+        "--concurrency", help="comma-separated connection counts (default 1,64,256; quick: 64, and 1 for nonstream)"
+    )
+    parser.add_argument(
+        "--slow-streams",
+        type=int,
+        help="simultaneous slow streams (default 10,000, or what the open-files limit allows; quick 500; 0: skip)",
+    )
+    parser.add_argument(
+        "--slow-rounds", type=int, help="runs of each system with the slow streams (default 2; quick 1)"
+    )
+    parser.add_argument(
+        "--client",
+        choices=("auto", "asyncio", "wrk"),
+        default="auto",
+        help="auto: wrk for non-streaming requests, the asyncio client for streams (first-token times)",
+    )
     parser.add_argument("--no-ledger", action="store_true", help="skip the ledger micro-benchmark")
-    parser.add_argument("--minimal", action="store_true",
-                        help="the gateway's minimal configuration: a key without limits, no metrics, no access log")
-    parser.add_argument("--no-workers", action="store_true",
-                        help="skip `serve --workers 2` against one process (skipped by --quick)")
+    parser.add_argument(
+        "--minimal",
+        action="store_true",
+        help="the gateway's minimal configuration: a key without limits, no metrics, no access log",
+    )
+    parser.add_argument(
+        "--no-workers", action="store_true", help="skip `serve --workers 2` against one process (skipped by --quick)"
+    )
     parser.add_argument("--profile", metavar="SCENARIOS", help="profile the gateway on these scenarios instead")
     parser.add_argument("--profile-duration", type=float, default=10.0)
     parser.add_argument("--profile-concurrency", type=int, default=64)
@@ -306,8 +371,10 @@ def streams_within_open_files() -> int:
     and a few dozen files of its own."""
     most = (raise_open_files_limit() - 64) // 2
     if most < SLOW_STREAMS:
-        log(f"slow streams: this machine's limit on open files lets one process hold {most:,} streams, "
-            f"not {SLOW_STREAMS:,}")
+        log(
+            f"slow streams: this machine's limit on open files lets one process hold {most:,} streams, "
+            f"not {SLOW_STREAMS:,}"
+        )
     return most
 
 
@@ -335,9 +402,12 @@ def main() -> int:
         floor.start(workdir)
         started.append(floor)
         systems = [floor, gateway]
-        meta = machine(wrk) | {"args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
-                               | {"cells": [f"{s.name}@{c}" for s, c in args.cells]},
-                               "sqlite": gateway.extra["db"], "pids": {s.name: s.pid for s in started}}
+        meta = machine(wrk) | {
+            "args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
+            | {"cells": [f"{s.name}@{c}" for s, c in args.cells]},
+            "sqlite": gateway.extra["db"],
+            "pids": {s.name: s.pid for s in started},
+        }
         log(f"mock {mock_url}, floor :{floor.port}, gateway :{gateway.port}; wrk: {wrk or 'none'}; work dir {workdir}")
         # Also the slow streams' body and the workers' (nonstream), which the cells may not include.
         bodies = write_bodies(workdir, list(dict.fromkeys([*args.scenarios, SLOW, SCENARIOS["nonstream"]])))
@@ -352,8 +422,11 @@ def main() -> int:
         cells = bench_cells(args, wrk, mock, systems, bodies)
         # Both ways streams come: all in one instant (the admission of every one at once is the
         # peak), and over a few seconds, as a busy replica's do.
-        slow = [bench_slow(args, mock, systems, bodies, workdir, mock_files, ramp)
-                for ramp in (0.0, SLOW_RAMP)] if args.slow_streams else []
+        slow = (
+            [bench_slow(args, mock, systems, bodies, workdir, mock_files, ramp) for ramp in (0.0, SLOW_RAMP)]
+            if args.slow_streams
+            else []
+        )
         workers = None
         if not args.no_workers:
             workers = bench_workers(args, wrk, mock, workdir, models, bodies[("gateway", "nonstream")])
@@ -371,37 +444,67 @@ def main() -> int:
     markdown = [
         f"## ezat-gateway benchmark, {meta['date']}",
         "",
-        *([] if meta["same_upstream_requests"] else [
-            "**Warning: the floor's requests differ from what the gateway sends upstream (see the log); "
-            "bench/scenarios.py needs updating.**", ""]),
+        *(
+            []
+            if meta["same_upstream_requests"]
+            else [
+                "**Warning: the floor's requests differ from what the gateway sends upstream (see the log); "
+                "bench/scenarios.py needs updating.**",
+                "",
+            ]
+        ),
         f"{meta['cpu']}, {meta['cores']} cores, {meta['memory']}, Linux {meta['kernel']}; Python {meta['python']}, "
         f"aiohttp {meta['aiohttp']}, orjson {meta['orjson']}, uvloop {'installed' if meta['uvloop'] else 'not installed'}; "
         f"{meta['wrk'] or 'no wrk'}; commit {meta['commit']}{' (with uncommitted changes)' if meta['dirty'] else ''}. "
         f"{args.rounds} rounds of {args.duration:g} s per system and cell (longer where needed for "
         f"{ANSWERS_PER_ROUND} answers a round: {_longer_rounds(cells, args.duration) or 'none'}), medians; {elapsed / 60:.1f} minutes in all; "
         f"the hypervisor took {100 * (meta['steal'] or 0):.1f}% of the machine's CPU time (steal). The gateway's "
-        + ("minimal configuration: a key without limits, no metrics, no access log." if args.minimal else
-           "production configuration: a key with spend, rpm and tpm limits, /metrics, a JSON access line per request."),
+        + (
+            "minimal configuration: a key without limits, no metrics, no access log."
+            if args.minimal
+            else "production configuration: a key with spend, rpm and tpm limits, /metrics, a JSON access line per request."
+        ),
         "",
         report.cells_table(cells),
         "",
     ]
     for run in slow:
-        markdown += [f"### {run['streams']:,} simultaneous slow streams ({SLOW.what}), {report.arrival(run)}", "",
-                     report.slow_table(run), ""]
+        markdown += [
+            f"### {run['streams']:,} simultaneous slow streams ({SLOW.what}), {report.arrival(run)}",
+            "",
+            report.slow_table(run),
+            "",
+        ]
     if workers:
-        markdown += ["### `serve --workers 2` against one process (nonstream, concurrency 64)", "",
-                     report.workers_table(workers), ""]
+        markdown += [
+            "### `serve --workers 2` against one process (nonstream, concurrency 64)",
+            "",
+            report.workers_table(workers),
+            "",
+        ]
     if ledger:
         markdown += ["### Ledger micro-benchmark (SQLite, group commit)", "", report.ledger_table(ledger), ""]
-    markdown += [f"Ledger rows the gateway wrote in this run: {'?' if rows is None else f'{rows:,}'} for "
-                 f"{gateway_requests:,} measured requests (plus warm-ups, checks and slow streams).", "",
-                 "### Targets", "",
-                 report.targets_table(found), ""]
+    markdown += [
+        f"Ledger rows the gateway wrote in this run: {'?' if rows is None else f'{rows:,}'} for "
+        f"{gateway_requests:,} measured requests (plus warm-ups, checks and slow streams).",
+        "",
+        "### Targets",
+        "",
+        report.targets_table(found),
+        "",
+    ]
     text = "\n".join(markdown)
     print(text)
-    result = {"meta": meta, "cells": cells, "slow_streams": slow, "workers": workers, "ledger": ledger, "ledger_rows": rows,
-              "targets": found, "elapsed_s": round(elapsed, 1)}
+    result = {
+        "meta": meta,
+        "cells": cells,
+        "slow_streams": slow,
+        "workers": workers,
+        "ledger": ledger,
+        "ledger_rows": rows,
+        "targets": found,
+        "elapsed_s": round(elapsed, 1),
+    }
     (RESULTS / f"{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
     (RESULTS / f"{stamp}.md").write_text(text)
     log(f"results: {RESULTS / (stamp + '.json')} and .md")

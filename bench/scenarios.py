@@ -57,8 +57,16 @@ def openai_request(s: Scenario) -> bytes:
     if s.stream:
         body["stream"] = True
     if s.tools:
-        body["tools"] = [{"type": "function", "function": {
-            "name": WEATHER["name"], "description": WEATHER["description"], "parameters": WEATHER["schema"]}}]
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": WEATHER["name"],
+                    "description": WEATHER["description"],
+                    "parameters": WEATHER["schema"],
+                },
+            }
+        ]
     return orjson.dumps(body)
 
 
@@ -73,8 +81,9 @@ def anthropic_request(s: Scenario) -> bytes:
     if s.stream:
         body["stream"] = True
     if s.tools:
-        body["tools"] = [{"name": WEATHER["name"], "description": WEATHER["description"],
-                          "input_schema": WEATHER["schema"]}]
+        body["tools"] = [
+            {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["schema"]}
+        ]
     return orjson.dumps(body)
 
 
@@ -84,11 +93,11 @@ async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> l
     Returns the differences (none: both systems ask the same of the upstream). The mock's
     validation also proves the floor's requests are ones the real API accepts."""
     import aiohttp
+    from systems import GATEWAY_KEY
 
     from gateway.app import build_app
     from gateway.config import parse_config
     from gateway.mock.upstream import MockUpstream
-    from systems import GATEWAY_KEY
 
     differences = []
     mock = MockUpstream()

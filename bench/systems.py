@@ -140,7 +140,11 @@ class System:
         self.log = workdir / f"{self.name}.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd or workdir, env=env or self.env,
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd or workdir,
+                env=env or self.env,
                 start_new_session=True,
             )
         self._wait_ready()
@@ -214,9 +218,18 @@ def floor_system(upstream_url: str) -> System:
     )
 
 
-def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers: int = 1,
-                   name: str | None = None, limits: bool = True, native: bool = False, observed: bool = True,
-                   ratelimit_url: str | None = None, source: Path | None = None) -> System:
+def gateway_system(
+    upstream_url: str,
+    workdir: Path,
+    models: list[str],
+    workers: int = 1,
+    name: str | None = None,
+    limits: bool = True,
+    native: bool = False,
+    observed: bool = True,
+    ratelimit_url: str | None = None,
+    source: Path | None = None,
+) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
@@ -230,14 +243,17 @@ def gateway_system(upstream_url: str, workdir: Path, models: list[str], workers:
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
-    config.write_text(gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed,
-                                     ratelimit_url))
+    config.write_text(
+        gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed, ratelimit_url)
+    )
     command = [PYTHON, "-m", "gateway"] if source else [EZAT_GATEWAY]
     return System(
         name,
         port,
         "/v1/messages" if native else "/v1/chat/completions",
-        [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"] if native else [f"Authorization: Bearer {GATEWAY_KEY}"],
+        [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"]
+        if native
+        else [f"Authorization: Bearer {GATEWAY_KEY}"],
         command + ["serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
         ready_path="/healthz",
         workers=workers,
@@ -255,21 +271,46 @@ def source_env(source: Path) -> dict:
     return os.environ | {"PYTHONPATH": path}
 
 
-def gateway_config(port: int, upstream_url: str, db: Path, models: list[str], limits: bool = True,
-                   observed: bool = True, ratelimit_url: str | None = None) -> str:
+def gateway_config(
+    port: int,
+    upstream_url: str,
+    db: Path,
+    models: list[str],
+    limits: bool = True,
+    observed: bool = True,
+    ratelimit_url: str | None = None,
+) -> str:
     lines = [
-        "[server]", 'host = "127.0.0.1"', f"port = {port}", "",
-        "[storage]", f'url = "sqlite:///{db}"', "",
-        "[metrics]", f"enabled = {'true' if observed else 'false'}", "",
-        "[logging]", 'format = "json"', f"access_log = {'true' if observed else 'false'}", "",
-        "[[deployments]]", 'name = "mock"', f'base_url = "{upstream_url}"', 'api_key = "bench"', "",
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "",
+        "[storage]",
+        f'url = "sqlite:///{db}"',
+        "",
+        "[metrics]",
+        f"enabled = {'true' if observed else 'false'}",
+        "",
+        "[logging]",
+        'format = "json"',
+        f"access_log = {'true' if observed else 'false'}",
+        "",
+        "[[deployments]]",
+        'name = "mock"',
+        f'base_url = "{upstream_url}"',
+        'api_key = "bench"',
+        "",
     ]
     if ratelimit_url:
         lines += ["[ratelimit]", f'url = "{ratelimit_url}"', ""]
     for model in models:
         lines += [
-            "[[models]]", f'id = "{model}"', 'deployments = ["mock"]', "max_output_tokens = 64000",
-            "pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }", "",
+            "[[models]]",
+            f'id = "{model}"',
+            'deployments = ["mock"]',
+            "max_output_tokens = 64000",
+            "pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }",
+            "",
         ]
     # Limits far too high to bite, so that billing's spend check and the rate limiter do their
     # work on every request, as for a production key that has them.

@@ -53,15 +53,20 @@ def compare(rounds: int, duration: float, levels: list[int]) -> str:
     unbilled = gateway_system(upstream, workdir, [NONSTREAM.model], name="gateway-unbilled", limits=False)
     unbilled.argv = [PYTHON, __file__, "--serve", *unbilled.argv[1:]]
     systems = [floor_system(upstream), gateway_system(upstream, workdir, [NONSTREAM.model], limits=False), unbilled]
-    lines = ["| conc. | system | req/s | CPU µs/req | ÷ floor | rounds' range |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| conc. | system | req/s | CPU µs/req | ÷ floor | rounds' range |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
     for concurrency, runs in nonstream_in_turns(wrk, mock, systems, workdir, levels, rounds, duration):
         floor = runs["floor"]
         for system in systems:
             mine = runs[system.name]
             cpu = median(r["cpu_us"] for r in mine)
             pairs = [r["cpu_us"] / f["cpu_us"] for r, f in zip(mine, floor)]
-            lines.append(f"| {concurrency} | {system.name} | {median(r['rps'] for r in mine):,.0f} | {cpu:,.0f} | "
-                         f"{cpu / median(f['cpu_us'] for f in floor):.2f}× | {min(pairs):.2f}–{max(pairs):.2f} |")
+            lines.append(
+                f"| {concurrency} | {system.name} | {median(r['rps'] for r in mine):,.0f} | {cpu:,.0f} | "
+                f"{cpu / median(f['cpu_us'] for f in floor):.2f}× | {min(pairs):.2f}–{max(pairs):.2f} |"
+            )
     return "\n".join(lines)
 
 

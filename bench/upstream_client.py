@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 import orjson
+from scenarios import SCENARIOS, anthropic_request
+from systems import mock_system
 
 from gateway.config import Deployment
 from gateway.runtime import run, tune_garbage_collector
 from gateway.upstream import UpstreamClient
-from scenarios import SCENARIOS, anthropic_request
-from systems import mock_system
 
 BODY = anthropic_request(SCENARIOS["nonstream"])
 
@@ -104,7 +104,9 @@ async def measure(port: int, requests: int, concurrency: int, rounds: int) -> No
         for round_ in range(1, rounds + 1):
             aiohttp_us = await per_request(with_aiohttp, requests, concurrency)
             bare_us = await per_request(with_bare_protocol, requests, concurrency)
-            print(f"round {round_}: aiohttp client {aiohttp_us:5.1f} µs/request, bare protocol {bare_us:5.1f} µs/request")
+            print(
+                f"round {round_}: aiohttp client {aiohttp_us:5.1f} µs/request, bare protocol {bare_us:5.1f} µs/request"
+            )
     finally:
         for client in bare:
             client.transport.close()

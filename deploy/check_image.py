@@ -87,8 +87,10 @@ def main() -> int:
         report["image_bytes"] = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
         report["base"] = base
         print(json.dumps(report, indent=2))
-        print(f"image check passed: {report['image_bytes'] / 1e6:.0f} MB; gateway RSS idle "
-              f"{report['rss_idle_mib']:.0f} MiB, with {STREAMS} open streams {report['rss_streams_mib']:.0f} MiB")
+        print(
+            f"image check passed: {report['image_bytes'] / 1e6:.0f} MB; gateway RSS idle "
+            f"{report['rss_idle_mib']:.0f} MiB, with {STREAMS} open streams {report['rss_streams_mib']:.0f} MiB"
+        )
         return 0
     finally:
         remove_containers()
@@ -109,8 +111,12 @@ def ensure_tools() -> None:
         raise SystemExit(f"deploy/check_image.py needs {', '.join(missing)} (apt-get install {' '.join(missing)})")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "podman", "runc", "mmdebstrap"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "podman", "runc", "mmdebstrap"],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def podman(*args: str, check: bool = True, **options) -> subprocess.CompletedProcess:
@@ -131,9 +137,17 @@ def debian_base(work: Path) -> str:
     """Debian bookworm's Python, as an image made once and kept for later runs."""
     if podman("image", "exists", BASE, check=False).returncode != 0:
         rootfs = work / "rootfs.tar"
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=apt",
-                        "--include=python3,python3-venv,python3-pip,ca-certificates", "bookworm", str(rootfs)],
-                       check=True)
+        subprocess.run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--variant=apt",
+                "--include=python3,python3-venv,python3-pip,ca-certificates",
+                "bookworm",
+                str(rootfs),
+            ],
+            check=True,
+        )
         podman("import", str(rootfs), BASE)
     return BASE
 
@@ -141,8 +155,22 @@ def debian_base(work: Path) -> str:
 def build(base: str) -> None:
     secret = ["--secret", f"id=pip_cert,src={CA_BUNDLE}"] if CA_BUNDLE.exists() else []
     # --format docker: the OCI format has no HEALTHCHECK.
-    podman("build", "--format", "docker", "--network", "host", "-f", "deploy/Dockerfile", "--build-arg",
-           f"BASE={base}", *secret, "-t", IMAGE, ".", cwd=ROOT)
+    podman(
+        "build",
+        "--format",
+        "docker",
+        "--network",
+        "host",
+        "-f",
+        "deploy/Dockerfile",
+        "--build-arg",
+        f"BASE={base}",
+        *secret,
+        "-t",
+        IMAGE,
+        ".",
+        cwd=ROOT,
+    )
 
 
 def free_port() -> int:
@@ -159,14 +187,45 @@ async def run_checks(work: Path) -> dict:
     config = work / "gateway.toml"
     config.write_text(GATEWAY_TOML.format(port=port, upstream_port=upstream_port, models=models))
     config.chmod(0o644)  # the container's user reads it
-    podman("run", "-d", "--name", "ezat-check-mock", "--network", "host", "--read-only", "--entrypoint", "python3",
-           IMAGE, "-c", f"from gateway.mock.upstream import run; run('127.0.0.1', {upstream_port}, fast=True)")
-    podman("run", "-d", "--name", "ezat-check-gateway", "--network", "host", "--read-only",
-           # A volume for the SQLite ledger, which takes the image's /var/lib/ezat (and its owner).
-           "--tmpfs", "/tmp", "-v", f"{VOLUME}:/var/lib/ezat", "-v", f"{config}:/etc/ezat/gateway.toml:ro",
-           "-e", f"EZAT_API_KEY={KEY}", "-e", f"EZAT_PORT={port}",
-           # A command of its own, not CMD: the image's environment alone makes its log JSON.
-           IMAGE, "serve", "--config", "/etc/ezat/gateway.toml")
+    podman(
+        "run",
+        "-d",
+        "--name",
+        "ezat-check-mock",
+        "--network",
+        "host",
+        "--read-only",
+        "--entrypoint",
+        "python3",
+        IMAGE,
+        "-c",
+        f"from gateway.mock.upstream import run; run('127.0.0.1', {upstream_port}, fast=True)",
+    )
+    podman(
+        "run",
+        "-d",
+        "--name",
+        "ezat-check-gateway",
+        "--network",
+        "host",
+        "--read-only",
+        # A volume for the SQLite ledger, which takes the image's /var/lib/ezat (and its owner).
+        "--tmpfs",
+        "/tmp",
+        "-v",
+        f"{VOLUME}:/var/lib/ezat",
+        "-v",
+        f"{config}:/etc/ezat/gateway.toml:ro",
+        "-e",
+        f"EZAT_API_KEY={KEY}",
+        "-e",
+        f"EZAT_PORT={port}",
+        # A command of its own, not CMD: the image's environment alone makes its log JSON.
+        IMAGE,
+        "serve",
+        "--config",
+        "/etc/ezat/gateway.toml",
+    )
     report: dict = {}
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as http:
         await until_up(http, url)
@@ -176,8 +235,9 @@ async def run_checks(work: Path) -> dict:
         uid = podman("exec", "ezat-check-gateway", "id", "-u").stdout.strip()
         assert uid == "10001", f"the gateway runs as uid {uid}"
         report["uid"] = int(uid)
-        assert podman("exec", "ezat-check-gateway", "touch", "/opt/x", check=False).returncode != 0, \
+        assert podman("exec", "ezat-check-gateway", "touch", "/opt/x", check=False).returncode != 0, (
             "the root filesystem is writable"
+        )
 
         answer = await post(http, url, "bench-nonstream", stream=False)
         assert json.loads(answer)["choices"][0]["message"]["content"].startswith("Tokens arrive"), answer[:300]

@@ -54,8 +54,11 @@ def validate_kubernetes() -> bool:
                 files.append(str(rendered))
             else:  # the generated ConfigMap is kustomize's: the rest is checked as written
                 print(f"kubectl is not installed: {folder}'s files are validated one by one")
-                files += [str(path) for path in sorted((kubernetes / folder).glob("*.yaml"))
-                          if path.name != "kustomization.yaml" and not path.name.endswith(".example.yaml")]
+                files += [
+                    str(path)
+                    for path in sorted((kubernetes / folder).glob("*.yaml"))
+                    if path.name != "kustomization.yaml" and not path.name.endswith(".example.yaml")
+                ]
         return run(str(BIN / "kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSION, *files)
 
 
@@ -66,11 +69,21 @@ def check_compose() -> bool:
             return False
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker-compose"], env=env,
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "docker-compose"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     # (The variables compose requires, with stand-in values.)
-    return run("docker-compose", "-f", str(DEPLOY / "compose" / "compose.yaml"), "config", "--quiet",
-               env={**os.environ, "EZAT_API_KEY": "sk-check", "EZAT_DB_PASSWORD": "check"})
+    return run(
+        "docker-compose",
+        "-f",
+        str(DEPLOY / "compose" / "compose.yaml"),
+        "config",
+        "--quiet",
+        env={**os.environ, "EZAT_API_KEY": "sk-check", "EZAT_DB_PASSWORD": "check"},
+    )
 
 
 if __name__ == "__main__":

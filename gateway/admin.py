@@ -10,7 +10,7 @@ import io
 import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -39,34 +39,48 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     actions = orgs.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", parents=[storage_options], help="make a new organization")
     create.add_argument("name", type=_name)
-    create.add_argument("--balance", type=_limit, default=None, metavar="USD",
-                        help='what all its keys may spend together ("none", the default: no limit)')
+    create.add_argument(
+        "--balance",
+        type=_limit,
+        default=None,
+        metavar="USD",
+        help='what all its keys may spend together ("none", the default: no limit)',
+    )
     create.add_argument("--suspended", action="store_true", help="its keys' requests are refused (403)")
     actions.add_parser("list", parents=[storage_options], help="every organization, its balance and spend")
     suspend = actions.add_parser("suspend", parents=[storage_options], help="refuse its keys' requests (403)")
     suspend.add_argument("name")
     update = actions.add_parser("update", parents=[storage_options], help="change an organization's settings")
     update.add_argument("name")
-    update.add_argument("--balance", type=_limit, default=argparse.SUPPRESS, metavar="USD",
-                        help='"none" removes the limit')
+    update.add_argument(
+        "--balance", type=_limit, default=argparse.SUPPRESS, metavar="USD", help='"none" removes the limit'
+    )
     suspension = update.add_mutually_exclusive_group()
     suspension.add_argument("--suspend", dest="suspended", action="store_const", const=True, default=argparse.SUPPRESS)
-    suspension.add_argument("--unsuspend", dest="suspended", action="store_const", const=False,
-                            default=argparse.SUPPRESS)
+    suspension.add_argument(
+        "--unsuspend", dest="suspended", action="store_const", const=False, default=argparse.SUPPRESS
+    )
 
     usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
     usage.add_argument("--key", help="only this key (name or id)")
     usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
-    usage.add_argument("--by", choices=("day", "model", "key", "org", "session"), default="day",
-                       help="org: by each key's organization (as it is now); session: by conversation "
-                            "(x-ezat-session, prompt_cache_key or Claude Code's session id)")
+    usage.add_argument(
+        "--by",
+        choices=("day", "model", "key", "org", "session"),
+        default="day",
+        help="org: by each key's organization (as it is now); session: by conversation "
+        "(x-ezat-session, prompt_cache_key or Claude Code's session id)",
+    )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 
 def _key_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: an option not given is absent from the namespace, so "leave as is" differs
     # from "none"/"never"/0, which clear a setting.
-    add = lambda *names, **kwargs: parser.add_argument(*names, default=argparse.SUPPRESS, **kwargs)
+
+    def add(*names, **kwargs):
+        parser.add_argument(*names, default=argparse.SUPPRESS, **kwargs)
+
     add("--models", nargs="+", metavar="GLOB", help='model ids it may use, e.g. "anthropic/*"')
     add("--spend-limit", type=_limit, metavar="USD", help='"none" removes the limit')
     add("--rpm", type=_count, help="requests per minute (0: no limit)")
@@ -78,6 +92,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 # Each raises ArgumentTypeError with what it expected, which argparse prints after the option's
 # name (any other exception would end in a traceback, or name the function).
+
 
 def _limit(text: str) -> Decimal | None:
     if text.lower() == "none":
@@ -100,6 +115,7 @@ def _name(text: str) -> str:
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number from `low` to `high`."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -122,7 +138,9 @@ def _moment(text: str) -> datetime | None:
     try:
         return _since(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f'expected an ISO datetime such as 2030-01-31T12:00, or "never", not {text!r}') from None
+        raise argparse.ArgumentTypeError(
+            f'expected an ISO datetime such as 2030-01-31T12:00, or "never", not {text!r}'
+        ) from None
 
 
 def _since(text: str) -> datetime:
@@ -130,7 +148,7 @@ def _since(text: str) -> datetime:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an ISO datetime such as 2030-01-31T12:00, not {text!r}") from None
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 async def run(args: argparse.Namespace, storage_url: str) -> int:
@@ -148,8 +166,9 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
                 names = {key.id: key.organization for key in keys}
             else:
                 shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
-                names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id)
-                         for key in keys}
+                names = {
+                    key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys
+                }
             print(usage_report(rows, names, by=args.by, format=args.format), end="")
             return 0
         if args.command == "orgs":
@@ -201,10 +220,15 @@ async def _orgs(store, args: argparse.Namespace) -> int:
             return 1
         print(_table(ORG_COLUMNS, [_org_row(made, {})]), end="")
         return 0
-    fields = {"suspended": True} if args.action == "suspend" else {
-        field: getattr(args, option) for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
-        if hasattr(args, option)
-    }
+    fields = (
+        {"suspended": True}
+        if args.action == "suspend"
+        else {
+            field: getattr(args, option)
+            for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
+            if hasattr(args, option)
+        }
+    )
     found = await store.find_organization(args.name)
     if found is None:
         print(f"no organization named {args.name!r}")
@@ -226,8 +250,16 @@ def _org_row(org: OrganizationRecord, reserved: dict[int, Decimal]) -> list[Any]
 
 
 # command-line option → key field
-_KEY_OPTIONS = {"name": "name", "models": "models", "spend_limit": "spend_limit_usd", "rpm": "rpm", "tpm": "tpm",
-                "max_concurrent": "max_concurrent", "expires": "expires_at", "org": "org"}
+_KEY_OPTIONS = {
+    "name": "name",
+    "models": "models",
+    "spend_limit": "spend_limit_usd",
+    "rpm": "rpm",
+    "tpm": "tpm",
+    "max_concurrent": "max_concurrent",
+    "expires": "expires_at",
+    "org": "org",
+}
 
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,8 +270,20 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     return changes
 
 
-KEY_COLUMNS = ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd", "rpm", "tpm", "max_concurrent",
-               "expires_at", "revoked", "organization"]
+KEY_COLUMNS = [
+    "id",
+    "name",
+    "models",
+    "spent_usd",
+    "reserved_usd",
+    "spend_limit_usd",
+    "rpm",
+    "tpm",
+    "max_concurrent",
+    "expires_at",
+    "revoked",
+    "organization",
+]
 
 
 def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
@@ -253,14 +297,33 @@ def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
 
 
 def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
-    return [key.id, key.name, ",".join(key.models), key.spent_usd, reserved.get(key.id, Decimal(0)),
-            key.spend_limit_usd, key.rpm, key.tpm, key.max_concurrent,
-            key.expires_at.isoformat() if key.expires_at else None, key.revoked, key.organization]
+    return [
+        key.id,
+        key.name,
+        ",".join(key.models),
+        key.spent_usd,
+        reserved.get(key.id, Decimal(0)),
+        key.spend_limit_usd,
+        key.rpm,
+        key.tpm,
+        key.max_concurrent,
+        key.expires_at.isoformat() if key.expires_at else None,
+        key.revoked,
+        key.organization,
+    ]
 
 
 # The requests, then the ledger's columns of the same names, added up.
-USAGE_COLUMNS = ["requests", "input_tokens", "cache_write_tokens", "cache_write_1h_tokens", "cache_read_tokens",
-                 "output_tokens", "reasoning_tokens", "cost_usd"]
+USAGE_COLUMNS = [
+    "requests",
+    "input_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "cache_read_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+]
 
 
 def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
@@ -268,9 +331,13 @@ def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, f
     None (an empty cell; null in JSON), last."""
     groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
     for row in rows:
-        group = {"day": row.finished_at.date().isoformat(), "model": row.answered_model,
-                 "key": key_names.get(row.key_id, str(row.key_id)),
-                 "org": key_names.get(row.key_id, "default"), "session": row.session}[by]
+        group = {
+            "day": row.finished_at.date().isoformat(),
+            "model": row.answered_model,
+            "key": key_names.get(row.key_id, str(row.key_id)),
+            "org": key_names.get(row.key_id, "default"),
+            "session": row.session,
+        }[by]
         totals = groups[group]
         for i, value in enumerate((1, *(getattr(row, column) for column in USAGE_COLUMNS[1:]))):
             totals[i] += value
@@ -278,7 +345,10 @@ def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, f
     ordered = sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or ""))
     lines = [[group, *totals] for group, totals in ordered]
     if format == "json":
-        return orjson.dumps([dict(zip(header, line)) for line in lines], default=str, option=orjson.OPT_INDENT_2).decode() + "\n"
+        return (
+            orjson.dumps([dict(zip(header, line)) for line in lines], default=str, option=orjson.OPT_INDENT_2).decode()
+            + "\n"
+        )
     if format == "csv":
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows([header, *lines])

@@ -12,13 +12,13 @@ from gateway.config import Config
 from gateway.ledger import Ledger
 from gateway.ops.metrics import NO_METRICS, Metrics, metrics_handler
 from gateway.ops.observe import observe_middleware
-from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
 from gateway.ops.readiness import Readiness
 from gateway.ops.tracing import Tracing
+from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
 from gateway.ratelimit import rate_limiter
 from gateway.server import server_header
-from gateway.storage import Store, open_store
 from gateway.spending import SpendReservations
+from gateway.storage import Store, open_store
 from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
@@ -79,28 +79,56 @@ def build_app(
 
     size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
     bounds = bounds_middleware(**dataclasses.asdict(config.bounds))  # [bounds]' keys are the stage's
-    limits_for = partial(limits_middleware, find_model=config.model, spending=spending, limiter=limiter,
-                         reservation_ttl=reservation_ttl(config, non_streaming_deadline))
+    limits_for = partial(
+        limits_middleware,
+        find_model=config.model,
+        spending=spending,
+        limiter=limiter,
+        reservation_ttl=reservation_ttl(config, non_streaming_deadline),
+    )
     billing = billing_middleware(record=ledger.record)
     openai_chain = [
-        auth, size_limit, bounds, refusals_middleware(), limits_for(), images, cache_breakpoints_middleware(),
-        translator_middleware(), billing,
+        auth,
+        size_limit,
+        bounds,
+        refusals_middleware(),
+        limits_for(),
+        images,
+        cache_breakpoints_middleware(),
+        translator_middleware(),
+        billing,
     ]
     # Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md).
     anthropic_images = images.for_api("anthropic")
     native = native_middleware()
     messages_chain = [
-        auth, size_limit, bounds, limits_for(api="anthropic"), anthropic_images,
-        cache_breakpoints_middleware(api="anthropic"), native, billing,
+        auth,
+        size_limit,
+        bounds,
+        limits_for(api="anthropic"),
+        anthropic_images,
+        cache_breakpoints_middleware(api="anthropic"),
+        native,
+        billing,
     ]
     count_tokens_chain = [
-        auth, size_limit, bounds, limits_for(api="anthropic", reserve=False),
-        anthropic_images, native,
+        auth,
+        size_limit,
+        bounds,
+        limits_for(api="anthropic", reserve=False),
+        anthropic_images,
+        native,
     ]
     streams = OpenStreams(ping_interval, config.server.write_timeout_seconds, metrics)
     attempts = Attempts(config, metrics=metrics, tracing=tracing)  # one for every route: the deployments are the same
-    proxy = partial(proxy_handler, config, upstream, attempts=attempts, non_streaming_deadline=non_streaming_deadline,
-                    streams=streams)
+    proxy = partial(
+        proxy_handler,
+        config,
+        upstream,
+        attempts=attempts,
+        non_streaming_deadline=non_streaming_deadline,
+        streams=streams,
+    )
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
     chat_completions = api_route("chat_completions", chain(openai_chain, proxy()))
     messages = api_route("messages", chain(messages_chain, proxy(native=True)))
@@ -128,7 +156,9 @@ def build_app(
         timeout = config.server.shutdown_timeout_seconds
         streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
 
-    app = web.Application(middlewares=[observe_middleware(metrics=metrics, tracing=tracing), errors_as_the_client_speaks])
+    app = web.Application(
+        middlewares=[observe_middleware(metrics=metrics, tracing=tracing), errors_as_the_client_speaks]
+    )
     app[STORE] = store
     app[READINESS] = readiness
     app.cleanup_ctx.append(storage)
@@ -161,8 +191,14 @@ def reservation_ttl(config: Config, non_streaming_deadline: float) -> float:
     """Seconds a spend reservation outlives a process that died holding it: an hour, or longer
     than a request may run where the deadlines allow more (a stream's every attempt waiting its
     connect and first-token timeouts, then its maximum duration), with a minute to spare."""
-    longest = max((config.routing.max_attempts * (d.connect_timeout_seconds + d.first_token_timeout_seconds)
-                   + d.max_stream_duration_seconds for d in config.deployments), default=0.0)
+    longest = max(
+        (
+            config.routing.max_attempts * (d.connect_timeout_seconds + d.first_token_timeout_seconds)
+            + d.max_stream_duration_seconds
+            for d in config.deployments
+        ),
+        default=0.0,
+    )
     return max(RESERVATION_TTL, max(longest, non_streaming_deadline) + 60)
 
 

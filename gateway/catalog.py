@@ -48,8 +48,13 @@ def _openai_entry(model: Model) -> dict[str, Any]:
 
 
 def _anthropic_entry(model: Model) -> dict[str, Any]:
-    return {"type": "model", "id": model.id, "display_name": model.id, "created_at": _CREATED_AT,
-            "max_tokens": model.max_output_tokens}
+    return {
+        "type": "model",
+        "id": model.id,
+        "display_name": model.id,
+        "created_at": _CREATED_AT,
+        "max_tokens": model.max_output_tokens,
+    }
 
 
 def speaks_anthropic(request: web.Request) -> bool:

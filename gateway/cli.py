@@ -15,23 +15,35 @@ import sqlite3
 import sys
 import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 from decimal import Decimal
+from pathlib import Path
 
 import asyncpg
 from aiohttp import web
 
 from gateway import admin
 from gateway.app import READINESS, build_app
+from gateway.config import (
+    LOG_FORMATS,
+    Config,
+    ConfigError,
+    Deployment,
+    KeyConfig,
+    LoggingConfig,
+    Model,
+    Pricing,
+    StorageConfig,
+    expired_keys,
+    load_config,
+    load_storage_config,
+    shared_upstream_models,
+    storage_url_problem,
+)
 from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import MULTIPROCESS_DIR
 from gateway.ops.tracing import Tracing, TracingUnavailable
-from gateway.server import LISTEN_BACKLOG, app_runner
 from gateway.runtime import run, tune_garbage_collector, until_stopped
-from gateway.config import (
-    LOG_FORMATS, Config, ConfigError, Deployment, KeyConfig, LoggingConfig, Model, Pricing, StorageConfig, expired_keys,
-    load_config, load_storage_config, shared_upstream_models, storage_url_problem,
-)
+from gateway.server import LISTEN_BACKLOG, app_runner
 
 log = logging.getLogger("ezat")
 
@@ -122,10 +134,7 @@ def check_config(path: str) -> int:
         for problem in exc.problems:
             print(problem)
         return 1
-    print(
-        f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, "
-        f"{len(config.keys)} keys)"
-    )
+    print(f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, {len(config.keys)} keys)")
     # Valid, so not a failure, but worth a look.
     for warning in [*expired_keys(config), *shared_upstream_models(config)]:
         print(warning)
@@ -142,8 +151,12 @@ class Overrides:
     log_format: str | None = None
 
     def applied(self, config: Config) -> Config:
-        server = replace(config.server, host=self.host or config.server.host, port=self.port or config.server.port,
-                         workers=self.workers or config.server.workers)
+        server = replace(
+            config.server,
+            host=self.host or config.server.host,
+            port=self.port or config.server.port,
+            workers=self.workers or config.server.workers,
+        )
         logging_config = replace(config.logging, format=self.log_format or config.logging.format)
         return replace(config, server=server, logging=logging_config)
 
@@ -203,8 +216,13 @@ def serve(config_path: str | None, overrides: Overrides) -> None:
 
 def _rate_limited_keys(config: Config) -> list[str]:
     """The names of the config's usable keys with rpm, tpm or max_concurrent."""
-    return sorted({key.name or "(unnamed)" for key in config.keys
-                   if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked})
+    return sorted(
+        {
+            key.name or "(unnamed)"
+            for key in config.keys
+            if (key.rpm or key.tpm or key.max_concurrent) and not key.revoked
+        }
+    )
 
 
 def _worker(config: Config) -> None:

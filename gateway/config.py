@@ -14,7 +14,7 @@ import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +42,7 @@ _INVALID: Any = object()
 
 # --- Field checks: each takes a converted value and returns a problem message, or None if fine.
 
+
 def _rule(is_fine: Callable[[Any], bool], problem: str) -> Callable[[Any], str | None]:
     return lambda value: None if is_fine(value) else problem
 
@@ -56,19 +57,25 @@ _non_empty = _rule(bool, "expected a non-empty string")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
 _sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
+
+
 def _port_fits(url: str) -> bool:
     try:
-        urlsplit(url).port  # raises ValueError for a port that is not a number from 0 to 65535
+        _ = urlsplit(url).port  # raises ValueError for a port that is not a number from 0 to 65535
     except ValueError:
         return False
     return True
 
 
-_redis_url = _rule(lambda v: v == "" or (v.startswith(("redis://", "rediss://", "unix://")) and _port_fits(v)),
-                   "expected a redis://, rediss:// or unix:// URL")
+_redis_url = _rule(
+    lambda v: v == "" or (v.startswith(("redis://", "rediss://", "unix://")) and _port_fits(v)),
+    "expected a redis://, rediss:// or unix:// URL",
+)
 storage_url_problem = _rule(
-    lambda v: (v.startswith("sqlite:///") and v != "sqlite:///")
-    or (v.startswith(("postgresql://", "postgres://")) and _port_fits(v)),
+    lambda v: (
+        (v.startswith("sqlite:///") and v != "sqlite:///")
+        or (v.startswith(("postgresql://", "postgres://")) and _port_fits(v))
+    ),
     "expected a sqlite:///, postgresql:// or postgres:// URL",
 )
 
@@ -77,7 +84,7 @@ def _http_url(value: str) -> str | None:
     try:
         parts = urlsplit(value)
         host = parts.hostname
-        parts.port  # raises ValueError for a port that is not a number from 0 to 65535
+        _ = parts.port  # raises ValueError for a port that is not a number from 0 to 65535
     except ValueError:
         host = None
     if not host or parts.scheme not in ("http", "https"):
@@ -94,6 +101,7 @@ def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, f
 
 # --- The config itself.
 
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = _field("127.0.0.1", check=_non_empty)
@@ -102,7 +110,9 @@ class ServerConfig:
     shutdown_timeout_seconds: float = _field(30.0, check=_positive_number)  # for open requests on SIGTERM
     write_timeout_seconds: float = _field(30.0, check=_positive_number)  # a stream's client not reading
     body_timeout_seconds: float = _field(60.0, check=_positive_number)  # for a request's whole body, else 408
-    keepalive_timeout_seconds: float = _field(75.0, check=_positive_number)  # an idle connection's; a request's headers' too
+    keepalive_timeout_seconds: float = _field(
+        75.0, check=_positive_number
+    )  # an idle connection's; a request's headers' too
     # On SIGTERM: /readyz answers 503 at once, and the gateway serves on this long before it stops
     # listening and drains (so a load balancer that probes readiness stops sending first).
     drain_seconds: float = _field(0.0, check=_non_negative)
@@ -159,9 +169,12 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    format: str = _field("text", check=_rule(lambda v: v in LOG_FORMATS, "expected \"text\" or \"json\""))
-    level: str = _field("INFO", check=_rule(lambda v: v.upper() in LOG_LEVELS, f"expected one of {', '.join(LOG_LEVELS)}"),
-                        clean=str.upper)
+    format: str = _field("text", check=_rule(lambda v: v in LOG_FORMATS, 'expected "text" or "json"'))
+    level: str = _field(
+        "INFO",
+        check=_rule(lambda v: v.upper() in LOG_LEVELS, f"expected one of {', '.join(LOG_LEVELS)}"),
+        clean=str.upper,
+    )
     access_log: bool = True  # one line per request, when it ends
 
 
@@ -185,7 +198,9 @@ class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}
     api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
     connect_timeout_seconds: float = _field(10.0, check=_positive_number)
     first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one
-    stream_idle_timeout_seconds: float = _field(60.0, check=_positive_number)  # a stream's silence, after its first output
+    stream_idle_timeout_seconds: float = _field(
+        60.0, check=_positive_number
+    )  # a stream's silence, after its first output
     max_stream_duration_seconds: float = _field(1800.0, check=_positive_number)  # a stream's whole length
 
 
@@ -285,6 +300,7 @@ class Config:
 
 # --- Loading.
 
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     return _config_from_toml(_read(path), os.environ, source=f"{path}: ")
 
@@ -336,7 +352,7 @@ def _config_from_toml(text: str, env: Mapping[str, str], source: str) -> Config:
 def expired_keys(config: Config, now: datetime | None = None) -> list[str]:
     """One line for each key, not revoked, whose expires_at has passed: a valid config, but likely
     a mistake, since every request with it gets 401. Names the entry and its name, never the key."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     lines = []
     for i, key in enumerate(config.keys):
         if key.expires_at is not None and key.expires_at <= now and not key.revoked:
@@ -357,7 +373,8 @@ def shared_upstream_models(config: Config) -> list[str]:
     return [
         f'models[{entries[0]}].upstream_model: "{name}" is also {" and ".join(f"models[{i}]" for i in entries[1:])}\'s;'
         f" requests for it get 404 (an alias of that name on one of them picks it)"
-        for name, entries in sharing.items() if len(entries) > 1
+        for name, entries in sharing.items()
+        if len(entries) > 1
     ]
 
 
@@ -378,13 +395,18 @@ def _interpolate(value: Any, path: str, env: Mapping[str, str], problems: list[s
         return [_interpolate(item, f"{path}[{i}]", env, problems) for i, item in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
-    missing = [name for name, default in (m.group(1, 2) for m in _ENV_REFERENCE.finditer(value))
-               if name not in env and default is None]
+    missing = [
+        name
+        for name, default in (m.group(1, 2) for m in _ENV_REFERENCE.finditer(value))
+        if name not in env and default is None
+    ]
     for name in dict.fromkeys(missing):
         problems.append(f"{path}: environment variable {name} is not set")
     # A "${" left after removing the well-formed references is a typo, not literal text.
     if "${" in _ENV_REFERENCE.sub("", value):
-        problems.append(f"{path}: malformed ${{...}}; expected ${{NAME}} or ${{NAME:-default}}, NAME of letters, digits and _")
+        problems.append(
+            f"{path}: malformed ${{...}}; expected ${{NAME}} or ${{NAME:-default}}, NAME of letters, digits and _"
+        )
     elif not missing:
         # One pass, so a variable's value (or a default) is never itself expanded.
         return _ENV_REFERENCE.sub(_expanded(env), value)
@@ -407,15 +429,23 @@ _SCALARS: dict[type, tuple[Callable[[Any], bool], Callable[[Any], Any], str]] = 
     bool: (lambda v: isinstance(v, bool), lambda v: v, "expected true or false"),
     # bool is a subclass of int in Python, but `port = true` is a mistake.
     int: (lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: v, "expected an integer"),
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), float,
-            "expected a number"),
+    float: (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        float,
+        "expected a number",
+    ),
     # Via str() so that 0.30 becomes Decimal("0.30"), not the float's binary expansion.
-    Decimal: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-              lambda v: Decimal(str(v)), "expected a number"),
+    Decimal: (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        lambda v: Decimal(str(v)),
+        "expected a number",
+    ),
     # TOML also has bare dates and times, but an expiry needs both; no offset means UTC.
-    datetime: (lambda v: isinstance(v, datetime),
-               lambda v: v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v.astimezone(timezone.utc),
-               "expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
+    datetime: (
+        lambda v: isinstance(v, datetime),
+        lambda v: v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC),
+        "expected an unquoted datetime such as 2027-01-01T00:00:00Z",
+    ),
 }
 
 
@@ -508,8 +538,11 @@ def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bo
         found += [(f"pricing.{name}", "required") for name in ("input", "output") if name not in pricing]
         caches = raw.get("min_cache_tokens", 1024)
         if type(caches) is int and caches > 0:
-            found += [(f"pricing.{name}", "required while the model caches (min_cache_tokens > 0)")
-                      for name in ("cache_write", "cache_read") if name not in pricing]
+            found += [
+                (f"pricing.{name}", "required while the model caches (min_cache_tokens > 0)")
+                for name in ("cache_write", "cache_read")
+                if name not in pricing
+            ]
     problems.extend(f"{_join(path, key)}: {problem}" for key, problem in found)
     return not found
 
@@ -530,6 +563,7 @@ def _key_as_digest(raw: dict[str, Any], path: str, problems: list[str]) -> dict[
 
 
 # --- Checks across entries.
+
 
 def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
     """Duplicates and dangling references, found in the raw tables so that an entry is
@@ -586,8 +620,7 @@ def _report_same_keys(keys: Sequence[KeyConfig], problems: list[str]) -> None:
         first.setdefault(key.key_sha256, i)
 
 
-def _report_duplicates(data: dict[str, Any], section: str, key: str, what: str,
-                       problems: list[str]) -> set[str] | None:
+def _report_duplicates(data: dict[str, Any], section: str, key: str, what: str, problems: list[str]) -> set[str] | None:
     """Report repeated `key` values in an array of tables; return them, or None if any is unusable."""
     entries = data.get(section, [])
     complete = isinstance(entries, list)

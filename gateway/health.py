@@ -11,8 +11,9 @@ from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 
 
 class Health:
-    def __init__(self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0,
-                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
+    def __init__(
+        self, *, failures_before_cooldown: int = 3, cooldown: float = 30.0, metrics: Metrics | NoMetrics = NO_METRICS
+    ) -> None:
         self._threshold = failures_before_cooldown
         self._cooldown = cooldown
         self._failures: dict[str, int] = {}

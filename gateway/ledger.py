@@ -28,8 +28,9 @@ class LedgerError(GatewayError):
 
 
 class Ledger:
-    def __init__(self, store: Store, *, max_batch: int = MAX_GROUP, attempts: int = 3,
-                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
+    def __init__(
+        self, store: Store, *, max_batch: int = MAX_GROUP, attempts: int = 3, metrics: Metrics | NoMetrics = NO_METRICS
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._max_batch = max_batch

@@ -24,10 +24,10 @@ from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
 from gateway.health import Health
-from gateway.routing import affinity, ranked
-from gateway.streams import OpenStreams
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.ops.tracing import Tracing
+from gateway.routing import affinity, ranked
+from gateway.streams import OpenStreams
 from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message
@@ -103,8 +103,9 @@ def proxy_handler(
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
         tries = ((model, _for_model(body, model, asked)) for model in models)
-        reply, name, model = await attempts.first(tries, stream if body.get("stream") else message, stick_by,
-                                                  _forwarded(request) if native else {}, deadline)
+        reply, name, model = await attempts.first(
+            tries, stream if body.get("stream") else message, stick_by, _forwarded(request) if native else {}, deadline
+        )
         request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
         # The prompt is not held while its answer streams: it may be megabytes (images
         # included), and a stream may run for minutes.
@@ -152,15 +153,22 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadli
         body = _for_model(request[BODY], model, model)
         try:
             answer, request[DEPLOYMENT], request[ANSWERED_MODEL] = await attempts.first(
-                [(model, body)], count, None, _forwarded(request), asyncio.get_running_loop().time() + deadline,
-                operation="count_tokens")
+                [(model, body)],
+                count,
+                None,
+                _forwarded(request),
+                asyncio.get_running_loop().time() + deadline,
+                operation="count_tokens",
+            )
         except TimeoutError:
-            raise GatewayError(504, f"The request took longer than {deadline:g} seconds.", type="server_error",
-                               code="timeout") from None
+            raise GatewayError(
+                504, f"The request took longer than {deadline:g} seconds.", type="server_error", code="timeout"
+            ) from None
         return answer
 
-    count_tokens.stage = Stage("count_tokens", requires=frozenset({BODY, MODEL}),
-                               provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}))
+    count_tokens.stage = Stage(
+        "count_tokens", requires=frozenset({BODY, MODEL}), provides=frozenset({ANSWERED_MODEL, DEPLOYMENT})
+    )
     return count_tokens
 
 
@@ -168,13 +176,25 @@ class Attempts:
     """Trying deployments in turn: their health (shared by every route, since the deployments
     are), and what each attempt leaves in the metrics and the trace."""
 
-    def __init__(self, config: Config, *, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self, config: Config, *, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None
+    ) -> None:
         self.config, self.metrics, self.tracing = config, metrics, tracing
-        self.health = Health(failures_before_cooldown=config.routing.failures_before_cooldown,
-                             cooldown=config.routing.cooldown_seconds, metrics=metrics)
+        self.health = Health(
+            failures_before_cooldown=config.routing.failures_before_cooldown,
+            cooldown=config.routing.cooldown_seconds,
+            metrics=metrics,
+        )
 
-    async def first(self, tries, attempt, stick_by: str | None, forward: Forward, deadline: float | None = None,
-                    operation: str = "chat"):
+    async def first(
+        self,
+        tries,
+        attempt,
+        stick_by: str | None,
+        forward: Forward,
+        deadline: float | None = None,
+        operation: str = "chat",
+    ):
         """The first answer of `attempt` (an `operation`, for the trace) over each (model,
         upstream body) of `tries` in turn and that model's usable deployments, within
         max_attempts: (reply, deployment, model). Past `deadline` (loop time), TimeoutError."""
@@ -191,8 +211,9 @@ class Attempts:
                 attempts -= 1
                 try:
                     async with asyncio.timeout_at(deadline):
-                        reply = await self._try(attempt, self.config.deployment(name), upstream_body, forward,
-                                                operation)
+                        reply = await self._try(
+                            attempt, self.config.deployment(name), upstream_body, forward, operation
+                        )
                 except TimeoutError:
                     metrics.attempt(name, "timeout")
                     raise
@@ -223,8 +244,9 @@ class Attempts:
             return reply
 
 
-async def _json_answer(upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any],
-                       **options) -> tuple[bytes, Any]:
+async def _json_answer(
+    upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any], **options
+) -> tuple[bytes, Any]:
     """The deployment's whole answer, and it parsed (None when it is not JSON, or is larger than
     any answer: it is not read then)."""
     try:
@@ -325,4 +347,3 @@ def _all_cooling(seconds: float) -> GatewayError:
         code="overloaded",
         headers=retry_after(seconds),
     )
-

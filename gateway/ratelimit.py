@@ -19,8 +19,8 @@ import time
 from typing import Protocol
 
 from middlewares.core import protocols
-from middlewares.core.protocols import Wait
 from middlewares.core.errors import GatewayError
+from middlewares.core.protocols import Wait
 from middlewares.core.records import KeyRecord
 
 log = logging.getLogger("ezat.ratelimit")
@@ -206,7 +206,9 @@ class RedisRateLimiter:
 
     async def enter(self, key: KeyRecord, request_id: str) -> float:
         try:
-            entered = await self._enter(keys=[_bucket(key, "running")], args=[key.max_concurrent, request_id, RUNNING_TTL])
+            entered = await self._enter(
+                keys=[_bucket(key, "running")], args=[key.max_concurrent, request_id, RUNNING_TTL]
+            )
         except Exception as exc:
             self._fail_open(exc)
             return 0.0

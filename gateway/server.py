@@ -59,17 +59,20 @@ async def server_header(request: web.Request, response: web.StreamResponse) -> N
 # its parser rejects (they bypass the app's middlewares and its on_response_prepare), and builds
 # its Server, which makes the RequestHandlers, inside AppRunner._make_server.
 
+
 class _RequestHandler(RequestHandler):
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         if not isinstance(exc, HttpProcessingError):  # a handler's exception: aiohttp's 500
             return super().handle_error(request, status, exc, message)
         # As aiohttp does, a connection whose first line is no HTTP method (TLS, a port scan) is
         # only debug noise. The exception's text quotes the request: it is never logged.
         level = logging.DEBUG if self._request_count == 1 and isinstance(exc, BadHttpMethod) else logging.WARNING
         log.log(level, "a request that is not valid HTTP (%s) from %s", type(exc).__name__, request.remote)
-        response = web.Response(status=status, body=NOT_HTTP, content_type="application/json",
-                                headers={hdrs.SERVER: SERVER})
+        response = web.Response(
+            status=status, body=NOT_HTTP, content_type="application/json", headers={hdrs.SERVER: SERVER}
+        )
         response.force_close()
         return response
 
@@ -82,5 +85,10 @@ class _Server(web.Server):
 class _AppRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # starts the app; aiohttp's Server, as it would serve it
-        return _Server(made.request_handler, request_factory=made.request_factory,
-                       handler_cancellation=made.handler_cancellation, loop=made._loop, **made._kwargs)
+        return _Server(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            loop=made._loop,
+            **made._kwargs,
+        )

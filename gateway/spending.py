@@ -28,8 +28,15 @@ class SpendReservations:
         self._commit = GroupCommit(self._write_groups)
 
     async def reserve(
-        self, request_id: str, key_id: int, amount: Decimal, limit: Decimal | None, ttl: float, *,
-        organization_id: int = DEFAULT_ORGANIZATION_ID, balance: Decimal | None = None,
+        self,
+        request_id: str,
+        key_id: int,
+        amount: Decimal,
+        limit: Decimal | None,
+        ttl: float,
+        *,
+        organization_id: int = DEFAULT_ORGANIZATION_ID,
+        balance: Decimal | None = None,
     ) -> Shortfall | None:
         hold = Hold(request_id, key_id, amount, limit, ttl, organization_id, balance)
         if self._commit.alone() and not self._holds:

@@ -20,8 +20,9 @@ class OpenStreams:
     `write_timeout` seconds (the client stopped reading). And it ends them all at once, when
     the gateway shuts down (`end_all_after`)."""
 
-    def __init__(self, interval: float = 15.0, write_timeout: float = 30.0,
-                 metrics: Metrics | NoMetrics = NO_METRICS) -> None:
+    def __init__(
+        self, interval: float = 15.0, write_timeout: float = 30.0, metrics: Metrics | NoMetrics = NO_METRICS
+    ) -> None:
         self.interval = interval
         self.write_timeout = write_timeout
         self._metrics = metrics

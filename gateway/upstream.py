@@ -68,8 +68,13 @@ class UpstreamClient:
         await self._session.close()
 
     async def post(
-        self, deployment: Deployment, body: dict[str, Any], *, path: str = MESSAGES,
-        headers: list[tuple[str, str]] | None = None, query: dict[str, str] | None = None,
+        self,
+        deployment: Deployment,
+        body: dict[str, Any],
+        *,
+        path: str = MESSAGES,
+        headers: list[tuple[str, str]] | None = None,
+        query: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
         """POST {base_url}{path}; `headers` ((lower-cased name, value) lines: a client's own
         anthropic-version or anthropic-beta, each line as it sent it) go with the deployment's,
@@ -80,7 +85,11 @@ class UpstreamClient:
         if target is None:
             target = self._targets[(deployment, path)] = (
                 URL(deployment.base_url + path),  # parsed once, not per request
-                {"x-api-key": deployment.api_key, "anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"},
+                {
+                    "x-api-key": deployment.api_key,
+                    "anthropic-version": ANTHROPIC_VERSION,
+                    "content-type": "application/json",
+                },
                 aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
             )
         url, fixed, timeout = target
@@ -132,8 +141,12 @@ class UpstreamEvents:
     """
 
     def __init__(
-        self, response: aiohttp.ClientResponse, *, idle_timeout: float | None = None,
-        max_duration: float | None = None, relay: bool = False,
+        self,
+        response: aiohttp.ClientResponse,
+        *,
+        idle_timeout: float | None = None,
+        max_duration: float | None = None,
+        relay: bool = False,
     ) -> None:
         self.usage = StreamUsage()
         self._events_of = _relayed_events if relay else _parse_events
@@ -221,8 +234,11 @@ class UpstreamEvents:
         complete = self._complete_events(chunk)
         if complete is None:
             if len(self._partial) > MAX_EVENT_BYTES:
-                log.warning("upstream sent %d bytes without an event's end, starting %r",
-                            len(self._partial), bytes(self._partial[:200]))
+                log.warning(
+                    "upstream sent %d bytes without an event's end, starting %r",
+                    len(self._partial),
+                    bytes(self._partial[:200]),
+                )
                 await self.aclose()
                 return [_UNREADABLE]
             return []

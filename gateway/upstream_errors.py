@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import orjson
@@ -34,8 +34,8 @@ def retry_after_seconds(value: str | None) -> float | None:
         except (TypeError, ValueError):
             return None
         if when.tzinfo is None:  # asctime's form, or "-0000": HTTP dates are in UTC
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
     if not 0 <= seconds < math.inf:  # NaN fails both comparisons
         return None
     return min(seconds, MAX_RETRY_AFTER)

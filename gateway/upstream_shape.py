@@ -57,7 +57,9 @@ def readable_event(event: dict[str, Any]) -> bool:
             return False
     elif kind == "message_delta":
         delta = event.get("delta", {})
-        if not (isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(event.get("usage"))):
+        if not (
+            isinstance(delta, dict) and _readable_stop(delta.get("stop_reason")) and _readable_usage(event.get("usage"))
+        ):
             return False
     elif kind == "error":
         return isinstance(event.get("error") or {}, dict)
@@ -109,7 +111,8 @@ def _readable_usage(usage: Any) -> bool:
     if not all(_count(usage.get(name)) for name in _COUNTS):
         return False
     return _counts(usage.get("output_tokens_details"), "thinking_tokens") and _counts(
-        usage.get("cache_creation"), "ephemeral_1h_input_tokens")
+        usage.get("cache_creation"), "ephemeral_1h_input_tokens"
+    )
 
 
 def _counts(details: Any, name: str) -> bool:

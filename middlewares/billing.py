@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -38,7 +38,7 @@ def billing_middleware(*, record: RecordRow):
     # (It sets request[LEDGER_ROW] too, but on the way out: no stage after it could read it.)
     @stage("billing", requires=(API_KEY, MODEL))
     async def billing(request: web.Request, handler) -> web.StreamResponse:
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         reply = await handler(request)
         bill = Bill(request, started, record)
         if isinstance(reply, MessageReply):
@@ -77,12 +77,16 @@ class Bill:
             cost_usd=usage.cost(answered.pricing),  # priced as the model that answered
             outcome=outcome,
             started_at=self._started,
-            finished_at=datetime.now(timezone.utc),
+            finished_at=datetime.now(UTC),
             session=LedgerRow.session_name(request.get(SESSION)),
         )
         if usage.estimated is not None and outcome == "complete":  # the answer ended, yet its count is wanting
-            log.warning("deployment %s sent an answer whose output count is %s: billed the estimate from its text, "
-                        "%d tokens", row.deployment, usage.estimated, usage.output_tokens)
+            log.warning(
+                "deployment %s sent an answer whose output count is %s: billed the estimate from its text, %d tokens",
+                row.deployment,
+                usage.estimated,
+                usage.output_tokens,
+            )
         try:
             await self._record(row)
         except asyncio.CancelledError:

@@ -81,7 +81,9 @@ def _most_tokens(request: web.Request, body: dict[str, Any]) -> int:
 def _session(request: web.Request, body: dict[str, Any]) -> str | None:
     key = body.get("prompt_cache_key")
     if key is not None and (not isinstance(key, str) or len(key) > MAX_CACHE_KEY):
-        raise invalid_request(f"prompt_cache_key: expected a string of at most {MAX_CACHE_KEY} characters", "prompt_cache_key")
+        raise invalid_request(
+            f"prompt_cache_key: expected a string of at most {MAX_CACHE_KEY} characters", "prompt_cache_key"
+        )
     return request.headers.get("x-ezat-session") or key or None
 
 

@@ -32,8 +32,13 @@ RESERVATION_TTL = 3600.0
 
 
 def limits_middleware(
-    *, find_model: FindModel, spending: Spending | None = None, limiter: RateLimiter | None = None,
-    reserve: bool = True, reservation_ttl: float = RESERVATION_TTL, api: str = "openai",
+    *,
+    find_model: FindModel,
+    spending: Spending | None = None,
+    limiter: RateLimiter | None = None,
+    reserve: bool = True,
+    reservation_ttl: float = RESERVATION_TTL,
+    api: str = "openai",
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -72,8 +77,12 @@ def limits_middleware(
     async def limits(request: web.Request, handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
         if key.organization_suspended:
-            raise GatewayError(403, f"This key's organization `{key.organization}` is suspended.", type="permission_error",
-                               refusal="auth")
+            raise GatewayError(
+                403,
+                f"This key's organization `{key.organization}` is suspended.",
+                type="permission_error",
+                refusal="auth",
+            )
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise invalid_request("model: required", "model")
@@ -85,8 +94,9 @@ def limits_middleware(
         models = (model, *fallbacks)
         for allowed in models:
             if not key.allows(allowed.id):
-                raise GatewayError(403, f"This key may not use the model `{allowed.id}`.", type="permission_error",
-                                   refusal="model")
+                raise GatewayError(
+                    403, f"This key may not use the model `{allowed.id}`.", type="permission_error", refusal="model"
+                )
         spends = reserve and spending is not None
         limit = key.spend_limit_usd if spends else None
         balance = key.organization_balance_usd if spends else None
@@ -128,15 +138,24 @@ def limits_middleware(
                     )
             if limit is not None or balance is not None:
                 cost = _worst_cost(models, input_tokens, output_tokens)
-                short = await spending.reserve(rid, key.id, cost, limit, reservation_ttl,
-                                               organization_id=key.organization_id, balance=balance)
+                short = await spending.reserve(
+                    rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
+                )
                 if short is not None:  # nothing was held
                     input_cost = _worst_cost(models, input_tokens, 0)
                     if short.of == "organization":
-                        raise _over_limit(f"This key's organization `{key.organization}`", "balance",
-                                          "has used up its balance of", balance, short.left, cost, input_cost)
-                    raise _over_limit("This key", "spend limit", "has reached its spend limit of", limit, short.left,
-                                      cost, input_cost)
+                        raise _over_limit(
+                            f"This key's organization `{key.organization}`",
+                            "balance",
+                            "has used up its balance of",
+                            balance,
+                            short.left,
+                            cost,
+                            input_cost,
+                        )
+                    raise _over_limit(
+                        "This key", "spend limit", "has reached its spend limit of", limit, short.left, cost, input_cost
+                    )
                 reservation.spending = spending
             request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
@@ -181,15 +200,19 @@ def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens:
     """USD at the dearest of any model that may answer: each input token at its dearest kind
     (a cache write costs more than plain input); the asked model (the first) writing all of
     `output_tokens`, a fallback at most its maximum (the handler lowers max_tokens for it)."""
-    return max(
-        input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_write_1h, m.pricing.cache_read)
-        + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * m.pricing.output
-        for m in models
-    ) / PER_MILLION
+    return (
+        max(
+            input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_write_1h, m.pricing.cache_read)
+            + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * m.pricing.output
+            for m in models
+        )
+        / PER_MILLION
+    )
 
 
-def _over_limit(who: str, limit: str, exhausted: str, total: Decimal, left: Decimal, cost: Decimal,
-                input_cost: Decimal) -> GatewayError:
+def _over_limit(
+    who: str, limit: str, exhausted: str, total: Decimal, left: Decimal, cost: Decimal, input_cost: Decimal
+) -> GatewayError:
     """The 402 for a request whose worst case does not fit what is left of `who`'s `limit`."""
     if left <= 0:
         message = f"{who} {exhausted} ${total}."

@@ -37,8 +37,12 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
     `request[BODY]` and its decoded size in bytes `request[BODY_BYTES]`."""
     if not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError("size_limit_middleware: max_bytes must be a positive integer")
-    if (not isinstance(body_timeout, (int, float)) or isinstance(body_timeout, bool)
-            or not math.isfinite(body_timeout) or body_timeout <= 0):
+    if (
+        not isinstance(body_timeout, (int, float))
+        or isinstance(body_timeout, bool)
+        or not math.isfinite(body_timeout)
+        or body_timeout <= 0
+    ):
         raise ValueError("size_limit_middleware: body_timeout must be a positive number of seconds")
     size = f"{max_bytes // MiB} MB" if max_bytes % MiB == 0 else f"{max_bytes:,} bytes"
     too_large = f"The request body is over {size}."

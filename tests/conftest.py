@@ -146,7 +146,9 @@ def _npm_install(package: str, where: Path, installed: Path) -> None:
             raise FileNotFoundError("node and npm are not both installed")
         subprocess.run(
             ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", package],
-            check=True, capture_output=True, timeout=600,
+            check=True,
+            capture_output=True,
+            timeout=600,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":

@@ -131,7 +131,7 @@ async def raw_stream(gateway, body: dict | None = None) -> tuple[aiohttp.ClientR
 def data(event: str) -> dict:
     """The JSON of one `data: {...}` SSE event."""
     assert event.startswith("data: "), event
-    return json.loads(event[len("data: "):])
+    return json.loads(event[len("data: ") :])
 
 
 async def read_store(url: str) -> tuple[list[LedgerRow], list[KeyRecord]]:
@@ -157,8 +157,12 @@ def clean_environment(**extra: str) -> dict[str, str]:
 async def spawn(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> asyncio.subprocess.Process:
     """Starts `ezat-gateway ARGS` in the clean environment (plus `env`), stdout and stderr in one pipe."""
     return await asyncio.create_subprocess_exec(
-        COMMAND, *args, env=clean_environment(**(env or {})), cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        COMMAND,
+        *args,
+        env=clean_environment(**(env or {})),
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
 
 
@@ -182,8 +186,13 @@ class ServeProcess:
     Without it the command runs on its embedded defaults (pass `--port` in `start`'s arguments)."""
 
     def __init__(
-        self, directory: Path, name: str = "gateway", config: str | None = None, *,
-        env: dict[str, str] | None = None, **fields: object,
+        self,
+        directory: Path,
+        name: str = "gateway",
+        config: str | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        **fields: object,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -192,8 +201,12 @@ class ServeProcess:
         if config is not None:
             self.config = directory / f"{name}.toml"
             values = dict(
-                key=KEY, model=MODEL, upstream_key=UPSTREAM_KEY, upstream_model=UPSTREAM_MODEL,
-                ratelimit_url="", key_fields="",
+                key=KEY,
+                model=MODEL,
+                upstream_key=UPSTREAM_KEY,
+                upstream_model=UPSTREAM_MODEL,
+                ratelimit_url="",
+                key_fields="",
             )
             self.config.write_text(config.format(**{**values, **fields, "port": self.port}))
         self.log = directory / f"{name}.log"
@@ -205,8 +218,14 @@ class ServeProcess:
         config = ["--config", str(self.config)] if self.config is not None else []
         with self.log.open("wb") as log:
             self.process = await asyncio.create_subprocess_exec(
-                COMMAND, "serve", *config, *args,
-                env=clean_environment(**self.env), cwd=self.directory, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                COMMAND,
+                "serve",
+                *config,
+                *args,
+                env=clean_environment(**self.env),
+                cwd=self.directory,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
             )
         if wait:
             await self.wait_until_up()

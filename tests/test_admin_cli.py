@@ -12,7 +12,7 @@ import logging
 import re
 import sys
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import openai
@@ -58,8 +58,16 @@ def backend(request, tmp_path, upstream):
     PostgreSQL the config still names a SQLite file: `--storage` must win over it."""
     db = tmp_path / "ezat.db"
     path = tmp_path / "gateway.toml"
-    path.write_text(CONFIG.format(db=db, upstream=upstream.url, upstream_key=UPSTREAM_KEY, model=MODEL,
-                                  upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
+    path.write_text(
+        CONFIG.format(
+            db=db,
+            upstream=upstream.url,
+            upstream_key=UPSTREAM_KEY,
+            model=MODEL,
+            upstream_model=UPSTREAM_MODEL,
+            config_key=CONFIG_KEY,
+        )
+    )
     if request.param == "sqlite":
         return path, [], f"sqlite:///{db}"
     url = request.getfixturevalue("postgres_url")
@@ -97,7 +105,9 @@ async def stored_keys(url: str) -> dict:
 async def ask(gateway, secret: str, model: str = MODEL):
     async with gateway.client(api_key=secret) as client:
         # A small output limit: each request reserves its estimate of the key's 1,000 tpm.
-        return await client.chat.completions.create(model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+        return await client.chat.completions.create(
+            model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+        )
 
 
 LIMITS = ("--models", "anthropic/*", "--spend-limit", "5", "--rpm", "10", "--tpm", "1000", "--expires", "2030-01-01")
@@ -119,7 +129,7 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
     created = (await stored_keys(url))["ci"]
     assert created.models == ("anthropic/*",)
     assert (created.spend_limit_usd, created.rpm, created.tpm) == (Decimal("5"), 10, 1000)
-    assert created.expires_at == datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert created.expires_at == datetime(2030, 1, 1, tzinfo=UTC)
     assert created.revoked is False
 
     gateway = await serve(start_gateway, backend)
@@ -185,15 +195,29 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
         ("--spend-limit", "NaN", "expected an amount of USD of 0 or more, or \"none\", not 'NaN'"),
         ("--rpm", "ten", "expected a whole number from 0 to 9223372036854775807, not 'ten'"),
         ("--tpm", "-5", "expected a whole number from 0 to 9223372036854775807, not '-5'"),
-        ("--tpm", "9223372036854775808", "expected a whole number from 0 to 9223372036854775807, not '9223372036854775808'"),
+        (
+            "--tpm",
+            "9223372036854775808",
+            "expected a whole number from 0 to 9223372036854775807, not '9223372036854775808'",
+        ),
         ("--expires", "next week", "expected an ISO datetime such as 2030-01-31T12:00, or \"never\", not 'next week'"),
     ],
 )
 async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, value, expected):
     path = tmp_path / "gateway.toml"
-    path.write_text(CONFIG.format(db=tmp_path / "ezat.db", upstream=upstream.url, upstream_key=UPSTREAM_KEY, model=MODEL,
-                                  upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
-    status, output = await run_command("keys", "create", "--name", "x", option, value, "--config", str(path), cwd=tmp_path)
+    path.write_text(
+        CONFIG.format(
+            db=tmp_path / "ezat.db",
+            upstream=upstream.url,
+            upstream_key=UPSTREAM_KEY,
+            model=MODEL,
+            upstream_model=UPSTREAM_MODEL,
+            config_key=CONFIG_KEY,
+        )
+    )
+    status, output = await run_command(
+        "keys", "create", "--name", "x", option, value, "--config", str(path), cwd=tmp_path
+    )
     assert status == 2
     assert f"argument {option}: {expected}" in output
     assert "Traceback" not in output
@@ -215,7 +239,9 @@ async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backen
     for args in (("revoke", "cfg"), ("update", "cfg", "--rpm", "5")):
         status, output = await ezat(backend, "keys", *args)
         assert (status, output) == (
-            1, "key 'cfg' is declared in the config file: change it there (revoked = true to revoke it)\n")
+            1,
+            "key 'cfg' is declared in the config file: change it there (revoked = true to revoke it)\n",
+        )
     gateway = await serve(start_gateway, backend)
     await ask(gateway, CONFIG_KEY)  # still usable, unchanged
 
@@ -255,7 +281,9 @@ async def test_a_key_is_found_by_its_name_first_then_its_id_and_a_shared_name_by
     _, keys = await read_store(url)
     assert not any(key.revoked for key in keys)
     status, output = await ezat(backend, "usage", "--by", "key", "--format", "json")
-    assert sorted(line["key"] for line in json.loads(output)) == sorted(f"dup ({key.id})" for key in keys if key.name == "dup")
+    assert sorted(line["key"] for line in json.loads(output)) == sorted(
+        f"dup ({key.id})" for key in keys if key.name == "dup"
+    )
 
 
 async def test_keys_update_changes_expiry_and_models(backend, start_gateway, upstream):
@@ -280,12 +308,22 @@ async def test_keys_and_usage_read_only_the_storage_table(tmp_path, upstream):
     and checked, so a deployment's unset ${VAR} does not stop them."""
     db = tmp_path / "ezat.db"
     path = tmp_path / "gateway.toml"
-    path.write_text(CONFIG.format(db="${EZAT_TEST_DB}", upstream=upstream.url, upstream_key="${SOME_UNSET_VAR}",
-                                  model=MODEL, upstream_model=UPSTREAM_MODEL, config_key=CONFIG_KEY))
+    path.write_text(
+        CONFIG.format(
+            db="${EZAT_TEST_DB}",
+            upstream=upstream.url,
+            upstream_key="${SOME_UNSET_VAR}",
+            model=MODEL,
+            upstream_model=UPSTREAM_MODEL,
+            config_key=CONFIG_KEY,
+        )
+    )
     status, output = await run_command("check-config", str(path), env={"EZAT_TEST_DB": str(db)})
     assert (status, output) == (1, "deployments[0].api_key: environment variable SOME_UNSET_VAR is not set\n")
 
-    admin = lambda *args: run_command(*args, "--config", str(path), env={"EZAT_TEST_DB": str(db)}, cwd=tmp_path)
+    def admin(*args):
+        return run_command(*args, "--config", str(path), env={"EZAT_TEST_DB": str(db)}, cwd=tmp_path)
+
     status, output = await admin("keys", "create", "--name", "ci")
     assert status == 0, output
     status, listed = await admin("keys", "list")
@@ -318,8 +356,17 @@ async def test_a_bad_storage_table_is_reported_with_its_key_path(tmp_path, stora
 SMALL = "test/small"
 CI_USAGE = [  # (model, usage the upstream reports, exact cost at 3/15/3.75/0.30 USD per million)
     (MODEL, {"input_tokens": 1000, "output_tokens": 200}, Decimal("0.006")),
-    (MODEL, {"input_tokens": 10, "cache_creation_input_tokens": 2000, "cache_read_input_tokens": 5000,
-             "output_tokens": 50, "thinking_tokens": 20}, Decimal("0.00978")),
+    (
+        MODEL,
+        {
+            "input_tokens": 10,
+            "cache_creation_input_tokens": 2000,
+            "cache_read_input_tokens": 5000,
+            "output_tokens": 50,
+            "thinking_tokens": 20,
+        },
+        Decimal("0.00978"),
+    ),
 ]
 CFG_USAGE = [
     (MODEL, {"input_tokens": 7, "output_tokens": 3}, Decimal("0.000066")),
@@ -351,14 +398,17 @@ def parsed(output: str, format: str, by: str) -> dict:
         header, *rest = output.splitlines()
         # Cells are left-aligned under their column's name: sliced at the names' offsets.
         starts = [match.start() for match in re.finditer(r"\S+", header)]
-        lines = [{header[start:end].strip(): line[start:end].strip()
-                  for start, end in zip(starts, [*starts[1:], None])} for line in rest]
+        lines = [
+            {header[start:end].strip(): line[start:end].strip() for start, end in zip(starts, [*starts[1:], None])}
+            for line in rest
+        ]
     result = {}
     for line in lines:
         assert set(line) == {by, *totals([])}, line
         result[line[by] if line[by] != "" else None] = {
             name: Decimal(str(value)) if name == "cost_usd" else int(value)
-            for name, value in line.items() if name != by
+            for name, value in line.items()
+            if name != by
         }
     return result
 
@@ -374,7 +424,7 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
     gateway = await serve(start_gateway, backend)
     for model, usage, _ in CI_USAGE:
         await billed(gateway, secret, model, usage, upstream)
-    between = datetime.now(timezone.utc)
+    between = datetime.now(UTC)
     for model, usage, _ in CFG_USAGE:
         await billed(gateway, CONFIG_KEY, model, usage, upstream)
 
@@ -389,8 +439,10 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
 
     expected = {
         "day": {day: totals([r for r in rows if r.finished_at.date().isoformat() == day]) for day in days},
-        "model": {MODEL: totals([r for r in rows if r.answered_model == MODEL]),
-                  SMALL: totals([r for r in rows if r.answered_model == SMALL])},
+        "model": {
+            MODEL: totals([r for r in rows if r.answered_model == MODEL]),
+            SMALL: totals([r for r in rows if r.answered_model == SMALL]),
+        },
         "key": {"ci": totals(ci_rows), "cfg": totals(cfg_rows)},
     }
     runs = [(by, format) for by in ("day", "model", "key") for format in ("table", "csv", "json")]
@@ -434,8 +486,9 @@ async def test_usage_by_session_adds_up_each_conversations_cost_in_every_format(
     for key, options, model, usage in asked:
         upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "billed"}], usage=usage))
         async with gateway.client(api_key=key) as client:
-            await client.chat.completions.create(model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
-                                                 **options)
+            await client.chat.completions.create(
+                model=model, max_tokens=20, messages=[{"role": "user", "content": "hi"}], **options
+            )
     rows, _ = await read_store(url)
     assert [r.session for r in rows] == ["alpha", "beta", "alpha", None]
     expected = {"alpha": totals([rows[0], rows[2]]), "beta": totals([rows[1]]), None: totals([rows[3]])}

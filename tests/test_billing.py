@@ -14,7 +14,7 @@ import socket
 import sqlite3
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import aiohttp
@@ -27,11 +27,11 @@ from yarl import URL
 from gateway.app import STORE, build_app
 from gateway.config import KeyConfig, RateLimitConfig
 from gateway.mock.upstream import MockUpstream, Scenario
-from middlewares.core.reply import EventStreamReply
 from gateway.storage import LedgerRow, open_store
+from middlewares.core.reply import EventStreamReply
+from tests.conftest import POSTGRES_URL
 from tests.requests_util import WEATHER_TOOLS as TOOLS
 from tests.support import KEY, MODEL, UPSTREAM_KEY, Gateway, Link, make_config, read_store
-from tests.conftest import POSTGRES_URL
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
@@ -47,13 +47,18 @@ async def posted(gateway, *, stream: bool):
             json={"model": MODEL, "stream": stream, "messages": MESSAGES},
         ) as response:
             yield response
+
+
 MILLION = Decimal(1_000_000)
 
 
 def price(input_tokens=0, cache_write=0, cache_read=0, output=0) -> Decimal:
     """The test config's pricing (3 / 3.75 / 0.30 / 15 USD per million), written out again."""
     return (
-        input_tokens * Decimal("3") + cache_write * Decimal("3.75") + cache_read * Decimal("0.30") + output * Decimal("15")
+        input_tokens * Decimal("3")
+        + cache_write * Decimal("3.75")
+        + cache_read * Decimal("0.30")
+        + output * Decimal("15")
     ) / MILLION
 
 
@@ -272,10 +277,10 @@ async def test_ledger_row_for_each_kind_of_request(start_gateway, upstream, stor
     store = gateway.app[STORE]
     upstream.enqueue(Scenario(blocks=case.blocks, usage=case.usage))
 
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     async with gateway.client() as client:
         sent = await send(client, stream=stream, **case.request)
-    after = datetime.now(timezone.utc)
+    after = datetime.now(UTC)
 
     # What the client was told and what it is billed for are the same numbers.
     input_tokens, cache_write, cache_read, output, reasoning = case.row_tokens
@@ -327,8 +332,12 @@ async def test_done_is_sent_only_after_the_row_is_committed(start_gateway, upstr
     # The delay puts message_delta (the finish_reason chunk) and message_stop (the row, then
     # [DONE]) in separate reads, so the finish chunk can arrive while the row waits.
     upstream.enqueue(
-        Scenario(blocks=[{"type": "text", "text": "Almost done."}], usage={"input_tokens": 7, "output_tokens": 3},
-                 event_delay=0.1, pings=0)
+        Scenario(
+            blocks=[{"type": "text", "text": "Almost done."}],
+            usage={"input_tokens": 7, "output_tokens": 3},
+            event_delay=0.1,
+            pings=0,
+        )
     )
     lock = await write_lock(storage_url, key)
 
@@ -363,7 +372,9 @@ async def test_body_is_sent_only_after_the_row_is_committed(start_gateway, upstr
     gateway = await start_gateway(make_config(upstream.url, storage_url))
     store = gateway.app[STORE]
     key = await key_id(store)
-    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Whole."}], usage={"input_tokens": 11, "output_tokens": 4}))
+    upstream.enqueue(
+        Scenario(blocks=[{"type": "text", "text": "Whole."}], usage={"input_tokens": 11, "output_tokens": 4})
+    )
     lock = await write_lock(storage_url, key)
 
     async def post() -> tuple[aiohttp.ClientResponse, dict]:
@@ -399,8 +410,12 @@ async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, s
     upstream.enqueue(
         Scenario(
             blocks=[{"type": "text", "text": LONG_TEXT}],
-            usage={"input_tokens": 321, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 50,
-                   "output_tokens": 750},
+            usage={
+                "input_tokens": 321,
+                "cache_read_input_tokens": 1000,
+                "cache_creation_input_tokens": 50,
+                "output_tokens": 750,
+            },
             chunk_size=8,
             event_delay=0.05,
             pings=0,
@@ -436,14 +451,20 @@ async def test_early_close_is_billed_with_an_estimate(start_gateway, upstream, s
     assert await store.spent(await key_id(store)) == row.cost_usd
 
 
-async def test_a_client_gone_while_its_row_is_written_is_settled_as_used(start_gateway, upstream, storage_url, write_lock):
+async def test_a_client_gone_while_its_row_is_written_is_settled_as_used(
+    start_gateway, upstream, storage_url, write_lock
+):
     """The client leaves while its row waits for the database: the row is written all the same,
     so the key's tpm is charged what the request used (50,010 tokens), not given back its
     whole reservation as if it had failed."""
-    config = replace(make_config(upstream.url, storage_url), keys=(KeyConfig(name="test", key_sha256=sha(KEY), tpm=60_000),))
+    config = replace(
+        make_config(upstream.url, storage_url), keys=(KeyConfig(name="test", key_sha256=sha(KEY), tpm=60_000),)
+    )
     gateway = await start_gateway(config)
     store = gateway.app[STORE]
-    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Read."}], usage={"input_tokens": 50_000, "output_tokens": 10}))
+    upstream.enqueue(
+        Scenario(blocks=[{"type": "text", "text": "Read."}], usage={"input_tokens": 50_000, "output_tokens": 10})
+    )
     lock = await write_lock(storage_url, await key_id(store))
 
     async def post() -> None:
@@ -466,7 +487,9 @@ async def test_a_client_gone_while_its_row_is_written_is_settled_as_used(start_g
             await client.chat.completions.create(model=MODEL, max_tokens=20_000, messages=MESSAGES)
 
 
-async def test_early_close_stops_the_upstream_before_the_row_is_written(start_gateway, upstream, storage_url, write_lock):
+async def test_early_close_stops_the_upstream_before_the_row_is_written(
+    start_gateway, upstream, storage_url, write_lock
+):
     """A client gone cancels the upstream at once, however long its row then takes to commit."""
     gateway = await start_gateway(make_config(upstream.url, storage_url))
     store = gateway.app[STORE]
@@ -493,7 +516,12 @@ async def test_early_close_bills_the_reasoning_and_tool_arguments_produced(start
         Scenario(
             blocks=[
                 {"type": "thinking", "thinking": thinking, "signature": "sig"},
-                {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Oslo", "notes": notes}},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": "get_weather",
+                    "input": {"city": "Oslo", "notes": notes},
+                },
             ],
             usage={"input_tokens": 100, "output_tokens": 900},
             chunk_size=8,
@@ -562,7 +590,11 @@ class RepeatingUpstream(MockUpstream):
         events = MockUpstream._events(message, sc)
         for event in events:
             if event["type"] == "message_delta":
-                event["usage"] |= {"input_tokens": 120, "cache_read_input_tokens": None, "cache_creation_input_tokens": None}
+                event["usage"] |= {
+                    "input_tokens": 120,
+                    "cache_read_input_tokens": None,
+                    "cache_creation_input_tokens": None,
+                }
         return events
 
 
@@ -571,8 +603,16 @@ async def test_a_message_delta_overrides_the_numbers_it_repeats_but_not_with_nul
     await upstream.start()
     try:
         gateway = await start_gateway(make_config(upstream.url, storage_url))
-        upstream.enqueue(Scenario(usage={"input_tokens": 100, "cache_read_input_tokens": 5000,
-                                         "cache_creation_input_tokens": 200, "output_tokens": 30}))
+        upstream.enqueue(
+            Scenario(
+                usage={
+                    "input_tokens": 100,
+                    "cache_read_input_tokens": 5000,
+                    "cache_creation_input_tokens": 200,
+                    "output_tokens": 30,
+                }
+            )
+        )
         async with gateway.client() as client:
             sent = await send(client, stream=True)
     finally:
@@ -634,7 +674,9 @@ COUNTS = {  # the upstream's usage → the output and reasoning billed
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("count", list(COUNTS))
-async def test_output_is_billed_as_the_larger_of_the_count_and_the_text(start_gateway, upstream, storage_url, count, stream):
+async def test_output_is_billed_as_the_larger_of_the_count_and_the_text(
+    start_gateway, upstream, storage_url, count, stream
+):
     """An output count below what the text could be is raised to it; a higher one stands. The
     reasoning is never more than the output."""
     usage, output, reasoning = COUNTS[count]
@@ -828,7 +870,9 @@ async def test_200_concurrent_requests_give_200_rows_and_the_exact_total(start_g
     count = 200
     # Each output at least what its text could be ("answer 199": 3 tokens), so billed as reported.
     usages = [{"input_tokens": 100 + i, "output_tokens": 3 + i % 37} for i in range(count)]
-    upstream.enqueue(*(Scenario(blocks=[{"type": "text", "text": f"answer {i}"}], usage=u) for i, u in enumerate(usages)))
+    upstream.enqueue(
+        *(Scenario(blocks=[{"type": "text", "text": f"answer {i}"}], usage=u) for i, u in enumerate(usages))
+    )
 
     async with gateway.client() as client:
         sent = await asyncio.gather(*(send(client, stream=i % 2 == 0) for i in range(count)))
@@ -920,7 +964,10 @@ async def test_spend_limit_reached_is_402(start_gateway, upstream, storage_url):
             with pytest.raises(openai.APIStatusError) as caught:
                 await send(client, stream=stream)
             assert_error(
-                caught.value, 402, "insufficient_quota", "insufficient_quota",
+                caught.value,
+                402,
+                "insufficient_quota",
+                "insufficient_quota",
                 f"This key has reached its spend limit of ${limit}.",
             )
     assert len(upstream.requests) == 2

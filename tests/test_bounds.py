@@ -23,7 +23,8 @@ from aiohttp import web
 
 from gateway.config import BoundsConfig, Model, Pricing, ServerConfig
 from middlewares.bounds import bounds_middleware
-from middlewares.core import BODY, MODEL as MODEL_KEY, ChainError, checked, error_envelope
+from middlewares.core import BODY, ChainError, checked, error_envelope
+from middlewares.core import MODEL as MODEL_KEY
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, run_command, setting
@@ -51,12 +52,17 @@ def json_schema(schema: dict) -> dict:
 
 
 def tool(name: str, parameters: dict | None = None) -> dict:
-    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": parameters or {"type": "object", "properties": {}}},
+    }
 
 
 def no_errors_logged(caplog) -> list[str]:
     """Every record at ERROR or above, and every record with a traceback: there must be none."""
-    return [f"{r.name} {r.levelname}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    return [
+        f"{r.name} {r.levelname}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info
+    ]
 
 
 async def post(url: str, data, headers: dict | None = None) -> tuple[int, dict]:
@@ -84,13 +90,22 @@ def deep_items_body(levels: int = DEEP_ITEMS, innermost: str = '{"type": "string
     return head.replace('"schema": {}', '"schema": ' + schema).encode()
 
 
-async def test_a_response_format_schema_nested_1000_levels_through_items_is_a_400_and_nothing_is_logged(gateway, caplog):
+async def test_a_response_format_schema_nested_1000_levels_through_items_is_a_400_and_nothing_is_logged(
+    gateway, caplog
+):
     caplog.set_level(logging.INFO)
     status, answer = await post(gateway.url + ENDPOINT, deep_items_body())
-    assert (status, answer) == (400, {"error": {
-        "message": "response_format.json_schema.schema: nests more than 100 levels",
-        "type": "invalid_request_error", "param": "response_format", "code": None,
-    }})
+    assert (status, answer) == (
+        400,
+        {
+            "error": {
+                "message": "response_format.json_schema.schema: nests more than 100 levels",
+                "type": "invalid_request_error",
+                "param": "response_format",
+                "code": None,
+            }
+        },
+    )
     assert no_errors_logged(caplog) == []
 
 
@@ -126,8 +141,14 @@ async def echo(request: web.Request) -> web.Response:
 
 async def test_without_bounds_the_translator_walks_a_schema_1000_levels_deep(foreign, caplog):
     caplog.set_level(logging.INFO)
-    url = await foreign([size_limit_middleware(), setting("the_model", MODEL_KEY, Model(id=MODEL, upstream_model="m", deployments=("x",), pricing=Pricing())),
-                          translator_middleware()], translated)
+    url = await foreign(
+        [
+            size_limit_middleware(),
+            setting("the_model", MODEL_KEY, Model(id=MODEL, upstream_model="m", deployments=("x",), pricing=Pricing())),
+            translator_middleware(),
+        ],
+        translated,
+    )
     assert await post(url, deep_items_body()) == (200, {"translated": True})
     # The walk reaches the bottom: an open object there is found, and named by its path.
     status, answer = await post(url, deep_items_body(innermost='{"type": "object"}'))
@@ -143,10 +164,17 @@ async def test_without_bounds_the_translator_walks_a_schema_1000_levels_deep(for
 async def test_200000_messages_are_refused_naming_messages(gateway, upstream):
     # Raw HTTP: the SDK takes half a minute to prepare 200,000 messages.
     status, answer = await post(gateway.url + ENDPOINT, json.dumps({"model": MODEL, "messages": HI * 200_000}).encode())
-    assert (status, answer) == (400, {"error": {
-        "message": "messages: at most 100,000 messages per request (this one has 200,000)",
-        "type": "invalid_request_error", "param": "messages", "code": None,
-    }})
+    assert (status, answer) == (
+        400,
+        {
+            "error": {
+                "message": "messages: at most 100,000 messages per request (this one has 200,000)",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": None,
+            }
+        },
+    )
     assert upstream.requests == []
 
 
@@ -155,30 +183,52 @@ PARTS = [{"type": "text", "text": "Hi"}]
 # bound: (the fields of a request just at it, of one just over it, the message and param of the 400)
 AT_AND_OVER = {
     "messages": (
-        {"messages": HI * 4}, {"messages": HI * 5}, "messages: at most 4 messages per request (this one has 5)", "messages",
+        {"messages": HI * 4},
+        {"messages": HI * 5},
+        "messages: at most 4 messages per request (this one has 5)",
+        "messages",
     ),
     "content parts": (
-        {"messages": [{"role": "user", "content": PARTS * 3}, {"role": "assistant", "content": "Yes?"},
-                      {"role": "user", "content": PARTS * 2}]},
-        {"messages": [{"role": "user", "content": PARTS * 3}, {"role": "assistant", "content": "Yes?"},
-                      {"role": "user", "content": PARTS * 3}]},
-        "messages: at most 5 content parts per request (this one has 6)", "messages",
+        {
+            "messages": [
+                {"role": "user", "content": PARTS * 3},
+                {"role": "assistant", "content": "Yes?"},
+                {"role": "user", "content": PARTS * 2},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": PARTS * 3},
+                {"role": "assistant", "content": "Yes?"},
+                {"role": "user", "content": PARTS * 3},
+            ]
+        },
+        "messages: at most 5 content parts per request (this one has 6)",
+        "messages",
     ),
     "tools": (
-        {"tools": [tool("a"), tool("b")]}, {"tools": [tool("a"), tool("b"), tool("c")]},
-        "tools: at most 2 tools per request (this one has 3)", "tools",
+        {"tools": [tool("a"), tool("b")]},
+        {"tools": [tool("a"), tool("b"), tool("c")]},
+        "tools: at most 2 tools per request (this one has 3)",
+        "tools",
     ),
     "stop": (
-        {"stop": ["x", "y", "z"]}, {"stop": ["w", "x", "y", "z"]},
-        "stop: at most 3 stop sequences per request (this one has 4)", "stop",
+        {"stop": ["x", "y", "z"]},
+        {"stop": ["w", "x", "y", "z"]},
+        "stop: at most 3 stop sequences per request (this one has 4)",
+        "stop",
     ),
     "tool schema": (
-        {"tools": [tool("a"), tool("b", object_schema(6))]}, {"tools": [tool("a"), tool("b", object_schema(7))]},
-        "tools[1].function.parameters: nests more than 6 levels", "tools",
+        {"tools": [tool("a"), tool("b", object_schema(6))]},
+        {"tools": [tool("a"), tool("b", object_schema(7))]},
+        "tools[1].function.parameters: nests more than 6 levels",
+        "tools",
     ),
     "response_format schema": (
-        {"response_format": json_schema(object_schema(6))}, {"response_format": json_schema(object_schema(7))},
-        "response_format.json_schema.schema: nests more than 6 levels", "response_format",
+        {"response_format": json_schema(object_schema(6))},
+        {"response_format": json_schema(object_schema(7))},
+        "response_format.json_schema.schema: nests more than 6 levels",
+        "response_format",
     ),
 }
 
@@ -204,23 +254,34 @@ BLOCK = {"type": "text", "text": "Be brief."}
 # (fields of an Anthropic Messages request, the 400's message and param; None: within the bounds)
 ANTHROPIC = [
     ({"system": [BLOCK, BLOCK], "messages": [{"role": "user", "content": [BLOCK]}]}, None),
-    ({"system": [BLOCK, BLOCK], "messages": [{"role": "user", "content": [BLOCK, BLOCK]}]},
-     ("messages: at most 3 content parts per request (this one has 4)", "messages")),
+    (
+        {"system": [BLOCK, BLOCK], "messages": [{"role": "user", "content": [BLOCK, BLOCK]}]},
+        ("messages: at most 3 content parts per request (this one has 4)", "messages"),
+    ),
     ({"stop_sequences": ["a", "b"]}, None),
-    ({"stop_sequences": ["a", "b", "c"]}, ("stop_sequences: at most 2 stop sequences per request (this one has 3)", "stop_sequences")),
+    (
+        {"stop_sequences": ["a", "b", "c"]},
+        ("stop_sequences: at most 2 stop sequences per request (this one has 3)", "stop_sequences"),
+    ),
     ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]}, None),
     ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}}]}, None),
-    ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"items": {}}}}}]},
-     ("tools[0].input_schema: nests more than 3 levels", "tools")),
+    (
+        {"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"items": {}}}}}]},
+        ("tools[0].input_schema: nests more than 3 levels", "tools"),
+    ),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {}}}}}, None),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {"properties": {"x": {"items": {}}}}}}},
-     ("output_config.format.schema: nests more than 3 levels", "output_config")),
+    (
+        {"output_config": {"format": {"type": "json_schema", "schema": {"properties": {"x": {"items": {}}}}}}},
+        ("output_config.format.schema: nests more than 3 levels", "output_config"),
+    ),
     ({"messages": HI * 3}, None),
     ({"messages": HI * 4}, ("messages: at most 3 messages per request (this one has 4)", "messages")),
 ]
 
 
-@pytest.mark.parametrize(("fields", "refused"), ANTHROPIC, ids=lambda v: json.dumps(v)[:60] if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    ("fields", "refused"), ANTHROPIC, ids=lambda v: json.dumps(v)[:60] if isinstance(v, dict) else None
+)
 async def test_the_bounds_stage_alone_reads_anthropic_field_names(foreign, fields, refused):
     url = await foreign([size_limit_middleware(), bounds_middleware(**ALONE)])
     body = {"model": "claude", "max_tokens": 10, "messages": HI, **fields}
@@ -229,7 +290,10 @@ async def test_the_bounds_stage_alone_reads_anthropic_field_names(foreign, field
         assert (status, answer) == (200, {"body": body})
     else:
         message, param = refused
-        assert (status, answer["error"]) == (400, {"message": message, "type": "invalid_request_error", "param": param, "code": None})
+        assert (status, answer["error"]) == (
+            400,
+            {"message": message, "type": "invalid_request_error", "param": param, "code": None},
+        )
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "10", None])
@@ -254,7 +318,7 @@ ENCODERS = {
 
 async def chunks(data: bytes, size: int = 7):
     for start in range(0, len(data), size):
-        yield data[start:start + size]
+        yield data[start : start + size]
 
 
 def framed(data: bytes, framing: str):
@@ -268,7 +332,9 @@ FRAMINGS = pytest.mark.parametrize("framing", ["Content-Length", "chunked"])
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 async def test_a_compressed_body_is_decoded_and_answered(gateway, upstream, encoder, framing):
     encoding, compress = ENCODERS[encoder]
-    status, answer = await post(gateway.url + ENDPOINT, framed(compress(hello()), framing), {"Content-Encoding": encoding})
+    status, answer = await post(
+        gateway.url + ENDPOINT, framed(compress(hello()), framing), {"Content-Encoding": encoding}
+    )
     assert status == 200, answer
     assert answer["choices"][0]["message"]["content"] == REPLY
     assert len(upstream.requests) == 1
@@ -295,9 +361,15 @@ async def test_a_body_that_does_not_decode_is_a_400_and_nothing_is_logged(gatewa
     caplog.set_level(logging.INFO)
     encoding, data = NOT_DECODABLE[case]
     status, answer = await post(gateway.url + ENDPOINT, framed(data, framing), {"Content-Encoding": encoding})
-    assert (status, answer["error"]) == (400, {
-        "message": f"The request body is not valid {encoding}.", "type": "invalid_request_error", "param": None, "code": None,
-    })
+    assert (status, answer["error"]) == (
+        400,
+        {
+            "message": f"The request body is not valid {encoding}.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        },
+    )
     assert no_errors_logged(caplog) == []
 
 
@@ -338,7 +410,11 @@ async def test_the_limit_counts_the_decoded_body(foreign, decoder, framing):
     status, _ = await post(url, framed(small, framing), {"Content-Encoding": "gzip"})
     assert status == 200
     status, answer = await post(url, framed(bomb(1025), framing), {"Content-Encoding": "gzip"})
-    assert (status, answer["error"]["code"], answer["error"]["message"]) == (413, "request_too_large", "The request body is over 1,024 bytes.")
+    assert (status, answer["error"]["code"], answer["error"]["message"]) == (
+        413,
+        "request_too_large",
+        "The request body is over 1,024 bytes.",
+    )
     status, answer = await post(url, framed(bomb(100 * 1024 * 1024), framing), {"Content-Encoding": "gzip"})
     assert (status, answer["error"]["code"]) == (413, "request_too_large")
 
@@ -347,9 +423,15 @@ async def test_a_33_mb_body_gzipped_small_is_a_413(gateway, upstream):
     data = bomb(33 * 1024 * 1024)
     assert len(data) < 100 * 1024
     status, answer = await post(gateway.url + ENDPOINT, data, {"Content-Encoding": "gzip"})
-    assert (status, answer["error"]) == (413, {
-        "message": "The request body is over 32 MB.", "type": "invalid_request_error", "param": None, "code": "request_too_large",
-    })
+    assert (status, answer["error"]) == (
+        413,
+        {
+            "message": "The request body is over 32 MB.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        },
+    )
     assert upstream.requests == []
 
 
@@ -360,17 +442,24 @@ UNSUPPORTED = ["br", "zstd", "compress", "x-gzip", "snappy", "gzip, br", "gzip, 
 async def test_another_content_encoding_is_a_415_and_nothing_is_logged(gateway, caplog, encoding):
     caplog.set_level(logging.INFO)
     status, answer = await post(gateway.url + ENDPOINT, b"\x1b\x00 whatever the bytes", {"Content-Encoding": encoding})
-    assert (status, answer["error"]) == (415, {
-        "message": f"Content-Encoding: {encoding} is not supported; send the body as gzip, deflate or uncompressed",
-        "type": "invalid_request_error", "param": None, "code": "unsupported_media_type",
-    })
+    assert (status, answer["error"]) == (
+        415,
+        {
+            "message": f"Content-Encoding: {encoding} is not supported; send the body as gzip, deflate or uncompressed",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unsupported_media_type",
+        },
+    )
     assert no_errors_logged(caplog) == []
 
 
 async def test_the_served_gateway_decodes_gzip_and_refuses_br_without_a_traceback(tmp_path, upstream):
     """`ezat-gateway serve` itself: its aiohttp server leaves bodies to the stage, which alone
     can answer br with a 415 in the envelope (aiohttp would answer a plain-text 400, and log it)."""
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         url = served.url + ENDPOINT
@@ -407,7 +496,9 @@ async def slow_request(url: str, head: bytes, dribble: bytes = b"", every: float
         writer.write(head)
         answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         took = time.monotonic() - started
-        length = int(next(line.split(b":")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(
+            next(line.split(b":")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
         answer += await reader.readexactly(length)
         try:
             after = await asyncio.wait_for(reader.read(), 2)  # times out if the connection stays open
@@ -419,7 +510,9 @@ async def slow_request(url: str, head: bytes, dribble: bytes = b"", every: float
     return answer, took, after
 
 
-HEADERS = (f"POST {ENDPOINT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n").encode()
+HEADERS = (
+    f"POST {ENDPOINT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+).encode()
 STARTS = {
     "Content-Length": HEADERS + b'Content-Length: 1000\r\n\r\n{"model": ',
     "chunked": HEADERS + b'Transfer-Encoding: chunked\r\n\r\na\r\n{"model": \r\n',
@@ -428,7 +521,9 @@ STARTS = {
 
 @pytest.mark.parametrize("framing", sorted(STARTS))
 @pytest.mark.parametrize("sender", ["stops", "dribbles"])
-async def test_a_body_that_never_completes_gets_408_within_the_deadline_and_its_connection_closed(start_gateway, upstream, framing, sender):
+async def test_a_body_that_never_completes_gets_408_within_the_deadline_and_its_connection_closed(
+    start_gateway, upstream, framing, sender
+):
     """Stops: 10 bytes, then nothing. Dribbles: a byte every 0.1 s, each read well within the
     deadline: it covers the whole body, not each read."""
     config = make_config(upstream.url)
@@ -436,14 +531,20 @@ async def test_a_body_that_never_completes_gets_408_within_the_deadline_and_its_
     dribble = (b'"' + b"x" * 30) if framing == "Content-Length" else b""
     if framing == "chunked" and sender == "dribbles":
         dribble = b"".join(b"1\r\nx\r\n" for _ in range(10))
-    answer, took, after = await slow_request(gateway.url, STARTS[framing], dribble if sender == "dribbles" else b"", 0.1 / 6)
+    answer, took, after = await slow_request(
+        gateway.url, STARTS[framing], dribble if sender == "dribbles" else b"", 0.1 / 6
+    )
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 "), answer
     assert b"Connection: close" in head
-    assert json.loads(body) == {"error": {
-        "message": "The request body did not arrive within 0.5 seconds.",
-        "type": "invalid_request_error", "param": None, "code": "timeout",
-    }}
+    assert json.loads(body) == {
+        "error": {
+            "message": "The request body did not arrive within 0.5 seconds.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "timeout",
+        }
+    }
     assert 0.45 <= took < 2, took
     assert after == b""  # closed: the rest of the body is never read
     assert upstream.requests == []
@@ -456,7 +557,7 @@ async def test_a_body_that_arrives_in_time_in_pieces_is_answered(start_gateway, 
         data = hello()
         for start in range(0, len(data), 5):
             await asyncio.sleep(1 / (len(data) / 5))
-            yield data[start:start + 5]
+            yield data[start : start + 5]
 
     status, answer = await post(gateway.url + ENDPOINT, slowly())
     assert (status, answer["choices"][0]["message"]["content"]) == (200, REPLY)
@@ -467,11 +568,16 @@ async def test_a_body_that_arrives_in_time_in_pieces_is_answered(start_gateway, 
 
 async def test_check_config_lists_bad_bounds_and_body_timeout(tmp_path):
     path = tmp_path / "gateway.toml"
-    path.write_text("[server]\nbody_timeout_seconds = 0\n\n[bounds]\nmax_tools = 0\nmax_schema_depth = 1.5\nmax_stops = 4\n")
+    path.write_text(
+        "[server]\nbody_timeout_seconds = 0\n\n[bounds]\nmax_tools = 0\nmax_schema_depth = 1.5\nmax_stops = 4\n"
+    )
     status, output = await run_command("check-config", str(path), cwd=tmp_path)
-    assert (status, output.splitlines()) == (1, [
-        "server.body_timeout_seconds: expected a positive number",
-        "bounds.max_stops: unknown key",
-        "bounds.max_tools: expected a positive integer",
-        "bounds.max_schema_depth: expected an integer",
-    ])
+    assert (status, output.splitlines()) == (
+        1,
+        [
+            "server.body_timeout_seconds: expected a positive number",
+            "bounds.max_stops: unknown key",
+            "bounds.max_tools: expected a positive integer",
+            "bounds.max_schema_depth: expected an integer",
+        ],
+    )

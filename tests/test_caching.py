@@ -47,9 +47,7 @@ LOOKUP = {
     "function": {"name": "lookup", "description": MANUAL, "parameters": {"type": "object", "properties": {}}},
 }
 
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-)
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
 PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 PDF = b"%PDF-1.4\n1 0 obj\n<</Type/Catalog>>\nendobj\ntrailer\n<</Root 1 0 R>>\n%%EOF\n"
 PDF_URL = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
@@ -217,7 +215,10 @@ async def test_a_trailing_whitespace_part_does_not_lose_the_breakpoints(client, 
 
 async def test_a_system_message_of_blank_parts_does_not_lose_the_prefix_breakpoint(client, upstream):
     # The last system message sends nothing upstream: the system prompt before it is marked;
-    await ask(client, messages=[system(SYSTEM), user("Which way does it open?"), {"role": "developer", "content": [text(" ")]}])
+    await ask(
+        client,
+        messages=[system(SYSTEM), user("Which way does it open?"), {"role": "developer", "content": [text(" ")]}],
+    )
     assert marks(upstream.requests[-1].body) == {"system[0]": EPHEMERAL, "messages[0].content[0]": EPHEMERAL}
     # and when no system prompt is sent at all, the last tool is.
     await ask(client, messages=[system([text("  ")]), user("Look up how the valve opens.")], tools=[WEATHER, LOOKUP])
@@ -232,7 +233,9 @@ TOOL_LOOP = [
     {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+        ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "12 degrees and rain"},
 ]
@@ -247,7 +250,9 @@ async def test_a_tool_result_as_newest_message_is_marked_on_its_block(client, up
 
 
 async def test_the_turn_after_a_tool_result_reads_it_back(client, upstream):
-    upstream.enqueue(Scenario(blocks=[{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Oslo"}}]))
+    upstream.enqueue(
+        Scenario(blocks=[{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Oslo"}}])
+    )
     await ask(client, messages=TOOL_LOOP[:2], tools=[WEATHER])
     await ask(client, messages=TOOL_LOOP, tools=[WEATHER])
     after_result = upstream.requests[-1].body
@@ -319,7 +324,12 @@ async def test_four_own_breakpoints_of_every_kind_pass_through_with_their_ttl(cl
 
 async def test_own_breakpoints_decide_even_on_a_prompt_long_enough_for_automatic_ones(client, upstream):
     """A single mark on an old turn: the gateway neither adds a prefix nor a newest-message one."""
-    history = [system(), user([marked(text("First question"))]), {"role": "assistant", "content": "Answer"}, user("Next")]
+    history = [
+        system(),
+        user([marked(text("First question"))]),
+        {"role": "assistant", "content": "Answer"},
+        user("Next"),
+    ]
     await ask(client, messages=history, tools=[WEATHER])
 
     assert marks(upstream.requests[-1].body) == {"messages[0].content[0]": EPHEMERAL}
@@ -348,7 +358,11 @@ MALFORMED = {
         "messages[0].content[0].cache_control",
     ),
     "extra-key": (
-        dict(messages=[user([text("Read this"), {**file_part(), "cache_control": {"type": "ephemeral", "scope": "global"}}])]),
+        dict(
+            messages=[
+                user([text("Read this"), {**file_part(), "cache_control": {"type": "ephemeral", "scope": "global"}}])
+            ]
+        ),
         "messages[0].content[1].cache_control",
     ),
 }
@@ -368,7 +382,11 @@ async def test_a_malformed_breakpoint_is_a_400_naming_its_path(client, upstream,
 async def test_the_opt_out_header_leaves_the_request_without_breakpoints(client, upstream, stream):
     for _ in range(2):  # a repeated one-off prompt: nothing is written, so nothing is read back either
         completion = await ask(
-            client, stream, messages=[system(), user("Say hello.")], tools=[WEATHER], extra_headers={"x-ezat-cache": "off"}
+            client,
+            stream,
+            messages=[system(), user("Say hello.")],
+            tools=[WEATHER],
+            extra_headers={"x-ezat-cache": "off"},
         )
         assert marks(upstream.requests[-1].body) == {}
         assert cache_usage(completion) == (0, 0)
@@ -534,7 +552,9 @@ async def pair(start_gateway):
     model = dataclasses.replace(base.model(MODEL), deployments=DEPLOYMENTS)
     config = dataclasses.replace(
         base,
-        deployments=tuple(Deployment(name=name, base_url=mock.url, api_key=UPSTREAM_KEY) for name, mock in mocks.items()),
+        deployments=tuple(
+            Deployment(name=name, base_url=mock.url, api_key=UPSTREAM_KEY) for name, mock in mocks.items()
+        ),
         models=(model,),
     )
     gateway = await start_gateway(config)
@@ -572,7 +592,9 @@ async def test_the_session_header_wins_over_the_field(pair):
     assert alone != home(header)
     # ...but with the header, the header decides: one deployment, the header's.
     for field in fields:
-        landed, _ = await pair.where(messages=[user("Hi")], prompt_cache_key=field, extra_headers={"x-ezat-session": header})
+        landed, _ = await pair.where(
+            messages=[user("Hi")], prompt_cache_key=field, extra_headers={"x-ezat-session": header}
+        )
         assert landed == home(header)
     # The header and the field name a conversation the same way.
     landed, _ = await pair.where(messages=[user("Hi")], prompt_cache_key=header)

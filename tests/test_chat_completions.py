@@ -72,11 +72,17 @@ async def test_an_alias_is_answered_under_the_name_sent(start_gateway, upstream,
     gateway = await start_gateway(dataclasses.replace(config, models=(model, *config.models[1:])))
     async with gateway.client() as client:
         if stream:
-            chunks = [chunk async for chunk in await client.chat.completions.create(
-                model="sonnet", stream=True, messages=[{"role": "user", "content": "hi"}])]
+            chunks = [
+                chunk
+                async for chunk in await client.chat.completions.create(
+                    model="sonnet", stream=True, messages=[{"role": "user", "content": "hi"}]
+                )
+            ]
             assert {chunk.model for chunk in chunks} == {"sonnet"}
         else:
-            completion = await client.chat.completions.create(model="sonnet", messages=[{"role": "user", "content": "hi"}])
+            completion = await client.chat.completions.create(
+                model="sonnet", messages=[{"role": "user", "content": "hi"}]
+            )
             assert completion.model == "sonnet"  # exactly the name sent, not the model's id
     assert upstream.requests[0].body["model"] == UPSTREAM_MODEL
     [row] = await gateway.app[STORE].ledger()
@@ -184,7 +190,10 @@ async def test_bad_output_limit_is_a_400(client, upstream, fields, message):
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], **fields)
     assert caught.value.status_code == 400
     assert caught.value.body == {
-        "message": message, "type": "invalid_request_error", "param": message.split(":")[0], "code": None
+        "message": message,
+        "type": "invalid_request_error",
+        "param": message.split(":")[0],
+        "code": None,
     }
     assert caught.value.body["message"] == message
     assert caught.value.body["param"] in fields
@@ -196,7 +205,9 @@ async def test_bad_output_limit_is_a_400(client, upstream, fields, message):
     [("END", ["END"]), (["\n\nUser:", "STOP", " ", "\n"], ["\n\nUser:", "STOP"]), ([], None)],
 )
 async def test_stop_sequences(client, upstream, stop, sequences):
-    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "up to"}], stop_reason="stop_sequence", stop_sequence="END"))
+    upstream.enqueue(
+        Scenario(blocks=[{"type": "text", "text": "up to"}], stop_reason="stop_sequence", stop_sequence="END")
+    )
     completion = await client.chat.completions.create(
         model=MODEL, stop=stop, messages=[{"role": "user", "content": "x"}]
     )
@@ -298,7 +309,10 @@ async def test_raw_http_response_shape(gateway, upstream):
 
 async def test_many_concurrent_requests_share_one_upstream_pool(client, upstream):
     results = await asyncio.gather(
-        *(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"n{i}"}]) for i in range(50))
+        *(
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"n{i}"}])
+            for i in range(50)
+        )
     )
     assert [r.choices[0].message.content.rsplit(" ", 1)[-1] for r in results] == [f"n{i}" for i in range(50)]
     assert len(upstream.requests) == 50

@@ -29,12 +29,18 @@ from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config,
 ANSWER = "Hello from the mock, through the gateway."
 
 
-async def claude(binary: Path, gateway, home: Path, prompt: str, *options: str,
-                 key_variable: str = "ANTHROPIC_API_KEY") -> dict:
+async def claude(
+    binary: Path, gateway, home: Path, prompt: str, *options: str, key_variable: str = "ANTHROPIC_API_KEY"
+) -> dict:
     """`claude -p <prompt> --output-format json [options]` against `gateway`, run in `home`; the
     JSON result it printed."""
     process = await asyncio.create_subprocess_exec(
-        str(binary), "-p", prompt, "--output-format", "json", *options,
+        str(binary),
+        "-p",
+        prompt,
+        "--output-format",
+        "json",
+        *options,
         env={
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(home),  # a new user: no settings, no login, no history
@@ -43,7 +49,10 @@ async def claude(binary: Path, gateway, home: Path, prompt: str, *options: str,
             "ANTHROPIC_MODEL": MODEL,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         },
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=home,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=home,
     )
     output, errors = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode == 0, (output + errors).decode()
@@ -51,8 +60,9 @@ async def claude(binary: Path, gateway, home: Path, prompt: str, *options: str,
 
 
 @pytest.mark.parametrize("key_variable", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"])
-async def test_claude_code_answers_through_the_gateway_and_is_billed(gateway, upstream, claude_code, tmp_path,
-                                                                     key_variable):
+async def test_claude_code_answers_through_the_gateway_and_is_billed(
+    gateway, upstream, claude_code, tmp_path, key_variable
+):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": ANSWER}], usage={"output_tokens": 11}))
     result = await claude(claude_code, gateway, tmp_path, "Say hello", key_variable=key_variable)
     assert (result["is_error"], result["result"]) == (False, ANSWER)
@@ -96,15 +106,18 @@ def session_on(deployment: str, seed: int) -> str:
 
 
 async def test_a_claude_code_session_stays_on_one_deployment_and_usage_shows_its_cost(
-        upstream, second, start_gateway, claude_code, tmp_path):
+    upstream, second, start_gateway, claude_code, tmp_path
+):
     """Two sessions, two runs each (`--session-id`, then `--resume`): each session's requests all
     go to its deployment, though every run sends the same system prompt and tools (which alone
     would put all four on one), and `usage --by session` adds up each one's cost."""
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
     config = make_config(upstream.url, storage)
     model = dataclasses.replace(config.models[0], deployments=DEPLOYMENTS)
-    deployments = tuple(Deployment(name=name, base_url=mock.url, api_key=UPSTREAM_KEY)
-                        for name, mock in zip(DEPLOYMENTS, (upstream, second)))
+    deployments = tuple(
+        Deployment(name=name, base_url=mock.url, api_key=UPSTREAM_KEY)
+        for name, mock in zip(DEPLOYMENTS, (upstream, second))
+    )
     gateway = await start_gateway(dataclasses.replace(config, deployments=deployments, models=(model,)))
     sessions = {session_on(deployment, seed): deployment for seed, deployment in enumerate(DEPLOYMENTS)}
     home = tmp_path / "home"  # one user, one working directory: one system prompt for every run
@@ -117,7 +130,8 @@ async def test_a_claude_code_session_stays_on_one_deployment_and_usage_shows_its
     assert [len(upstream.requests), len(second.requests)] == [2, 2]
     rows = await gateway.app[STORE].ledger()
     assert sorted((row.session, row.deployment) for row in rows) == sorted(
-        (session, deployment) for session, deployment in sessions.items() for _ in range(2))
+        (session, deployment) for session, deployment in sessions.items() for _ in range(2)
+    )
 
     status, output = await run_command("usage", "--storage", storage, "--by", "session", "--format", "json")
     assert status == 0, output

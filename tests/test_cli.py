@@ -112,6 +112,7 @@ async def test_serve_holds_a_burst_of_connections_it_has_not_accepted_yet(tmp_pa
     try:
         os.kill(served.process.pid, signal.SIGSTOP)  # busy: it accepts nothing
         try:
+
             async def connect():
                 async with asyncio.timeout(0.8):  # less than a first SYN retry's wait
                     connections.append(await asyncio.open_connection("127.0.0.1", served.port))
@@ -224,7 +225,9 @@ async def test_the_demo_and_a_config_in_one_directory_keep_each_others_keys(tmp_
 
 async def test_check_config_warns_of_a_key_that_has_expired(tmp_path):
     path = tmp_path / "gateway.toml"
-    path.write_text(GOOD_CONFIG.format(port=8080, upstream_port=8081) + """
+    path.write_text(
+        GOOD_CONFIG.format(port=8080, upstream_port=8081)
+        + """
 [[keys]]
 key = "sk-alice-secret"
 name = "alice"
@@ -244,7 +247,8 @@ revoked = true                       # refused anyway: nothing to warn of
 key = "sk-future-secret"
 name = "future"
 expires_at = 2999-01-01T00:00:00Z
-""")
+"""
+    )
     status, output = await run_command("check-config", str(path), env={"UPSTREAM_SECRET": "s"})
     assert status == 0  # a warning: the file is valid
     assert output.splitlines() == [
@@ -259,11 +263,18 @@ expires_at = 2999-01-01T00:00:00Z
 @pytest.mark.parametrize("options, command", [((), "serve"), (("PORT=8090",), "serve --port 8090")])
 def test_make_demo_takes_a_port(options, command):
     # Not make's own variables either: under `make test` they would make this a sub-make.
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("PORT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    environment = {
+        name: value for name, value in os.environ.items() if name not in ("PORT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
     # -n prints the commands without running them (nor the virtualenv's setup, if due).
-    made = subprocess.run(["make", "-n", "--no-print-directory", "demo", *options], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, check=True)
+    made = subprocess.run(
+        ["make", "-n", "--no-print-directory", "demo", *options],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert made.stdout.splitlines()[-1] == f".venv/bin/ezat-gateway {command}"
 
 
@@ -294,8 +305,9 @@ async def test_a_bad_storage_url_is_refused_without_showing_it(tmp_path):
     assert (status, output) == (2, "--storage: expected a sqlite:///, postgresql:// or postgres:// URL\n")
 
 
-@pytest.mark.parametrize("url", ["postgresql://admin:hunter2@127.0.0.1:1/x?sslmode=bogus",
-                                 "postgresql://admin:hunter2@127.0.0.1:1/x"])
+@pytest.mark.parametrize(
+    "url", ["postgresql://admin:hunter2@127.0.0.1:1/x?sslmode=bogus", "postgresql://admin:hunter2@127.0.0.1:1/x"]
+)
 async def test_a_storage_url_postgresql_refuses_is_one_line_not_a_traceback(tmp_path, url):
     status, output = await run_command("keys", "list", "--storage", url, cwd=tmp_path)
     assert status == 1

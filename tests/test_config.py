@@ -1,7 +1,7 @@
 import dataclasses
 import hashlib
 import inspect
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -121,7 +121,7 @@ def test_full_example_parses_to_exact_values():
             key_sha256=sha256("sk-local-example"),
             models=("anthropic/*",),
             spend_limit_usd=Decimal("50.0"),
-            expires_at=datetime(2027, 1, 1, tzinfo=timezone.utc),
+            expires_at=datetime(2027, 1, 1, tzinfo=UTC),
             revoked=False,
         ),
     )
@@ -151,7 +151,9 @@ def test_empty_file_gives_all_defaults():
 
 
 def test_model_and_key_defaults_applied():
-    config = parse_config(DEPLOYMENT + f"""
+    config = parse_config(
+        DEPLOYMENT
+        + f"""
 [[models]]
 id = "claude-x"
 deployments = ["a"]
@@ -159,7 +161,8 @@ free = true
 
 [[keys]]
 key_sha256 = "{DIGEST.upper()}"
-""")
+"""
+    )
     assert config.deployments[0].api_key == ""
     assert config.models[0] == Model(
         id="claude-x",
@@ -179,7 +182,9 @@ key_sha256 = "{DIGEST.upper()}"
 
 
 def test_integers_accepted_for_number_fields():
-    config = parse_config(DEPLOYMENT + """
+    config = parse_config(
+        DEPLOYMENT
+        + """
 [[models]]
 id = "m"
 deployments = ["a"]
@@ -188,7 +193,8 @@ pricing = { input = 3, output = 15, cache_write = 4, cache_read = 0 }
 [[keys]]
 key = "k"
 spend_limit_usd = 20
-""")
+"""
+    )
     assert config.models[0].pricing == Pricing(Decimal(3), Decimal(15), Decimal(4), Decimal(0))
     assert config.keys[0].spend_limit_usd == Decimal(20)
 
@@ -203,14 +209,16 @@ expires_at = 2027-01-01T12:00:00
 key = "offset"
 expires_at = 2027-01-01T12:00:00+02:00
 """)
-    assert config.keys[0].expires_at == datetime(2027, 1, 1, 12, tzinfo=timezone.utc)
-    assert config.keys[1].expires_at == datetime(2027, 1, 1, 10, tzinfo=timezone.utc)
+    assert config.keys[0].expires_at == datetime(2027, 1, 1, 12, tzinfo=UTC)
+    assert config.keys[1].expires_at == datetime(2027, 1, 1, 10, tzinfo=UTC)
     assert config.keys[1].expires_at.utcoffset() == timedelta(0)
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0", "redis://h:70000", "memcached://h"])
 def test_ratelimit_url_is_a_redis_url(url):
-    assert problems_of(f'[ratelimit]\nurl = "{url}"') == ["ratelimit.url: expected a redis://, rediss:// or unix:// URL"]
+    assert problems_of(f'[ratelimit]\nurl = "{url}"') == [
+        "ratelimit.url: expected a redis://, rediss:// or unix:// URL"
+    ]
 
 
 @pytest.mark.parametrize("field", ["rpm", "tpm"])
@@ -218,7 +226,8 @@ def test_per_minute_limits_fit_the_stores(field):
     key = f'[[keys]]\nkey = "sk-x"\n{field} = '
     assert getattr(parse_config(key + "9223372036854775807").keys[0], field) == 2**63 - 1
     assert problems_of(key + "9223372036854775808") == [
-        f"keys[0].{field}: expected a positive integer up to 9223372036854775807"]
+        f"keys[0].{field}: expected a positive integer up to 9223372036854775807"
+    ]
 
 
 def test_the_same_key_twice_is_a_problem_that_does_not_show_it():
@@ -308,9 +317,7 @@ def test_env_defaults_to_os_environ(monkeypatch):
 
 
 def test_missing_env_var_reported_once_per_variable():
-    assert problems_of(EXAMPLE) == [
-        "deployments[0].api_key: environment variable ANTHROPIC_API_KEY is not set"
-    ]
+    assert problems_of(EXAMPLE) == ["deployments[0].api_key: environment variable ANTHROPIC_API_KEY is not set"]
     assert problems_of('[server]\nhost = "${A}-${B}-${A}"\n', env={"B": "b"}) == [
         "server.host: environment variable A is not set"
     ]
@@ -376,13 +383,19 @@ def test_unknown_keys_rejected(text, problem):
         (UNPRICED + f"pricing = {{ input = nan, {OTHER_PRICES} }}", "models[0].pricing.input: expected a number"),
         # A bad free or min_cache_tokens is reported once, not also as a pricing missing.
         (UNPRICED + 'free = "yes"', "models[0].free: expected true or false"),
-        (UNPRICED + 'min_cache_tokens = "1024"\npricing = { input = 3, output = 15 }',
-         "models[0].min_cache_tokens: expected an integer"),
+        (
+            UNPRICED + 'min_cache_tokens = "1024"\npricing = { input = 3, output = 15 }',
+            "models[0].min_cache_tokens: expected an integer",
+        ),
         ('[[keys]]\nkey = "k"\nspend_limit_usd = "50"', "keys[0].spend_limit_usd: expected a number"),
-        ('[[keys]]\nkey = "k"\nexpires_at = "2027-01-01T00:00:00Z"',
-         "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
-        ('[[keys]]\nkey = "k"\nexpires_at = 2027-01-01',
-         "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z"),
+        (
+            '[[keys]]\nkey = "k"\nexpires_at = "2027-01-01T00:00:00Z"',
+            "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z",
+        ),
+        (
+            '[[keys]]\nkey = "k"\nexpires_at = 2027-01-01',
+            "keys[0].expires_at: expected an unquoted datetime such as 2027-01-01T00:00:00Z",
+        ),
         ('[[keys]]\nkey = "k"\nrevoked = "yes"', "keys[0].revoked: expected true or false"),
         ('[[keys]]\nkey = "k"\nmodels = "*"', "keys[0].models: expected a list of strings"),
         ("[[keys]]\nkey = 5", "keys[0].key: expected a non-empty string"),
@@ -410,16 +423,27 @@ def test_port_out_of_range(port):
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://a.example", "api.anthropic.com", "https://", "https:///v1", "", "http://[::1", "http://127.0.0.1:99999",
-            "http://host:port"]
+    "url",
+    [
+        "ftp://a.example",
+        "api.anthropic.com",
+        "https://",
+        "https:///v1",
+        "",
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "http://host:port",
+    ],
 )
 def test_base_url_must_be_http_with_host(url):
     text = f'[[deployments]]\nname = "a"\nbase_url = "{url}"'
     assert problems_of(text) == ["deployments[0].base_url: expected an http(s) URL with a host"]
 
 
-@pytest.mark.parametrize("url", ["mysql://db/gw", "sqlite://relative.db", "ezat.db", "postgresql:/x", "sqlite:///",
-                                 "postgresql://db:notaport/gw"])
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://db/gw", "sqlite://relative.db", "ezat.db", "postgresql:/x", "sqlite:///", "postgresql://db:notaport/gw"],
+)
 def test_storage_url_scheme(url):
     assert problems_of(f'[storage]\nurl = "{url}"') == [
         "storage.url: expected a sqlite:///, postgresql:// or postgres:// URL"
@@ -438,7 +462,9 @@ def test_empty_names_rejected():
 
 
 def test_model_number_and_effort_checks():
-    text = DEPLOYMENT + """
+    text = (
+        DEPLOYMENT
+        + """
 [[models]]
 id = "m"
 deployments = ["a"]
@@ -447,6 +473,7 @@ min_cache_tokens = -5
 efforts = ["low", "ultra", "max", "High"]
 pricing = { input = -1, output = 15, cache_write = -0.01, cache_read = 0 }
 """
+    )
     assert problems_of(text) == [
         "models[0].max_output_tokens: expected a positive integer",
         "models[0].efforts[1]: expected one of low, medium, high, xhigh, max",
@@ -458,7 +485,9 @@ pricing = { input = -1, output = 15, cache_write = -0.01, cache_read = 0 }
 
 
 def test_model_deployment_references():
-    text = DEPLOYMENT + """
+    text = (
+        DEPLOYMENT
+        + """
 [[models]]
 id = "m1"
 deployments = ["a", "x"]
@@ -469,6 +498,7 @@ id = "m2"
 deployments = []
 free = true
 """
+    )
     assert problems_of(text) == [
         "models[1].deployments: expected at least one deployment name",
         'models[0].deployments[1]: no deployment named "x"',
@@ -490,7 +520,10 @@ def test_references_not_checked_against_a_deployment_whose_name_is_bad():
 
 
 def test_duplicate_deployment_names_and_model_ids():
-    text = DEPLOYMENT + DEPLOYMENT + """
+    text = (
+        DEPLOYMENT
+        + DEPLOYMENT
+        + """
 [[models]]
 id = "m"
 deployments = ["a"]
@@ -501,6 +534,7 @@ id = "m"
 deployments = ["a"]
 free = true
 """
+    )
     assert problems_of(text) == [
         'deployments[1].name: duplicate deployment name "a"',
         'models[1].id: duplicate model id "m"',
@@ -592,24 +626,36 @@ PRICED = UNPRICED + "pricing = { input = 3, output = 15, cache_write = 3.75, cac
     [
         (UNPRICED, ["models[0].pricing: required (or free = true for a model that costs nothing)"]),
         (UNPRICED + "free = false", ["models[0].pricing: required (or free = true for a model that costs nothing)"]),
-        (UNPRICED + "pricing = {}", [
-            "models[0].pricing.input: required",
-            "models[0].pricing.output: required",
-            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
-            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
-        ]),
-        (UNPRICED + "pricing = { input = 3, output = 15, cache_write = 3.75 }", [
-            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
-        ]),
-        (UNPRICED + "min_cache_tokens = 2048\npricing = { input = 3, output = 15 }", [
-            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
-            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
-        ]),
+        (
+            UNPRICED + "pricing = {}",
+            [
+                "models[0].pricing.input: required",
+                "models[0].pricing.output: required",
+                "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+                "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+            ],
+        ),
+        (
+            UNPRICED + "pricing = { input = 3, output = 15, cache_write = 3.75 }",
+            [
+                "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+            ],
+        ),
+        (
+            UNPRICED + "min_cache_tokens = 2048\npricing = { input = 3, output = 15 }",
+            [
+                "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+                "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+            ],
+        ),
         (UNPRICED + "min_cache_tokens = 0\npricing = { output = 15 }", ["models[0].pricing.input: required"]),
-        (UNPRICED + "[models.pricing]\ninput = 3\ncache_read = 0.3\n", [
-            "models[0].pricing.output: required",
-            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
-        ]),
+        (
+            UNPRICED + "[models.pricing]\ninput = 3\ncache_read = 0.3\n",
+            [
+                "models[0].pricing.output: required",
+                "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+            ],
+        ),
         (PRICED + "free = true", ["models[0].pricing: not with free = true (a free model costs nothing)"]),
     ],
 )
@@ -640,7 +686,9 @@ def test_a_model_without_a_prompt_cache_needs_no_cache_prices():
 
 
 def test_a_priced_model_in_a_pricing_table():
-    (model,) = parse_config(UNPRICED + "[models.pricing]\ninput = 3\noutput = 15\ncache_write = 3.75\ncache_read = 0.3\n").models
+    (model,) = parse_config(
+        UNPRICED + "[models.pricing]\ninput = 3\noutput = 15\ncache_write = 3.75\ncache_read = 0.3\n"
+    ).models
     assert model.pricing == Pricing(Decimal(3), Decimal(15), Decimal("3.75"), Decimal("0.3"))
 
 
@@ -648,10 +696,13 @@ async def test_check_config_refuses_an_unpriced_model(tmp_path):
     path = tmp_path / "gateway.toml"
     path.write_text(UNPRICED + "pricing = { input = 3, output = 15 }\n", encoding="utf-8")
     status, output = await run_command("check-config", str(path), cwd=tmp_path)
-    assert (status, output.splitlines()) == (1, [
-        "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
-        "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
-    ])
+    assert (status, output.splitlines()) == (
+        1,
+        [
+            "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
+            "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
+        ],
+    )
     with pytest.raises(ConfigError):
         load_config(path)
 
@@ -669,8 +720,12 @@ def models(*entries: tuple[str, str, tuple[str, ...]]) -> str:
 
 
 def test_a_model_answers_to_its_upstream_model_name():
-    config = parse_config(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
-                                 ("anthropic/claude-haiku-4-5-dated", "claude-haiku-4-5-20251001", ())))
+    config = parse_config(
+        models(
+            ("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
+            ("anthropic/claude-haiku-4-5-dated", "claude-haiku-4-5-20251001", ()),
+        )
+    )
     haiku, dated = config.models
     assert config.model("claude-haiku-4-5") is haiku
     assert config.model("claude-haiku-4-5-20251001") is dated
@@ -678,10 +733,14 @@ def test_a_model_answers_to_its_upstream_model_name():
 
 
 def test_another_models_id_or_alias_keeps_its_name():
-    config = parse_config(models(("anthropic/haiku", "claude-haiku-4-5", ()),  # sent upstream by both
-                                 ("claude-haiku-4-5", "claude-haiku-4-5", ()),  # ...and this one's id
-                                 ("anthropic/sonnet", "claude-sonnet-5-5", ()),
-                                 ("team/sonnet", "claude-sonnet-5-5-20260101", ("claude-sonnet-5-5",))))
+    config = parse_config(
+        models(
+            ("anthropic/haiku", "claude-haiku-4-5", ()),  # sent upstream by both
+            ("claude-haiku-4-5", "claude-haiku-4-5", ()),  # ...and this one's id
+            ("anthropic/sonnet", "claude-sonnet-5-5", ()),
+            ("team/sonnet", "claude-sonnet-5-5-20260101", ("claude-sonnet-5-5",)),
+        )
+    )
     haiku, named_haiku, sonnet, team = config.models
     assert config.model("claude-haiku-4-5") is named_haiku
     assert config.model("claude-sonnet-5-5") is team  # an alias, over another model's upstream name
@@ -690,10 +749,14 @@ def test_another_models_id_or_alias_keeps_its_name():
 
 
 def test_an_upstream_model_name_several_models_share_names_none_of_them():
-    config = parse_config(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
-                                 ("anthropic/claude-sonnet-5-5", "claude-sonnet-5-5", ()),
-                                 ("cheap/haiku", "claude-haiku-4-5", ()),
-                                 ("batch/haiku", "claude-haiku-4-5", ())))
+    config = parse_config(
+        models(
+            ("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
+            ("anthropic/claude-sonnet-5-5", "claude-sonnet-5-5", ()),
+            ("cheap/haiku", "claude-haiku-4-5", ()),
+            ("batch/haiku", "claude-haiku-4-5", ()),
+        )
+    )
     assert config.model("claude-haiku-4-5") is None
     assert config.model("claude-sonnet-5-5") is config.models[1]
     assert [config.model(m.id) for m in config.models] == list(config.models)
@@ -705,18 +768,31 @@ def test_an_upstream_model_name_several_models_share_names_none_of_them():
 
 async def test_check_config_warns_of_an_upstream_model_name_that_names_no_model(tmp_path):
     path = tmp_path / "gateway.toml"
-    path.write_text(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()),
-                           ("cheap/haiku", "claude-haiku-4-5", ())), encoding="utf-8")
+    path.write_text(
+        models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ()), ("cheap/haiku", "claude-haiku-4-5", ())),
+        encoding="utf-8",
+    )
     status, output = await run_command("check-config", str(path), cwd=tmp_path)
-    assert (status, output.splitlines()) == (0, [  # a warning: the file is valid
-        f"{path}: ok (1 deployments, 2 models, 0 keys)",
-        'models[0].upstream_model: "claude-haiku-4-5" is also models[1]\'s; requests for it get 404'
-        " (an alias of that name on one of them picks it)",
-    ])
+    assert (status, output.splitlines()) == (
+        0,
+        [  # a warning: the file is valid
+            f"{path}: ok (1 deployments, 2 models, 0 keys)",
+            'models[0].upstream_model: "claude-haiku-4-5" is also models[1]\'s; requests for it get 404'
+            " (an alias of that name on one of them picks it)",
+        ],
+    )
     # An alias of that name on one of them takes it, and the warning goes.
-    path.write_text(models(("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ("claude-haiku-4-5",)),
-                           ("cheap/haiku", "claude-haiku-4-5", ())), encoding="utf-8")
-    assert await run_command("check-config", str(path), cwd=tmp_path) == (0, f"{path}: ok (1 deployments, 2 models, 0 keys)\n")
+    path.write_text(
+        models(
+            ("anthropic/claude-haiku-4-5", "claude-haiku-4-5", ("claude-haiku-4-5",)),
+            ("cheap/haiku", "claude-haiku-4-5", ()),
+        ),
+        encoding="utf-8",
+    )
+    assert await run_command("check-config", str(path), cwd=tmp_path) == (
+        0,
+        f"{path}: ok (1 deployments, 2 models, 0 keys)\n",
+    )
 
 
 # --- Reading files
@@ -823,8 +899,10 @@ expires_at = 2026-03-01T00:00:00Z
 key = "sk-not-yet"
 expires_at = 2026-03-01T00:00:01Z
 """)
-    now = datetime(2026, 3, 1, tzinfo=timezone.utc)  # the moment it expires, a key is refused
-    assert expired_keys(config, now) == ["keys[1] (bob): expired at 2026-03-01T00:00:00+00:00; requests with it get 401"]
+    now = datetime(2026, 3, 1, tzinfo=UTC)  # the moment it expires, a key is refused
+    assert expired_keys(config, now) == [
+        "keys[1] (bob): expired at 2026-03-01T00:00:00+00:00; requests with it get 401"
+    ]
 
 
 def test_the_deadlines_default_to_what_the_docs_promise():

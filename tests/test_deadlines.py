@@ -42,7 +42,10 @@ async def test_an_upstream_silent_after_its_first_delta_is_given_up_on(upstream,
     assert 1.0 <= elapsed < 2.0
     assert sum(event == ": ping" for event in events) >= 3
     assert error_and_done(events) == {
-        "message": "The upstream sent nothing for 1 seconds.", "type": "server_error", "param": None, "code": None,
+        "message": "The upstream sent nothing for 1 seconds.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
     }
     text = "".join(data(e)["choices"][0]["delta"].get("content") or "" for e in events[:-2] if e.startswith("data: "))
     assert text == "Hello fr"  # the one delta (8 characters) came through first
@@ -73,7 +76,8 @@ async def test_a_stream_ends_at_its_maximum_duration(upstream, start_gateway):
 
 
 async def test_a_stream_that_reaches_its_maximum_duration_before_its_first_output_is_an_error_not_a_stream(
-        upstream, start_gateway):
+    upstream, start_gateway
+):
     # The client has seen nothing yet, so it gets an HTTP error it can retry, not a 200 that fails.
     gateway = await start_gateway(with_deployment(upstream.url, max_stream_duration_seconds=0.5))
     upstream.enqueue(Scenario(event_delay=1.0))  # its first delta comes after 2 s
@@ -101,10 +105,14 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_upstream_closed(up
     loop = asyncio.get_running_loop()
     await loop.sock_connect(client, ("127.0.0.1", port))
     try:
-        await loop.sock_sendall(client, (
-            f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode() + body)
+        await loop.sock_sendall(
+            client,
+            (
+                f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body,
+        )
         started = time.monotonic()
         await upstream.wait_disconnect(10)  # the gateway gave up on the client, then the upstream
         # The write blocks once the buffers (the kernel's, aiohttp's) are full: well before 1 s;
@@ -134,7 +142,9 @@ def serve_in_a_thread(body_writes) -> tuple[int, threading.Thread]:
             while b"\r\n\r\n" not in request:
                 request += connection.recv(65536)
             head, _, body = request.partition(b"\r\n\r\n")
-            length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")).split(b":")[1])
+            length = int(
+                next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")).split(b":")[1]
+            )
             while len(body) < length:
                 body += connection.recv(65536)
             connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
@@ -159,10 +169,13 @@ async def test_upstream_bytes_without_an_event_end_cost_linear_time(start_gatewa
 
     def writes(piece: bytes):
         def body():
-            yield (b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
-                   b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}\n\n')
+            yield (
+                b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}\n\n'
+            )
             for _ in range(4 * 1024 + 16):
                 yield piece
+
         return body
 
     async def cpu_of(piece: bytes) -> tuple[float, str]:

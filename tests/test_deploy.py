@@ -20,8 +20,13 @@ from gateway.config import parse_config
 from tests.support import MODEL, SERVE_CONFIG, ServeProcess, free_port, spawn
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
-ENV = {"EZAT_API_KEY": "sk-test", "EZAT_DB_PASSWORD": "pw", "ANTHROPIC_API_KEY": "sk-ant-test",
-       "EZAT_DATABASE_URL": "postgresql://ezat:pw@postgres:5432/ezat", "EZAT_REDIS_URL": "redis://redis:6379/0"}
+ENV = {
+    "EZAT_API_KEY": "sk-test",
+    "EZAT_DB_PASSWORD": "pw",
+    "ANTHROPIC_API_KEY": "sk-ant-test",
+    "EZAT_DATABASE_URL": "postgresql://ezat:pw@postgres:5432/ezat",
+    "EZAT_REDIS_URL": "redis://redis:6379/0",
+}
 
 
 @pytest.mark.parametrize("path", sorted(DEPLOY.rglob("gateway.toml")), ids=lambda p: str(p.relative_to(DEPLOY)))
@@ -70,7 +75,10 @@ def test_the_kubernetes_base_runs_replicas_hardened_and_scraped():
     deployment = manifests(base / "deployment.yaml")["Deployment"]
     assert deployment["spec"]["replicas"] >= 2
     pod = deployment["spec"]["template"]
-    assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    assert (
+        pod["spec"]["securityContext"]["runAsNonRoot"]
+        and pod["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    )
     [gateway] = pod["spec"]["containers"]
     hardened(gateway)
     assert gateway["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
@@ -83,7 +91,10 @@ def test_the_sidecar_serves_its_app_on_localhost_with_sqlite_on_the_pods_volume(
     app, gateway = pod["containers"]
     hardened(gateway)
     env = {item["name"]: item.get("value") for item in app["env"]}
-    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/openai/v1" and env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
+    assert (
+        env["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/openai/v1"
+        and env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
+    )
     data = next(mount for mount in gateway["volumeMounts"] if mount["mountPath"] == "/var/lib/ezat")
     assert next(volume for volume in pod["volumes"] if volume["name"] == data["name"])["emptyDir"] == {}
     config = parse_config((DEPLOY / "kubernetes" / "sidecar" / "gateway.toml").read_text(), env=ENV)
@@ -102,8 +113,12 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def image_environment() -> dict[str, str]:
-    return dict(pair.split("=", 1) for instruction, arguments in dockerfile() if instruction == "ENV"
-                for pair in shlex.split(arguments))
+    return dict(
+        pair.split("=", 1)
+        for instruction, arguments in dockerfile()
+        if instruction == "ENV"
+        for pair in shlex.split(arguments)
+    )
 
 
 def compose_services() -> dict[str, dict]:
@@ -117,8 +132,14 @@ async def test_the_image_logs_json_whatever_command_it_runs(tmp_path, upstream):
     assert command == ["serve"]  # the format is not CMD's to give: any other command would lose it
     assert "--log-format" not in str(compose_services()["gateway"]["entrypoint"])
     # The image's variable, a config that says nothing of the format (text), other arguments.
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, env={"EZAT_LOG_FORMAT": environment["EZAT_LOG_FORMAT"]},
-                          storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        SERVE_CONFIG,
+        env={"EZAT_LOG_FORMAT": environment["EZAT_LOG_FORMAT"]},
+        storage_url=f"sqlite:///{tmp_path / 'db'}",
+        upstream_url=upstream.url,
+    )
     try:
         await served.start("--host", "127.0.0.1", "--port", str(served.port))
         await served.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}])

@@ -44,7 +44,9 @@ async def test_the_size_limit_and_refusals_example(example):
         async with http.post(app.url + "/v1/chat/completions", json={"messages": [], "n": 2}) as response:
             assert response.status == 400
             assert (await response.json())["error"]["message"] == "n: only 1 choice per request is supported"
-        async with http.post(app.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}) as response:
+        async with http.post(
+            app.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]}
+        ) as response:
             assert (response.status, await response.json()) == (200, {"messages": 1})
         async with http.post(app.url + "/v1/chat/completions", data=b"x" * (4 * 1024 * 1024 + 1)) as response:
             assert response.status == 413
@@ -53,8 +55,14 @@ async def test_the_size_limit_and_refusals_example(example):
 async def test_the_image_fetcher_example(example):
     app = await example(1)
     url = "https://images.example/cat.png"
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
-                                                      {"type": "image_url", "image_url": {"url": url}}]}]}
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url}}],
+            }
+        ]
+    }
     with aioresponses(passthrough=[app.url]) as mocked:
         mocked.get(url, response_class=FakedResponse, body=PNG)
         async with aiohttp.ClientSession() as http:
@@ -76,10 +84,26 @@ OUTSIDE = re.compile(r"\.\./shared|shared/(spec|reference|DESIGN)|DESIGN\.md|000
 
 
 def test_no_document_or_module_points_outside_the_repository():
-    files = [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("gateway/**/*.py"),
-             *ROOT.glob("middlewares/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("bench/*.md"),
-             *ROOT.glob("deploy/**/*.*"), *ROOT.glob(".ci/*"), ROOT / "Makefile", *ROOT.glob("*.toml"),
-             *(path for path in ROOT.glob("tests/**/*.*") if path.suffix in (".py", ".md", ".mjs", ".json")
-               and "node_modules" not in path.parts and path != Path(__file__).resolve())]
-    pointing = [f"{path.relative_to(ROOT)}: {match[0]}" for path in files for match in OUTSIDE.finditer(path.read_text())]
+    files = [
+        ROOT / "README.md",
+        *ROOT.glob("docs/**/*.md"),
+        *ROOT.glob("gateway/**/*.py"),
+        *ROOT.glob("middlewares/**/*.py"),
+        *ROOT.glob("bench/*.py"),
+        *ROOT.glob("bench/*.md"),
+        *ROOT.glob("deploy/**/*.*"),
+        *ROOT.glob(".ci/*"),
+        ROOT / "Makefile",
+        *ROOT.glob("*.toml"),
+        *(
+            path
+            for path in ROOT.glob("tests/**/*.*")
+            if path.suffix in (".py", ".md", ".mjs", ".json")
+            and "node_modules" not in path.parts
+            and path != Path(__file__).resolve()
+        ),
+    ]
+    pointing = [
+        f"{path.relative_to(ROOT)}: {match[0]}" for path in files for match in OUTSIDE.finditer(path.read_text())
+    ]
     assert pointing == []

@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import re
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import aiohttp
@@ -103,7 +103,7 @@ async def test_a_retry_after_is_believed_for_ten_minutes_at_most(client, upstrea
 
 @pytest.mark.parametrize("form", ["IMF-fixdate", "asctime"])
 async def test_a_retry_after_date_is_passed_on_in_seconds(client, upstream, form):
-    moment = datetime.now(timezone.utc) + timedelta(seconds=30)
+    moment = datetime.now(UTC) + timedelta(seconds=30)
     when = format_datetime(moment, usegmt=True) if form == "IMF-fixdate" else moment.strftime("%a %b %d %H:%M:%S %Y")
     upstream.enqueue(Scenario(status=429, headers={"retry-after": when}))
     with pytest.raises(openai.APIStatusError) as caught:
@@ -202,7 +202,9 @@ async def raw_post(gateway, headers: bytes) -> tuple[bytes, dict]:
     body = orjson.dumps({"model": MODEL, "messages": MESSAGES})
     writer.write(
         b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-        + headers + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+        + headers
+        + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        + body
     )
     reply = await reader.read()
     writer.close()
@@ -215,7 +217,10 @@ async def test_a_key_that_is_not_utf8_is_401(gateway, upstream, header):
     status, body = await raw_post(gateway, header + b"\r\n")
     assert status == b"HTTP/1.1 401 Unauthorized"
     assert envelope(body) == {
-        "message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"
+        "message": "Incorrect API key provided.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
     }
     assert upstream.requests == []
 
@@ -229,7 +234,9 @@ async def test_a_session_header_that_is_not_utf8_still_routes(start_gateway, ups
         models=(replace(config.models[0], deployments=("primary", "secondary")), *config.models[1:]),
     )
     gateway = await start_gateway(config)
-    status, body = await raw_post(gateway, f"Authorization: Bearer {KEY}\r\n".encode() + b"x-ezat-session: conv-\xff\r\n")
+    status, body = await raw_post(
+        gateway, f"Authorization: Bearer {KEY}\r\n".encode() + b"x-ezat-session: conv-\xff\r\n"
+    )
     assert status == b"HTTP/1.1 200 OK"
     assert body["choices"][0]["message"]["content"] == echo("x")
 
@@ -293,12 +300,27 @@ async def test_invalid_json(gateway, upstream, raw, message):
         ({"model": MODEL}, "messages: expected a list of messages"),
         ({"model": MODEL, "messages": "hi"}, "messages: expected a list of messages"),
         ({"model": MODEL, "messages": []}, "messages: must contain at least one user message"),
-        ({"model": MODEL, "messages": [{"role": "system", "content": "x"}]}, "messages: must contain at least one user message"),
+        (
+            {"model": MODEL, "messages": [{"role": "system", "content": "x"}]},
+            "messages: must contain at least one user message",
+        ),
         ({"model": MODEL, "messages": [5]}, "messages[0]: expected an object"),
-        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role: expected one of system, developer, user, assistant, tool"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content: expected a string or a list of content parts"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages[0].content[0].type: required"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content[0].text: expected a string"),
+        (
+            {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+            "messages[0].role: expected one of system, developer, user, assistant, tool",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+            "messages[0].content: expected a string or a list of content parts",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"text": "x"}]}]},
+            "messages[0].content[0].type: required",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+            "messages[0].content[0].text: expected a string",
+        ),
         ({"model": MODEL, "messages": MESSAGES, "stream": "yes"}, "stream: expected a boolean"),
         ({"model": MODEL, "messages": MESSAGES, "stop": 5}, "stop: expected a string or a list of strings"),
     ],
@@ -324,6 +346,7 @@ async def test_non_streaming_request_past_the_deadline_is_a_504(start_gateway, u
 async def test_an_upstream_redirect_is_not_followed(start_gateway, upstream):
     """Followed, a redirect would take the deployment's key and the prompt to whatever host it
     names (aiohttp keeps a custom x-api-key header across hosts): it is an error instead."""
+
     async def redirect(request):
         return web.Response(status=307, headers={"Location": upstream.url + "/v1/messages"})
 
@@ -337,7 +360,10 @@ async def test_an_upstream_redirect_is_not_followed(start_gateway, upstream):
         await runner.cleanup()
     assert response.status == 500
     assert envelope(body) == {
-        "message": "The upstream answered with HTTP 307.", "type": "server_error", "param": None, "code": None
+        "message": "The upstream answered with HTTP 307.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
     }
     assert upstream.requests == []
 
@@ -348,7 +374,10 @@ async def test_unreachable_upstream(start_gateway, unused_tcp_port):
     assert response.status == 500
     assert envelope(body)["type"] == "server_error"
     assert envelope(body) == {
-        "message": "Could not reach the upstream.", "type": "server_error", "param": None, "code": None
+        "message": "Could not reach the upstream.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
     }
 
 
@@ -366,7 +395,7 @@ async def test_unknown_path_and_method_use_the_envelope(gateway):
     ("fields", "message"),
     [
         ({"revoked": True}, "This API key has been revoked."),
-        ({"expires_at": datetime(2020, 1, 1, tzinfo=timezone.utc)}, "This API key has expired."),
+        ({"expires_at": datetime(2020, 1, 1, tzinfo=UTC)}, "This API key has expired."),
     ],
 )
 async def test_revoked_or_expired_key(start_gateway, upstream, fields, message):
@@ -388,7 +417,8 @@ async def test_an_oversized_body_is_refused_without_waiting_for_it(gateway, upst
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(
         f"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {33 * 1024 * 1024}\r\n\r\n".encode() + b" " * 1024
+        f"Content-Type: application/json\r\nContent-Length: {33 * 1024 * 1024}\r\n\r\n".encode()
+        + b" " * 1024
     )
     await writer.drain()
     status_line = await asyncio.wait_for(reader.readline(), 5)  # never came if the gateway waited for the body

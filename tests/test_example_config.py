@@ -21,8 +21,9 @@ REFERENCE = ROOT / "docs" / "configuration.md"
 
 
 async def test_the_example_config_passes_check_config(tmp_path):
-    status, output = await run_command("check-config", str(EXAMPLE), env={"ANTHROPIC_API_KEY": "sk-ant-example"},
-                                       cwd=tmp_path)
+    status, output = await run_command(
+        "check-config", str(EXAMPLE), env={"ANTHROPIC_API_KEY": "sk-ant-example"}, cwd=tmp_path
+    )
     assert (status, output) == (0, f"{EXAMPLE}: ok (1 deployments, 1 models, 1 keys)\n")
 
 
@@ -37,8 +38,9 @@ def test_the_optional_settings_the_example_shows_are_valid_too():
     lines = EXAMPLE.read_text().splitlines()
     uncommented = [re.sub(r"^# (?=\[|\w+ = )", "", line) for line in lines]
     assert uncommented != lines
-    config = parse_config("\n".join(uncommented),
-                          env={"ANTHROPIC_API_KEY": "sk-ant-example", "EZAT_METRICS_TOKEN": "example"})
+    config = parse_config(
+        "\n".join(uncommented), env={"ANTHROPIC_API_KEY": "sk-ant-example", "EZAT_METRICS_TOKEN": "example"}
+    )
     assert config.ratelimit.url and config.images.ports and config.keys[0].expires_at  # they were read
     assert config.metrics.token and config.tracing.endpoint
 
@@ -68,9 +70,20 @@ def test_the_reference_describes_every_config_key():
     assert "`key`" in next(s for s in sections if s.startswith("`[[keys]]`"))  # the plaintext alternative
 
 
-COMMANDS = [["serve"], ["check-config"], ["mock-upstream"], ["keys", "create"], ["keys", "list"],
-            ["keys", "revoke"], ["keys", "update"], ["orgs", "create"], ["orgs", "list"], ["orgs", "suspend"],
-            ["orgs", "update"], ["usage"]]
+COMMANDS = [
+    ["serve"],
+    ["check-config"],
+    ["mock-upstream"],
+    ["keys", "create"],
+    ["keys", "list"],
+    ["keys", "revoke"],
+    ["keys", "update"],
+    ["orgs", "create"],
+    ["orgs", "list"],
+    ["orgs", "suspend"],
+    ["orgs", "update"],
+    ["usage"],
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -27,8 +27,9 @@ from middlewares.core.errors import MAX_ERROR_MESSAGE
 from tests.support import KEY, MODEL, SERVE_CONFIG, Gateway, ServeProcess, data, make_config, raw_stream
 
 MESSAGES = [{"role": "user", "content": "x"}]
-NOT_HTTP = {"error": {"message": "The request is not valid HTTP.", "type": "invalid_request_error",
-                      "param": None, "code": None}}
+NOT_HTTP = {
+    "error": {"message": "The request is not valid HTTP.", "type": "invalid_request_error", "param": None, "code": None}
+}
 HEAD = b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\ncontent-type: application/json\r\n"
 # Requests aiohttp's parser rejects, each holding the test key (a valid one) where the parser quotes it.
 NOT_VALID_HTTP = {
@@ -91,13 +92,15 @@ async def test_a_connection_that_does_not_speak_http_is_only_debug_noise(gateway
     assert orjson.loads(body) == NOT_HTTP
     records = [r for r in caplog.records if r.name in ("ezat.server", "aiohttp.server")]
     assert [(r.name, r.levelno, r.getMessage()) for r in records] == [
-        ("ezat.server", logging.DEBUG, "a request that is not valid HTTP (BadHttpMethod) from 127.0.0.1")]
+        ("ezat.server", logging.DEBUG, "a request that is not valid HTTP (BadHttpMethod) from 127.0.0.1")
+    ]
     assert_no_key(caplog.text)
 
 
 async def test_the_served_gateways_log_holds_no_key_of_a_request_it_cannot_parse(tmp_path, upstream):
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'gateway.db'}",
-                          upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'gateway.db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         for request_bytes in NOT_VALID_HTTP.values():
@@ -112,7 +115,10 @@ async def test_the_served_gateways_log_holds_no_key_of_a_request_it_cannot_parse
     assert_no_key(log)
     assert "Traceback" not in log and " ERROR " not in log
     for error in ("LineTooLong", "BadHttpMessage", "InvalidURLError"):
-        assert f"WARNING {served.process.pid} ezat.server: a request that is not valid HTTP ({error}) from 127.0.0.1" in log
+        assert (
+            f"WARNING {served.process.pid} ezat.server: a request that is not valid HTTP ({error}) from 127.0.0.1"
+            in log
+        )
 
 
 async def test_a_handlers_exception_still_gets_aiohttps_500():
@@ -155,8 +161,14 @@ async def test_no_answer_names_a_version(gateway, upstream):
     answers.append((response.status, response.headers.get("Server")))
     _, headers, _ = await send_raw(gateway.url, NOT_VALID_HTTP["control byte in a header"])
     answers.append((400, headers.get("server")))
-    assert answers == [(200, "ezat-gateway"), (401, "ezat-gateway"), (404, "ezat-gateway"), (200, "ezat-gateway"),
-                       (200, "ezat-gateway"), (400, "ezat-gateway")]
+    assert answers == [
+        (200, "ezat-gateway"),
+        (401, "ezat-gateway"),
+        (404, "ezat-gateway"),
+        (200, "ezat-gateway"),
+        (200, "ezat-gateway"),
+        (400, "ezat-gateway"),
+    ]
 
 
 # --- an upstream's error messages
@@ -164,16 +176,21 @@ async def test_no_answer_names_a_version(gateway, upstream):
 
 async def post(gateway, body: dict) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/openai/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {KEY}"}) as response:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as response:
             return response.status, await response.read()
 
 
-@pytest.mark.parametrize(("message", "passed_on"), [
-    ("prompt is too long: 210000 tokens > 200000 maximum", "prompt is too long: 210000 tokens > 200000 maximum"),
-    ("m" * MAX_ERROR_MESSAGE, "m" * MAX_ERROR_MESSAGE),  # the longest passed on whole
-    ("x" * 50_000, "x" * (MAX_ERROR_MESSAGE - 1) + "…"),
-], ids=["real", "longest", "long"])
+@pytest.mark.parametrize(
+    ("message", "passed_on"),
+    [
+        ("prompt is too long: 210000 tokens > 200000 maximum", "prompt is too long: 210000 tokens > 200000 maximum"),
+        ("m" * MAX_ERROR_MESSAGE, "m" * MAX_ERROR_MESSAGE),  # the longest passed on whole
+        ("x" * 50_000, "x" * (MAX_ERROR_MESSAGE - 1) + "…"),
+    ],
+    ids=["real", "longest", "long"],
+)
 async def test_an_upstream_errors_message_is_cut_to_a_bounded_length(gateway, upstream, message, passed_on):
     upstream.enqueue(Scenario(status=400, error_message=message))
     status, body = await post(gateway, {"model": MODEL, "messages": MESSAGES})
@@ -184,9 +201,11 @@ async def test_an_upstream_errors_message_is_cut_to_a_bounded_length(gateway, up
 async def test_an_upstream_streams_error_message_is_cut_to_a_bounded_length(gateway, upstream):
     long = "y" * 1_000_000  # an SSE event may be up to 4 MB
     text = [{"type": "text", "text": "One, two, three, four, five."}]
-    upstream.enqueue(Scenario(blocks=text, error_after=5, stream_error_message=long),  # after the first token
-                     Scenario(blocks=text, error_after=2, stream_error_message=long),  # before it: an HTTP error
-                     Scenario(blocks=text, error_after=5, stream_error_message="Overloaded"))
+    upstream.enqueue(
+        Scenario(blocks=text, error_after=5, stream_error_message=long),  # after the first token
+        Scenario(blocks=text, error_after=2, stream_error_message=long),  # before it: an HTTP error
+        Scenario(blocks=text, error_after=5, stream_error_message="Overloaded"),
+    )
     cut = "y" * (MAX_ERROR_MESSAGE - 1) + "…"
     response, events = await raw_stream(gateway)
     assert response.status == 200 and events[-1] == "data: [DONE]"
@@ -236,9 +255,12 @@ async def test_an_existing_sqlite_database_keeps_its_mode(tmp_path):
 
 
 async def test_headers_that_never_end_are_dropped_at_the_keep_alive_timeout(tmp_path, upstream):
-    config = SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 10\nkeepalive_timeout_seconds = 1")
-    served = ServeProcess(tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'gateway.db'}",
-                          upstream_url=upstream.url)
+    config = SERVE_CONFIG.replace(
+        "shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 10\nkeepalive_timeout_seconds = 1"
+    )
+    served = ServeProcess(
+        tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'gateway.db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
@@ -268,7 +290,9 @@ async def test_headers_that_never_end_are_dropped_at_the_keep_alive_timeout(tmp_
 
 
 async def test_the_tests_gateway_takes_its_configs_keep_alive(start_gateway, upstream):
-    gateway = await start_gateway(replace(make_config(upstream.url), server=ServerConfig(keepalive_timeout_seconds=0.3)))
+    gateway = await start_gateway(
+        replace(make_config(upstream.url), server=ServerConfig(keepalive_timeout_seconds=0.3))
+    )
     reader, writer = await asyncio.open_connection("127.0.0.1", URL(gateway.url).port)
     loop = asyncio.get_running_loop()
     started = loop.time()

@@ -41,8 +41,9 @@ async def openai_usage(gateway, stream: bool) -> tuple[int, int, str]:
         if not stream:
             reply = await client.chat.completions.create(model=MODEL, messages=HELLO)
             return reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.choices[0].message.content
-        chunks = await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True,
-                                                      stream_options={"include_usage": True})
+        chunks = await client.chat.completions.create(
+            model=MODEL, messages=HELLO, stream=True, stream_options={"include_usage": True}
+        )
         text, usage = "", None
         async for chunk in chunks:
             text += "".join(choice.delta.content or "" for choice in chunk.choices)
@@ -76,7 +77,10 @@ async def test_usage_is_the_upstreams_count_and_the_ledger_says_the_same(gateway
     assert text == answer
     assert (prompt, completion) == (14, output_tokens(answer))  # the mock's numbers, not len // 4
     [row] = await gateway.app[STORE].ledger()
-    assert (row.input_tokens + row.cache_read_tokens + row.cache_write_tokens, row.output_tokens) == (prompt, completion)
+    assert (row.input_tokens + row.cache_read_tokens + row.cache_write_tokens, row.output_tokens) == (
+        prompt,
+        completion,
+    )
 
 
 LONG = "Every word of this answer counts as text the model produced. " * 66  # 4,026 characters
@@ -140,8 +144,11 @@ class Replay:
 
 async def post(url: str, body: dict, headers: list[tuple[str, str]] | None = None) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as http:
-        async with http.post(url + "/v1/messages", json=body,
-                             headers=headers or [("x-api-key", KEY), ("anthropic-version", "2023-06-01")]) as response:
+        async with http.post(
+            url + "/v1/messages",
+            json=body,
+            headers=headers or [("x-api-key", KEY), ("anthropic-version", "2023-06-01")],
+        ) as response:
             return response.status, await response.read()
 
 
@@ -155,12 +162,19 @@ def named_as_asked(upstream_event: bytes, upstream_model: str) -> bytes:
 
 
 ANSWERS = {
-    "text-burst": [{"type": "text", "text": "A burst of small deltas, \"quoted\", with \\ and é and 😀 too. " * 3}],
-    "tool-call": [{"type": "text", "text": "Let me look."},
-                  {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris", "days": 3}}],
-    "thinking": [{"type": "thinking", "thinking": "The user asks about Paris; I should answer briefly.",
-                  "signature": "EqQBCkYIBRgCKkA" + "x" * 300},
-                 {"type": "text", "text": "Paris."}],
+    "text-burst": [{"type": "text", "text": 'A burst of small deltas, "quoted", with \\ and é and 😀 too. ' * 3}],
+    "tool-call": [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris", "days": 3}},
+    ],
+    "thinking": [
+        {
+            "type": "thinking",
+            "thinking": "The user asks about Paris; I should answer briefly.",
+            "signature": "EqQBCkYIBRgCKkA" + "x" * 300,
+        },
+        {"type": "text", "text": "Paris."},
+    ],
 }
 
 
@@ -234,22 +248,33 @@ async def test_a_stream_whose_events_do_not_start_with_their_name_is_relayed_and
 
 def written_as_another_would(event: dict) -> bytes:
     """An SSE event with its JSON spaced and its keys in the reverse order."""
+
     def reorder(value):
         if isinstance(value, dict):
             return {k: reorder(v) for k, v in reversed(value.items())}
         return [reorder(v) for v in value] if isinstance(value, list) else value
 
-    return (f"event: {event['type']}\n" + "data: " + json.dumps(reorder(event), separators=(", ", " : "))
-            + "\n\n").encode()
+    return (
+        f"event: {event['type']}\n" + "data: " + json.dumps(reorder(event), separators=(", ", " : ")) + "\n\n"
+    ).encode()
 
 
 async def test_json_spaced_and_reordered_by_the_upstream_reaches_the_client_as_written(start_gateway):
     answer = [{"type": "text", "text": "Spaced out, but whole: caf\u00e9."}]
-    scripted = MockUpstream._events({
-        "id": "msg_01", "type": "message", "role": "assistant", "model": UPSTREAM_MODEL, "content": answer,
-        "stop_reason": "end_turn", "stop_sequence": None, "stop_details": None,
-        "usage": {"input_tokens": 9, "output_tokens": 9},
-    }, Scenario(chunk_size=5))
+    scripted = MockUpstream._events(
+        {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": UPSTREAM_MODEL,
+            "content": answer,
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "stop_details": None,
+            "usage": {"input_tokens": 9, "output_tokens": 9},
+        },
+        Scenario(chunk_size=5),
+    )
     sent = b"".join(map(written_as_another_would, scripted))
     replay = Replay(sent)
     runner, url = await replay.start()
@@ -269,10 +294,17 @@ async def test_json_spaced_and_reordered_by_the_upstream_reaches_the_client_as_w
 
 
 async def test_a_native_message_keeps_every_field_in_its_order(start_gateway):
-    reply = {"type": "message", "id": "msg_01", "future_field": {"b": 1, "a": [2, 1]}, "role": "assistant",
-             "content": [{"type": "text", "text": "Paris.", "citations": None}], "model": UPSTREAM_MODEL,
-             "stop_reason": "end_turn", "stop_sequence": None,
-             "usage": {"output_tokens": 2, "input_tokens": 9, "server_tool_use": {"web_search_requests": 0}}}
+    reply = {
+        "type": "message",
+        "id": "msg_01",
+        "future_field": {"b": 1, "a": [2, 1]},
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Paris.", "citations": None}],
+        "model": UPSTREAM_MODEL,
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"output_tokens": 2, "input_tokens": 9, "server_tool_use": {"web_search_requests": 0}},
+    }
     replay = Replay(json.dumps(reply).encode(), "application/json")
     runner, url = await replay.start()
     try:
@@ -285,11 +317,18 @@ async def test_a_native_message_keeps_every_field_in_its_order(start_gateway):
 
 
 async def test_anthropic_beta_lines_go_upstream_byte_for_byte(gateway, upstream):
-    lines = [("anthropic-beta", "interleaved-thinking-2025-05-14,effort-2025-11-24"),
-             ("anthropic-beta", "context-management-2025-06-27")]
-    status, _ = await post(gateway.url, {"model": MODEL, "max_tokens": 5, "messages": HELLO},
-                           [("x-api-key", KEY), ("anthropic-version", "2023-06-01"), *lines])
+    lines = [
+        ("anthropic-beta", "interleaved-thinking-2025-05-14,effort-2025-11-24"),
+        ("anthropic-beta", "context-management-2025-06-27"),
+    ]
+    status, _ = await post(
+        gateway.url,
+        {"model": MODEL, "max_tokens": 5, "messages": HELLO},
+        [("x-api-key", KEY), ("anthropic-version", "2023-06-01"), *lines],
+    )
     assert status == 200
     [sent] = upstream.requests
     assert [line for line in sent.header_lines if line[0] == "anthropic-beta"] == lines
-    assert [line for line in sent.header_lines if line[0] == "anthropic-version"] == [("anthropic-version", "2023-06-01")]
+    assert [line for line in sent.header_lines if line[0] == "anthropic-version"] == [
+        ("anthropic-version", "2023-06-01")
+    ]

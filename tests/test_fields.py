@@ -62,11 +62,16 @@ async def ask(client: openai.AsyncOpenAI, stream: bool, **kwargs) -> Answer:
         assert len(completion.choices) == 1
         choice = completion.choices[0]
         calls = [call.model_dump() for call in choice.message.tool_calls or []]
-        return Answer(choice.message.content, choice.finish_reason, completion.usage, calls, completion.model_dump_json())
+        return Answer(
+            choice.message.content, choice.finish_reason, completion.usage, calls, completion.model_dump_json()
+        )
 
-    chunks = [c async for c in await client.chat.completions.create(
-        stream=True, stream_options={"include_usage": True}, **kwargs
-    )]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    ]
     *choice_chunks, usage_chunk = chunks
     assert usage_chunk.choices == [] and usage_chunk.usage is not None
     assert all(c.usage is None and len(c.choices) == 1 for c in choice_chunks)
@@ -153,7 +158,11 @@ async def test_system_and_developer_anywhere_join_into_one_system_prompt(client,
     assert answer.content == "Colour."
     body = received(upstream, stream)
     assert body["system"] == [
-        text("Be brief."), text("Use British spelling."), text("No emoji."), text("Answer in one word."), text("Last rule.")
+        text("Be brief."),
+        text("Use British spelling."),
+        text("No emoji."),
+        text("Answer in one word."),
+        text("Last rule."),
     ]
     assert body["messages"] == [user(text("Hi")), assistant(text("Hello.")), user(text("Color?"))]
 
@@ -192,7 +201,9 @@ async def test_user_string_and_text_parts(client, upstream, stream):
     )
     assert answer.content == echo("Second\nThird")
     assert received(upstream, stream)["messages"] == [
-        user(text("First")), assistant(text("Ok")), user(text("Second"), text("Third"))
+        user(text("First")),
+        assistant(text("Ok")),
+        user(text("Second"), text("Third")),
     ]
 
 
@@ -282,8 +293,19 @@ async def test_image_data_url_of_an_unsupported_type_is_a_400_naming_the_part(cl
         "data:image/png;base64,iVBORw0K\nGgo=",  # a line break
         "data:image/png;base64,iVBORw0KGgé=",  # not ASCII
     ],
-    ids=["plain", "percent-encoded", "empty", "no-comma", "no-scheme", "bad-base64", "short", "inner-padding",
-         "three-pads", "line-break", "non-ascii"],
+    ids=[
+        "plain",
+        "percent-encoded",
+        "empty",
+        "no-comma",
+        "no-scheme",
+        "bad-base64",
+        "short",
+        "inner-padding",
+        "three-pads",
+        "line-break",
+        "non-ascii",
+    ],
 )
 async def test_a_non_base64_image_data_url_is_a_400_naming_the_part(client, upstream, stream, url):
     error = await refused(
@@ -305,7 +327,10 @@ async def test_pdf_file_part_becomes_a_base64_document(client, upstream, stream)
                 "role": "user",
                 "content": [
                     text("Summarise this."),
-                    {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64," + PDF}},
+                    {
+                        "type": "file",
+                        "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64," + PDF},
+                    },
                 ],
             }
         ],
@@ -348,7 +373,9 @@ async def test_assistant_refusal_parts_are_dropped(client, upstream, stream):
     )
     # The all-refusal turn leaves nothing, so Q2 and Q3 merge into one user turn.
     assert received(upstream, stream)["messages"] == [
-        user(text("Q1")), assistant(text("But this.")), user(text("Q2"), text("Q3"))
+        user(text("Q1")),
+        assistant(text("But this.")),
+        user(text("Q2"), text("Q3")),
     ]
 
 
@@ -465,7 +492,12 @@ async def test_empty_or_whitespace_text_is_never_sent_as_a_block(client, upstrea
             "messages[0].content[0].image_url.url",
         ),
         (
-            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "image_url"}]}]},
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": [{"type": "image_url"}]},
+                ]
+            },
             "messages[1].content[0].type",
         ),
         (
@@ -478,15 +510,35 @@ async def test_empty_or_whitespace_text_is_never_sent_as_a_block(client, upstrea
             "messages[1].tool_calls",
         ),
         (
-            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": ["x"]}]},
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": None, "tool_calls": ["x"]},
+                ]
+            },
             "messages[1].tool_calls[0]",
         ),
     ],
     ids=[
-        "messages-object", "messages-string", "message-string", "content-number", "content-object",
-        "system-content-number", "assistant-content-number", "unknown-role", "missing-role", "role-number",
-        "part-without-type", "part-string", "text-number", "unknown-part-type", "image_url-string",
-        "image-url-number", "assistant-part-type", "tool_calls-object", "tool_call-string",
+        "messages-object",
+        "messages-string",
+        "message-string",
+        "content-number",
+        "content-object",
+        "system-content-number",
+        "assistant-content-number",
+        "unknown-role",
+        "missing-role",
+        "role-number",
+        "part-without-type",
+        "part-string",
+        "text-number",
+        "unknown-part-type",
+        "image_url-string",
+        "image-url-number",
+        "assistant-part-type",
+        "tool_calls-object",
+        "tool_call-string",
     ],
 )
 async def test_wrong_types_are_a_400_naming_the_path(client, upstream, stream, fields, path):
@@ -552,7 +604,10 @@ async def test_a_level_the_model_lacks_is_a_400_naming_the_field(start_client, u
     error = await refused(client, upstream, stream, reasoning_effort="xhigh")  # upstream got nothing
     assert error["param"] == "reasoning_effort"
     assert error["type"] == "invalid_request_error"
-    assert error["message"] == "reasoning_effort: 'xhigh' is not available for this model; use one of low, medium, high, max"
+    assert (
+        error["message"]
+        == "reasoning_effort: 'xhigh' is not available for this model; use one of low, medium, high, max"
+    )
 
     await ask(client, stream, reasoning_effort="max")  # a level it has still works
     assert received(upstream, stream)["output_config"] == {"effort": "max"}

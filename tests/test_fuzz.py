@@ -64,6 +64,7 @@ FUZZ_SETTINGS = settings(
 
 # --- The servers, on their own loop and thread.
 
+
 class LoopThread:
     """An event loop running forever in a daemon thread."""
 
@@ -111,11 +112,12 @@ class Servers:
         self.gateway = await Gateway(build_app(fuzz_config(self.upstream.url))).start()
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
 
-    def post(self, raw: bytes, headers: dict[str, str] | None = None, chunked: bool = False,
-             path: str = ENDPOINT) -> Answer:
+    def post(
+        self, raw: bytes, headers: dict[str, str] | None = None, chunked: bool = False, path: str = ENDPOINT
+    ) -> Answer:
         async def pieces():  # a chunked body, in pieces of 100 bytes
             for start in range(0, len(raw), 100):
-                yield raw[start:start + 100]
+                yield raw[start : start + 100]
 
         async def send() -> Answer:
             async with self.http.post(
@@ -189,25 +191,29 @@ IDENTIFIERS = st.sampled_from(["get_weather", "call_1", "toolu_01", "functions.B
 ARGUMENTS = st.sampled_from(['{"city": "Oslo"}', "{}", "", "  ", "not json", "[1, 2]", "null", '{"a": {"b": [1]}}']) | (
     JSON.map(json.dumps)
 )
-DATA_URLS = st.sampled_from([
-    "data:image/png;base64,iVBORw0KGgo=",
-    "data:image/jpeg;base64,/9j/4AAQ",
-    "data:IMAGE/WEBP;base64,UklGRg==",
-    "data:image/bmp;base64,Qk0=",
-    "data:application/pdf;base64,JVBERi0xLjQK",
-    "data:text/plain;base64,aGk=",
-    "data:image/png,notbase64",
-    "data:image/png;base64,",
-    "data:;base64,AAAA",
-    "https://example.com/photo.jpg",
-    "http://127.0.0.1/cat.png",
-    "ftp://example.com/x.png",
-    "",
-])
+DATA_URLS = st.sampled_from(
+    [
+        "data:image/png;base64,iVBORw0KGgo=",
+        "data:image/jpeg;base64,/9j/4AAQ",
+        "data:IMAGE/WEBP;base64,UklGRg==",
+        "data:image/bmp;base64,Qk0=",
+        "data:application/pdf;base64,JVBERi0xLjQK",
+        "data:text/plain;base64,aGk=",
+        "data:image/png,notbase64",
+        "data:image/png;base64,",
+        "data:;base64,AAAA",
+        "https://example.com/photo.jpg",
+        "http://127.0.0.1/cat.png",
+        "ftp://example.com/x.png",
+        "",
+    ]
+)
 SCHEMAS = st.one_of(
     st.just({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
     st.just({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}),
-    st.just({"type": "object", "properties": {"a": {"type": "object", "properties": {}}}, "additionalProperties": False}),
+    st.just(
+        {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}, "additionalProperties": False}
+    ),
     st.just({"type": ["object", "null"], "additionalProperties": False}),
     st.just({"properties": {}}),
     st.just({"type": "array", "items": {"type": "object"}}),
@@ -219,7 +225,9 @@ SCHEMAS = st.one_of(
 )
 
 PART = obj(
-    required={"type": st.sampled_from(["text", "text", "image_url", "file", "input_audio", "refusal", "video", "TEXT", ""])},
+    required={
+        "type": st.sampled_from(["text", "text", "image_url", "file", "input_audio", "refusal", "video", "TEXT", ""])
+    },
     optional={
         "text": SHORT_TEXT | st.sampled_from(["", "   ", "\n"]),
         "image_url": obj(optional={"url": DATA_URLS, "detail": st.sampled_from(["auto", "low", "high"])}),
@@ -253,7 +261,10 @@ MESSAGE = obj(
 # result per call), and now and then a random message from MESSAGE.
 TEXT = st.text(min_size=1, max_size=20)
 CALL_IDS = st.lists(
-    st.sampled_from(["call_1", "call_2", "toolu_01", "functions.Bash:0", "call:abc.def"]), min_size=1, max_size=3, unique=True
+    st.sampled_from(["call_1", "call_2", "toolu_01", "functions.Bash:0", "call:abc.def"]),
+    min_size=1,
+    max_size=3,
+    unique=True,
 )
 
 
@@ -268,8 +279,21 @@ def tool_loop(ids: list[str], text: str | None, arguments: str) -> list[dict]:
 TURN = weighted(
     (3, st.builds(lambda text: [{"role": "user", "content": text}], TEXT)),
     (2, st.builds(lambda text: [{"role": "assistant", "content": text}], TEXT)),
-    (1, st.builds(lambda role, text: [{"role": role, "content": text}], st.sampled_from(["system", "developer"]), SHORT_TEXT)),
-    (2, st.builds(tool_loop, CALL_IDS, st.sampled_from([None, "", "Let me check."]), st.sampled_from(['{"city": "Oslo"}', "{}", ""]))),
+    (
+        1,
+        st.builds(
+            lambda role, text: [{"role": role, "content": text}], st.sampled_from(["system", "developer"]), SHORT_TEXT
+        ),
+    ),
+    (
+        2,
+        st.builds(
+            tool_loop,
+            CALL_IDS,
+            st.sampled_from([None, "", "Let me check."]),
+            st.sampled_from(['{"city": "Oslo"}', "{}", ""]),
+        ),
+    ),
     (1, st.lists(PART, min_size=1, max_size=3).map(lambda parts: [{"role": "user", "content": parts}])),
     (1, MESSAGE.map(lambda m: [m])),
 )
@@ -281,23 +305,29 @@ CONVERSATION = st.builds(
 MESSAGES = weighted((4, CONVERSATION), (1, st.lists(MESSAGE, max_size=5)))
 
 FUNCTION_TOOL = st.fixed_dictionaries(
-    {"type": st.just("function"), "function": st.fixed_dictionaries(
-        {"name": st.sampled_from(["get_weather", "lookup", "ns.tool/search", "y" * 70])},
-        optional={"description": SHORT_TEXT, "parameters": SCHEMAS, "strict": st.booleans()},
-    )},
+    {
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries(
+            {"name": st.sampled_from(["get_weather", "lookup", "ns.tool/search", "y" * 70])},
+            optional={"description": SHORT_TEXT, "parameters": SCHEMAS, "strict": st.booleans()},
+        ),
+    },
 )
 TOOL = weighted(
     (3, FUNCTION_TOOL),
-    (1, obj(
-        required={"type": st.sampled_from(["function", "custom", "web_search", ""])},
-        optional={
-            "function": obj(
-                required={"name": IDENTIFIERS},
-                optional={"description": SHORT_TEXT, "parameters": SCHEMAS, "strict": st.booleans()},
-            ),
-            "cache_control": st.just({"type": "ephemeral"}),
-        },
-    )),
+    (
+        1,
+        obj(
+            required={"type": st.sampled_from(["function", "custom", "web_search", ""])},
+            optional={
+                "function": obj(
+                    required={"name": IDENTIFIERS},
+                    optional={"description": SHORT_TEXT, "parameters": SCHEMAS, "strict": st.booleans()},
+                ),
+                "cache_control": st.just({"type": "ephemeral"}),
+            },
+        ),
+    ),
 )
 TOOL_CHOICES = st.sampled_from(["auto", "none", "required", "any"]) | obj(
     required={"type": st.just("function"), "function": obj(optional={"name": IDENTIFIERS | st.just("get_weather")})}
@@ -328,7 +358,9 @@ TRANSLATED: dict[str, st.SearchStrategy] = {
     "service_tier": st.sampled_from(["auto", "default", "flex", "priority"]),
     "prompt_cache_key": SHORT_TEXT,
     "top_k": st.integers(-1, 100),
-    "thinking": obj(optional={"type": st.sampled_from(["enabled", "adaptive", "disabled"]), "budget_tokens": st.integers()}),
+    "thinking": obj(
+        optional={"type": st.sampled_from(["enabled", "adaptive", "disabled"]), "budget_tokens": st.integers()}
+    ),
     "system": SHORT_TEXT,
     "anthropic_version": SHORT_TEXT,
 }
@@ -366,15 +398,19 @@ PLAUSIBLE = st.tuples(
     st.lists(st.sampled_from(sorted(REFUSABLE)), max_size=1),
     st.integers(0, 9),
 ).flatmap(
-    lambda picked: st.fixed_dictionaries({
-        "model": weighted((12, st.just(MODEL)), (4, st.just("test/small")), (2, st.just("test/no-forcing")), (1, MODELS)),
-        "messages": MESSAGES,
-        "stream": st.booleans(),
-        **{name: weighted((9, TRANSLATED[name]), (1, JSON)) for name in picked[0]},
-        **{name: ACCEPTED[name] for name in picked[1]},
-        # A refused field in one request of ten.
-        **({name: REFUSABLE[name] for name in picked[2]} if picked[3] == 0 else {}),
-    })
+    lambda picked: st.fixed_dictionaries(
+        {
+            "model": weighted(
+                (12, st.just(MODEL)), (4, st.just("test/small")), (2, st.just("test/no-forcing")), (1, MODELS)
+            ),
+            "messages": MESSAGES,
+            "stream": st.booleans(),
+            **{name: weighted((9, TRANSLATED[name]), (1, JSON)) for name in picked[0]},
+            **{name: ACCEPTED[name] for name in picked[1]},
+            # A refused field in one request of ten.
+            **({name: REFUSABLE[name] for name in picked[2]} if picked[3] == 0 else {}),
+        }
+    )
 )
 REQUESTS = weighted((1, CHAOTIC), (3, PLAUSIBLE))
 # Bodies that are valid JSON but not an object, and bytes that are not JSON at all.
@@ -436,9 +472,9 @@ def check_stream(answer: Answer, request: dict) -> None:
     events = [e for e in answer.body.decode().split("\n\n") if e and not e.startswith(":")]
     assert events and events[-1] == "data: [DONE]", events[-3:]
     chunks = []
-    for event in events[:-1]:
-        assert event.startswith("data: "), event
-        data = json.loads(event[len("data: "):])
+    for line in events[:-1]:
+        assert line.startswith("data: "), line
+        data = json.loads(line[len("data: ") :])
         assert "error" not in data, data  # the mock never fails mid-stream here
         chunks.append(chat_types.ChatCompletionChunk.model_validate(data))
     assert {(c.object, c.model) for c in chunks} == {("chat.completion.chunk", request["model"])}
@@ -497,21 +533,30 @@ def test_fuzz_every_answer_is_well_formed(servers, case):
 DEEP = "__deep__"
 PLACES = {
     "tool parameters": {
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": DEEP}}}}],
+        "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": DEEP}}}}
+        ],
     },
     "whole tool parameters": {"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
     "json_schema": {
         "response_format": {
             "type": "json_schema",
-            "json_schema": {"name": "s", "schema": {"type": "object", "additionalProperties": False, "properties": {"x": DEEP}}},
+            "json_schema": {
+                "name": "s",
+                "schema": {"type": "object", "additionalProperties": False, "properties": {"x": DEEP}},
+            },
         },
     },
     "tool_call arguments": {
         "messages": [
             {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": DEEP}},
-            ]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": DEEP}},
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "9°C"},
         ],
     },
@@ -605,7 +650,7 @@ def corrupt(data: bytes, how: str, at: int) -> bytes:
         return data[: at % max(len(data), 1)]
     if how == "a byte changed":
         at %= len(data)
-        return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+        return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
     if how == "not compressed":
         return b'{"model": "x"}'
     return data
@@ -621,14 +666,33 @@ def corrupt(data: bytes, how: str, at: int) -> bytes:
     chunked=st.booleans(),
     other_encoding=st.sampled_from([None, None, None, None, "br", "zstd", "gzip, deflate", "x-gzip", "compress"]),
 )
-@example(case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, compressor="gzip", how="intact",
-         at=0, chunked=False, other_encoding=None)
-@example(case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, compressor="gzip",
-         how="not compressed", at=0, chunked=False, other_encoding=None)
+@example(
+    case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+    compressor="gzip",
+    how="intact",
+    at=0,
+    chunked=False,
+    other_encoding=None,
+)
+@example(
+    case={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+    compressor="gzip",
+    how="not compressed",
+    at=0,
+    chunked=False,
+    other_encoding=None,
+)
 def test_fuzz_compressed_bodies(servers, case, compressor, how, at, chunked, other_encoding):
     encoding, compress = COMPRESSORS[compressor]
     if compressor == "raw deflate" and how == "a byte changed":
         how = "cut short"
     raw = corrupt(compress(json.dumps(case).encode()), how, at)
     # gzip and zlib carry a checksum: a changed byte that still decodes left the request as it was.
-    check(servers, raw, case, f"{compressor} {how}", headers={"Content-Encoding": other_encoding or encoding}, chunked=chunked)
+    check(
+        servers,
+        raw,
+        case,
+        f"{compressor} {how}",
+        headers={"Content-Encoding": other_encoding or encoding},
+        chunked=chunked,
+    )

@@ -54,11 +54,18 @@ def _png() -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # 1×1, 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00"))
+        + chunk(b"IEND", b"")
+    )
 
 
 PNG = _png()
-JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xdb\x00C\x00" + bytes(64) + b"\xff\xd9"
+JPEG = (
+    b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xdb\x00C\x00" + bytes(64) + b"\xff\xd9"
+)
 GIF = base64.b64decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")
 WEBP = base64.b64decode("UklGRiQAAABXRUJQVlA4IBgAAAAwAQCdASoBAAEAAwA0JaQAA3AA/vuUAAA=")
 IMAGES = {"image/png": PNG, "image/jpeg": JPEG, "image/gif": GIF, "image/webp": WEBP}
@@ -175,7 +182,9 @@ class ImageServer:
         finally:
             self.in_flight -= 1
 
-    def serve(self, path: str, body: bytes, content_type: str = "image/png", *, delay: float = 0.0, status: int = 200) -> str:
+    def serve(
+        self, path: str, body: bytes, content_type: str = "image/png", *, delay: float = 0.0, status: int = 200
+    ) -> str:
         async def handler(request):
             await asyncio.sleep(delay)
             return web.Response(status=status, body=body, headers={"Content-Type": content_type})
@@ -305,7 +314,10 @@ async def ask(client: openai.AsyncOpenAI, stream: bool, messages: list[dict[str,
     if not stream:
         completion = await client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages)
         return completion.choices[0].message.content
-    chunks = [c async for c in await client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages, stream=True)]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(model=MODEL, max_tokens=64, messages=messages, stream=True)
+    ]
     assert chunks[-1].choices[0].finish_reason == "stop"
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
@@ -338,7 +350,9 @@ async def refused(client, upstream, stream: bool, messages) -> str:
 
 
 @STREAM
-async def test_downloaded_images_go_inline_typed_by_their_bytes_not_their_content_type(open_client, upstream, server, stream):
+async def test_downloaded_images_go_inline_typed_by_their_bytes_not_their_content_type(
+    open_client, upstream, server, stream
+):
     urls = [
         server.serve("/cat.png", PNG, "image/jpeg"),  # the content-type lies
         server.serve("/dog.jpg", JPEG, "image/png"),
@@ -378,7 +392,10 @@ async def test_the_same_url_twice_is_fetched_once(open_client, upstream, server,
     url = server.serve("/once.png", PNG)
     messages = await answered(open_client, upstream, stream, look(image_url(url), text("and again"), image_url(url)))
     assert messages[0]["content"] == [
-        text("What is in this image?"), image_block("image/png", PNG), text("and again"), image_block("image/png", PNG)
+        text("What is in this image?"),
+        image_block("image/png", PNG),
+        text("and again"),
+        image_block("image/png", PNG),
     ]
     assert server.hits["/once.png"] == 1
 
@@ -512,7 +529,13 @@ async def test_a_download_past_the_timeout_is_refused(start_client, upstream, se
 @STREAM
 @pytest.mark.parametrize(
     "body, content_type",
-    [(HTML, "image/png"), (HTML, "text/html"), (b"", "image/png"), (PDF, "image/jpeg"), (b"BM" + bytes(60), "image/bmp")],
+    [
+        (HTML, "image/png"),
+        (HTML, "text/html"),
+        (b"", "image/png"),
+        (PDF, "image/jpeg"),
+        (b"BM" + bytes(60), "image/bmp"),
+    ],
     ids=["html-as-png", "html", "empty", "pdf-as-jpeg", "bmp"],
 )
 async def test_a_file_that_is_not_an_image_is_refused(open_client, upstream, server, stream, body, content_type):
@@ -554,7 +577,9 @@ async def test_the_total_download_limit(start_client, upstream, server):
     assert messages[0]["content"][1:] == [image_block("image/png", body)] * 2
     upstream.requests.clear()
     message = await refused(client, upstream, False, look(*map(image_url, urls)))
-    assert re.fullmatch(r"messages\[0\]\.content\[[123]\]\.image_url\.url: the images of this request are over 2 MB in total", message)
+    assert re.fullmatch(
+        r"messages\[0\]\.content\[[123]\]\.image_url\.url: the images of this request are over 2 MB in total", message
+    )
 
 
 async def test_32_mb_in_total_with_the_default_limits(start_client, upstream, server):
@@ -562,7 +587,9 @@ async def test_32_mb_in_total_with_the_default_limits(start_client, upstream, se
     body = padded_png(9 * MB)  # each under 10 MB; four are 36 MB
     urls = [server.serve(f"/{i}.png", body) for i in range(4)]
     message = await refused(client, upstream, False, look(*map(image_url, urls)))
-    assert re.fullmatch(r"messages\[0\]\.content\[[1-4]\]\.image_url\.url: the images of this request are over 32 MB in total", message)
+    assert re.fullmatch(
+        r"messages\[0\]\.content\[[1-4]\]\.image_url\.url: the images of this request are over 32 MB in total", message
+    )
 
 
 @STREAM
@@ -588,7 +615,9 @@ async def test_downloads_too_large_once_inlined_are_a_413_before_the_upstream(st
 
 
 @STREAM
-async def test_an_unknown_reasoning_effort_is_refused_before_any_image_is_fetched(open_client, upstream, server, stream):
+async def test_an_unknown_reasoning_effort_is_refused_before_any_image_is_fetched(
+    open_client, upstream, server, stream
+):
     server.serve("/cat.png", PNG)
     kwargs = dict(model=MODEL, max_tokens=64, messages=look(image_url(f"{server.url}/cat.png")), stream=stream)
     with pytest.raises(openai.BadRequestError) as caught:
@@ -626,7 +655,9 @@ async def test_a_port_not_in_ports_is_refused_with_no_connection(start_client, u
     assert server.connections == 0
 
 
-async def test_a_redirect_to_a_port_not_in_ports_is_refused_with_no_connection(start_client, upstream, server, other_server):
+async def test_a_redirect_to_a_port_not_in_ports_is_refused_with_no_connection(
+    start_client, upstream, server, other_server
+):
     client = await start_client(allow_private_hosts=True, ports=(server.port,))
     target = other_server.serve("/x.png", PNG)
     url = server.redirect("/jump", target)
@@ -680,9 +711,7 @@ async def test_loopback_in_any_spelling_is_refused_with_no_connection(start_clie
 
 @pytest.mark.parametrize(
     "host",
-    [
-        pytest.param(host, id=name) for name, host in LOOPBACK_SPELLINGS.items()
-    ],
+    [pytest.param(host, id=name) for name, host in LOOPBACK_SPELLINGS.items()],
 )
 async def test_loopback_in_any_spelling_gets_the_private_host_reason(start_client, upstream, server, host):
     client = await start_client(ports=())
@@ -796,17 +825,63 @@ async def test_an_outside_host_on_any_port_is_downloaded(client, upstream):
 # --- The address check itself: is_public and PublicOnlyResolver ---------------------------------
 
 NOT_PUBLIC = [
-    "0.0.0.0", "0.1.2.3", "127.0.0.1", "127.255.255.254", "10.0.0.1", "10.255.255.255", "172.16.0.1",
-    "172.31.255.255", "192.168.0.1", "169.254.0.1", "169.254.169.254", "100.64.0.1", "100.127.255.254",
-    "192.0.0.1", "192.0.2.1", "198.18.0.1", "198.51.100.1", "203.0.113.1", "224.0.0.1", "239.255.255.250",
-    "240.0.0.1", "255.255.255.255",
-    "::", "::1", "fc00::1", "fd12:3456::1", "fe80::1", "febf::1", "fec0::1", "feff::1", "ff02::1", "ff0e::1", "2001:db8::1",
-    "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::ffff:192.168.1.1", "::ffff:169.254.169.254", "::ffff:100.64.0.1",
-    "::127.0.0.1", "::10.0.0.1", "::169.254.169.254",  # IPv4-compatible
-    "2002:7f00:1::1", "2002:a00:1::", "2002:c0a8:101::1", "2002:a9fe:a9fe::",  # 6to4
-    "64:ff9b::127.0.0.1", "64:ff9b::10.0.0.1", "64:ff9b::169.254.169.254", "64:ff9b::192.168.1.1",  # NAT64
+    "0.0.0.0",
+    "0.1.2.3",
+    "127.0.0.1",
+    "127.255.255.254",
+    "10.0.0.1",
+    "10.255.255.255",
+    "172.16.0.1",
+    "172.31.255.255",
+    "192.168.0.1",
+    "169.254.0.1",
+    "169.254.169.254",
+    "100.64.0.1",
+    "100.127.255.254",
+    "192.0.0.1",
+    "192.0.2.1",
+    "198.18.0.1",
+    "198.51.100.1",
+    "203.0.113.1",
+    "224.0.0.1",
+    "239.255.255.250",
+    "240.0.0.1",
+    "255.255.255.255",
+    "::",
+    "::1",
+    "fc00::1",
+    "fd12:3456::1",
+    "fe80::1",
+    "febf::1",
+    "fec0::1",
+    "feff::1",
+    "ff02::1",
+    "ff0e::1",
+    "2001:db8::1",
+    "::ffff:127.0.0.1",
+    "::ffff:10.0.0.1",
+    "::ffff:192.168.1.1",
+    "::ffff:169.254.169.254",
+    "::ffff:100.64.0.1",
+    "::127.0.0.1",
+    "::10.0.0.1",
+    "::169.254.169.254",  # IPv4-compatible
+    "2002:7f00:1::1",
+    "2002:a00:1::",
+    "2002:c0a8:101::1",
+    "2002:a9fe:a9fe::",  # 6to4
+    "64:ff9b::127.0.0.1",
+    "64:ff9b::10.0.0.1",
+    "64:ff9b::169.254.169.254",
+    "64:ff9b::192.168.1.1",  # NAT64
     # Special-purpose blocks that Python before 3.11.10 and 3.12.4 calls global:
-    "192.0.0.8", "192.0.0.170", "192.88.99.1", "2001:2::1", "2001:10::1", "3fff::1", "64:ff9b:1::a00:1",
+    "192.0.0.8",
+    "192.0.0.170",
+    "192.88.99.1",
+    "2001:2::1",
+    "2001:10::1",
+    "3fff::1",
+    "64:ff9b:1::a00:1",
 ]
 PUBLIC = ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "2a00:1450:4001:80b::200e"]
 
@@ -874,7 +949,18 @@ async def test_public_only_resolver_keeps_only_the_public_addresses():
 
 @pytest.mark.parametrize(
     "host",
-    ["2130706433", "0177.0.0.1", "127.1", "0x7f.1", "167772161", "012.0.0.1", "10.1", "0xa9fea9fe", "0251.0376.0251.0376", "3232235777"],
+    [
+        "2130706433",
+        "0177.0.0.1",
+        "127.1",
+        "0x7f.1",
+        "167772161",
+        "012.0.0.1",
+        "10.1",
+        "0xa9fea9fe",
+        "0251.0376.0251.0376",
+        "3232235777",
+    ],
 )
 async def test_public_only_resolver_judges_odd_ipv4_spellings_by_their_address(host):
     """The real default resolver: these are numbers, so the lookup is local (and `loopback_only`
@@ -919,7 +1005,14 @@ async def test_a_data_url_that_is_not_a_base64_image_of_an_allowed_type_is_refus
 
 @pytest.mark.parametrize(
     "declared, data",
-    [("image/png", JPEG), ("image/jpeg", PNG), ("image/gif", WEBP), ("image/webp", GIF), ("image/png", HTML), ("image/png", b"")],
+    [
+        ("image/png", JPEG),
+        ("image/jpeg", PNG),
+        ("image/gif", WEBP),
+        ("image/webp", GIF),
+        ("image/png", HTML),
+        ("image/png", b""),
+    ],
     ids=["jpeg-as-png", "png-as-jpeg", "webp-as-gif", "gif-as-webp", "html-as-png", "empty"],
 )
 async def test_a_data_url_whose_bytes_are_not_its_type_is_refused(open_client, upstream, declared, data):
@@ -952,7 +1045,9 @@ async def test_a_pdf_file_part_becomes_a_document_block(open_client, upstream, s
     ids=["text", "png", "not-base64", "no-file-data"],
 )
 async def test_a_file_part_that_is_not_a_pdf_is_refused(open_client, upstream, stream, file):
-    message = await refused(open_client, upstream, stream, [{"role": "user", "content": [text("Read"), {"type": "file", "file": file}]}])
+    message = await refused(
+        open_client, upstream, stream, [{"role": "user", "content": [text("Read"), {"type": "file", "file": file}]}]
+    )
     assert message.startswith("messages[0].content[1].file")
 
 
@@ -960,4 +1055,7 @@ async def test_a_file_part_that_is_not_a_pdf_is_refused(open_client, upstream, s
 async def test_file_id_is_refused_with_the_spec_message(open_client, upstream, stream):
     messages = [{"role": "user", "content": [{"type": "file", "file": {"file_id": "file-abc123"}}, text("Read it")]}]
     message = await refused(open_client, upstream, stream, messages)
-    assert message == "messages[0].content[0].file: send the PDF as file_data (a base64 data URL); file_id is not supported"
+    assert (
+        message
+        == "messages[0].content[0].file: send the PDF as file_data (a base64 data URL); file_id is not supported"
+    )

@@ -11,14 +11,13 @@ import hashlib
 import sqlite3
 from contextlib import closing
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import openai
 import orjson
 import pytest
 from yarl import URL
-
-from decimal import Decimal
 
 from gateway.app import STORE
 from gateway.config import ImagesConfig, KeyConfig, RateLimitConfig, ServerConfig, StorageConfig
@@ -31,8 +30,10 @@ from tests.test_routing import both_workers_listening
 # limit: a request's reservation is its body's size over four, plus 100.
 LONG = [{"role": "user", "content": "Read this. " * 1_800}]
 # A short answer of few tokens (the mock's default echoes the long question back).
-SMALL = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tokens": 20, "output_tokens": 10,
-                                                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+SMALL = dict(
+    blocks=[{"type": "text", "text": "Done."}],
+    usage={"input_tokens": 20, "output_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+)
 
 
 def limited_config(upstream, **key_fields):
@@ -56,7 +57,9 @@ async def ask(client, *, stream: bool = False) -> str:
     return "ok"
 
 
-async def test_concurrent_requests_admitted_only_as_far_as_their_estimates_fit_the_tpm(start_gateway, upstream, ratelimit_url):
+async def test_concurrent_requests_admitted_only_as_far_as_their_estimates_fit_the_tpm(
+    start_gateway, upstream, ratelimit_url
+):
     config = replace(limited_config(upstream, tpm=20_000), ratelimit=RateLimitConfig(url=ratelimit_url))
     gateway = await start_gateway(config)
     # Each answer takes long enough (the bucket refills at 333 tokens a second) that all 30 are
@@ -106,10 +109,19 @@ async def test_a_request_larger_than_the_tpm_still_runs_on_a_full_bucket(start_g
 
 async def test_serve_with_workers_refuses_rate_limited_keys_without_redis(tmp_path):
     path = tmp_path / "gateway.toml"
-    path.write_text(SERVE_CONFIG.format(
-        port=8080, storage_url=f"sqlite:///{tmp_path / 'gw.db'}", ratelimit_url="", upstream_url="http://127.0.0.1:9",
-        upstream_key="k", model=MODEL, upstream_model="m", key=KEY, key_fields="rpm = 10",
-    ))
+    path.write_text(
+        SERVE_CONFIG.format(
+            port=8080,
+            storage_url=f"sqlite:///{tmp_path / 'gw.db'}",
+            ratelimit_url="",
+            upstream_url="http://127.0.0.1:9",
+            upstream_key="k",
+            model=MODEL,
+            upstream_model="m",
+            key=KEY,
+            key_fields="rpm = 10",
+        )
+    )
     status, output = await run_command("serve", "--config", str(path), "--workers", "2", cwd=tmp_path)
     assert status == 1
     assert "--workers 2 needs [ratelimit] url (Redis) for keys with rpm, tpm or max_concurrent (test)" in output
@@ -142,6 +154,7 @@ HI = [{"role": "user", "content": "Tell me about Oslo."}]
 async def spend(url: str, count: int) -> list[str]:
     """`count` requests at once to the gateway at `url`: each one's outcome ("ok" or a status)."""
     async with openai.AsyncOpenAI(base_url=url + "/openai/v1", api_key=KEY, max_retries=0) as client:
+
         async def one() -> str:
             try:
                 await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
@@ -187,8 +200,9 @@ async def test_max_tokens_above_the_models_maximum_gets_its_400_not_a_limits(sta
 
 
 @pytest.mark.parametrize(("max_stream_duration", "expected"), [(1800.0, 3600.0), (7200.0, 7200 + 4 * 310 + 60)])
-async def test_a_reservation_outlives_the_longest_a_request_may_run(start_gateway, upstream, tmp_path,
-                                                                    max_stream_duration, expected):
+async def test_a_reservation_outlives_the_longest_a_request_may_run(
+    start_gateway, upstream, tmp_path, max_stream_duration, expected
+):
     """A reservation that its process never settles expires after an hour; where a deployment
     lets a stream run longer (4 attempts of 10 s to connect and 300 s to a first token, then its
     maximum duration), only after that, so that none expires under a live request."""
@@ -204,13 +218,14 @@ async def test_a_reservation_outlives_the_longest_a_request_may_run(start_gatewa
                 await asyncio.sleep(0.02)
         await answer
     expires = datetime.fromisoformat(held[0][0])
-    assert expected - 5 < (expires - datetime.now(timezone.utc)).total_seconds() <= expected
+    assert expected - 5 < (expires - datetime.now(UTC)).total_seconds() <= expected
 
 
 async def sqlite_rows(path, query: str) -> list[tuple]:
     def read():
         with closing(sqlite3.connect(path)) as db:
             return db.execute(query).fetchall()
+
     return await asyncio.to_thread(read)
 
 
@@ -231,8 +246,14 @@ async def test_a_refused_or_failed_request_leaves_no_reservation(start_gateway, 
 
 async def test_two_workers_on_one_sqlite_file_hold_one_spend_limit(tmp_path, upstream):
     storage = f"sqlite:///{tmp_path / 'spend.db'}"
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage, upstream_url=upstream.url,
-                          key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        SERVE_CONFIG,
+        storage_url=storage,
+        upstream_url=upstream.url,
+        key_fields=f"spend_limit_usd = {SPEND_LIMIT}",
+    )
     upstream.enqueue(*[Scenario(**COSTLY) for _ in range(40)])
     try:
         await served.start("--workers", "2")
@@ -247,8 +268,14 @@ async def test_two_workers_on_one_sqlite_file_hold_one_spend_limit(tmp_path, ups
 
 async def test_two_gateways_on_one_postgresql_database_hold_one_spend_limit(tmp_path, upstream, postgres_url):
     gateways = [
-        ServeProcess(tmp_path, name, SERVE_CONFIG, storage_url=postgres_url, upstream_url=upstream.url,
-                     key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+        ServeProcess(
+            tmp_path,
+            name,
+            SERVE_CONFIG,
+            storage_url=postgres_url,
+            upstream_url=upstream.url,
+            key_fields=f"spend_limit_usd = {SPEND_LIMIT}",
+        )
         for name in ("one", "two")
     ]
     upstream.enqueue(*[Scenario(**COSTLY) for _ in range(40)])
@@ -279,8 +306,14 @@ async def test_a_client_gone_while_its_place_is_taken_gives_the_place_back(start
     asked = link.arrived(b"EVALSHA")  # the limiter's script that gives a place
     body = orjson.dumps({"model": MODEL, "messages": HI})
     reader, writer = await asyncio.open_connection("127.0.0.1", URL(gateway.url).port)
-    writer.write(b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer " + KEY.encode()
-                 + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    writer.write(
+        b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     try:
         await asyncio.wait_for(asked.wait(), 10)  # the gateway asked Redis for a place: gone before the answer
         writer.close()
@@ -299,6 +332,7 @@ async def test_max_concurrent_refuses_the_third_stream_and_the_first_two_finish(
     # Two slow streams, then a quick answer for the request that comes after they end.
     upstream.enqueue(Scenario(event_delay=0.2), Scenario(event_delay=0.2), Scenario())
     async with gateway.client() as client:
+
         async def stream() -> str:
             chunks = await client.chat.completions.create(model=MODEL, stream=True, messages=HI)
             return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
@@ -327,7 +361,9 @@ async def test_one_keys_downloads_cannot_starve_another_keys(start_gateway, upst
     try:
         slow = [server.serve(f"/slow/{i}.png", PNG, delay=3.0) for i in range(60)]
         quick = server.serve("/quick.png", PNG)
-        keys = tuple(KeyConfig(name=name, key_sha256=hashlib.sha256(name.encode()).hexdigest()) for name in ("sk-a", "sk-b"))
+        keys = tuple(
+            KeyConfig(name=name, key_sha256=hashlib.sha256(name.encode()).hexdigest()) for name in ("sk-a", "sk-b")
+        )
         config = replace(make_config(upstream.url), keys=keys, images=ImagesConfig(allow_private_hosts=True))
         gateway = await start_gateway(config)
 
@@ -335,8 +371,10 @@ async def test_one_keys_downloads_cannot_starve_another_keys(start_gateway, upst
             return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}} for url in urls]}]
 
         async with gateway.client(api_key="sk-a") as a, gateway.client(api_key="sk-b") as b:
-            flood = [asyncio.create_task(a.chat.completions.create(model=MODEL, messages=look(slow[i:i + 20])))
-                     for i in (0, 20, 40)]
+            flood = [
+                asyncio.create_task(a.chat.completions.create(model=MODEL, messages=look(slow[i : i + 20])))
+                for i in (0, 20, 40)
+            ]
             async with asyncio.timeout(10):
                 while server.in_flight < 16:  # key a's downloads are under way...
                     await asyncio.sleep(0.01)
@@ -357,8 +395,14 @@ async def test_keys_list_shows_each_keys_spend_reservations_and_limits(tmp_path,
     storage = f"sqlite:///{tmp_path / 'gw.db'}"
     made = ["keys", "create", "--storage", storage, "--name", "batch", "--spend-limit", "2", "--max-concurrent", "3"]
     assert (await run_command(*made, cwd=tmp_path))[0] == 0
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=storage, upstream_url=upstream.url,
-                          key_fields=f"spend_limit_usd = {SPEND_LIMIT}")
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        SERVE_CONFIG,
+        storage_url=storage,
+        upstream_url=upstream.url,
+        key_fields=f"spend_limit_usd = {SPEND_LIMIT}",
+    )
     upstream.enqueue(Scenario(**{**COSTLY, "delay": 6.0}))
     try:
         await served.start()
@@ -379,14 +423,22 @@ async def test_keys_list_shows_each_keys_spend_reservations_and_limits(tmp_path,
         cells = [line[start:end].strip() for start, end in zip(starts, [*starts[1:], None])]
         rows[cells[1]] = dict(zip(names, cells))
     assert names[:6] == ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd"]
-    assert (rows["batch"]["spend_limit_usd"], rows["batch"]["max_concurrent"], rows["batch"]["reserved_usd"]) == ("2", "3", "0")
+    assert (rows["batch"]["spend_limit_usd"], rows["batch"]["max_concurrent"], rows["batch"]["reserved_usd"]) == (
+        "2",
+        "3",
+        "0",
+    )
     assert Decimal("0.015") < Decimal(rows["test"]["reserved_usd"]) < Decimal("0.016")  # its request's worst case
 
 
 async def test_a_request_refused_after_admission_gives_back_all_it_held(start_gateway, upstream):
     key_limits = dict(spend_limit_usd=SPEND_LIMIT, tpm=20_000, max_concurrent=1)
-    gateway = await start_gateway(replace(limited_config(upstream, **key_limits), storage=StorageConfig(url="sqlite:///:memory:")))
-    private_image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}]}]
+    gateway = await start_gateway(
+        replace(limited_config(upstream, **key_limits), storage=StorageConfig(url="sqlite:///:memory:"))
+    )
+    private_image = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/a.png"}}]}
+    ]
     upstream.enqueue(*[Scenario(**{**COSTLY, "delay": 0}) for _ in range(3)])
     async with gateway.client() as client:
         # Admitted by limits (its spend, its tokens, its one place), then refused: by the

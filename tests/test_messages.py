@@ -71,7 +71,8 @@ async def test_a_message_goes_upstream_as_sent_with_the_model_mapped(start_gatew
     }
     newer = {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}  # newer than this SDK
     raw = await client_of(gateway, prefix).messages.with_raw_response.create(  # (a timeout: the SDK
-        model=MODEL, extra_headers={"x-ezat-cache": "off"}, extra_body=newer, timeout=30, **body)  # wants 128k streamed)
+        model=MODEL, extra_headers={"x-ezat-cache": "off"}, extra_body=newer, timeout=30, **body
+    )  # wants 128k streamed)
     message = await raw.parse()
     assert message.model == MODEL
     assert message.content[0].text == "Hello from the mock upstream. You said: Hello"
@@ -91,10 +92,15 @@ async def test_a_burst_of_text_deltas_reaches_an_anthropic_client_exactly(gatewa
     # escapes and raw look could confuse that, in 3-character deltas, then a tool call.
     from tests.test_streaming import AWKWARD
 
-    upstream.enqueue(Scenario(blocks=[
-        {"type": "text", "text": AWKWARD},
-        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-    ], chunk_size=3))
+    upstream.enqueue(
+        Scenario(
+            blocks=[
+                {"type": "text", "text": AWKWARD},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+            chunk_size=3,
+        )
+    )
     async with claude.messages.stream(model=MODEL, max_tokens=100, messages=HELLO) as stream:
         final = await stream.get_final_message()
     assert final.content[0].text == AWKWARD
@@ -118,13 +124,23 @@ async def test_a_stream_comes_back_event_by_event_and_is_billed(gateway, upstrea
 async def test_the_raw_stream_is_anthropics_framing(gateway, upstream):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Hi."}]))
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
-                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+            json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO},
+        ) as response:
             text = (await response.read()).decode()
     assert response.headers["Content-Type"] == "text/event-stream"
     names = [event.split("\n")[0] for event in text.split("\n\n") if event]
-    assert names == ["event: message_start", "event: content_block_start", "event: ping", "event: content_block_delta",
-                     "event: content_block_stop", "event: message_delta", "event: message_stop"]
+    assert names == [
+        "event: message_start",
+        "event: content_block_start",
+        "event: ping",
+        "event: content_block_delta",
+        "event: content_block_stop",
+        "event: message_delta",
+        "event: message_stop",
+    ]
 
 
 async def test_message_stop_is_sent_only_after_the_row_is_committed(start_gateway, upstream, storage_url, write_lock):
@@ -132,11 +148,20 @@ async def test_message_stop_is_sent_only_after_the_row_is_committed(start_gatewa
     store = gateway.app[STORE]
     lock = await write_lock(storage_url, await key_id(store))
     # Paced, so message_delta arrives (and is sent on) while message_stop's row waits.
-    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Almost done."}], usage={"input_tokens": 7, "output_tokens": 3},
-                              event_delay=0.1, pings=0))
+    upstream.enqueue(
+        Scenario(
+            blocks=[{"type": "text", "text": "Almost done."}],
+            usage={"input_tokens": 7, "output_tokens": 3},
+            event_delay=0.1,
+            pings=0,
+        )
+    )
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
-                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+            json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO},
+        ) as response:
             received = b""
             async with asyncio.timeout(5):
                 while b"event: message_delta" not in received:
@@ -158,8 +183,11 @@ async def test_a_long_pause_gets_anthropics_ping_event(start_gateway, upstream):
     gateway = await start_gateway(ping_interval=0.2)
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Slow."}], chunk_size=2, event_delay=0.5, pings=0))
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
-                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+            json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO},
+        ) as response:
             text = (await response.read()).decode()
     assert 'event: ping\ndata: {"type":"ping"}\n\n' in text  # the gateway's own: the upstream sent none
     assert text.endswith('event: message_stop\ndata: {"type":"message_stop"}\n\n')
@@ -178,8 +206,9 @@ async def test_a_conversation_sticks_to_one_deployment(start_gateway, upstream, 
             else:
                 marked = {"cache_control": {"type": "ephemeral"}} if turn == 1 else {}
                 how = {"system": [{"type": "text", "text": f"You help with {session}.", **marked}]}
-            await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": session}],
-                                         **how)
+            await claude.messages.create(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": session}], **how
+            )
     got = [[r.body["messages"][0]["content"] for r in mock.requests] for mock in (upstream, second)]
     assert sorted(got[0] + got[1]) == sorted(sessions * 3)
     assert not set(got[0]) & set(got[1])  # no conversation on both
@@ -192,20 +221,30 @@ async def test_a_tool_use_round_trip(gateway, upstream, claude):
     tools = [{"name": "get_weather", "description": "Weather.", "input_schema": {"type": "object"}}]
     first = await claude.messages.create(model=MODEL, max_tokens=200, tools=tools, messages=HELLO)
     assert first.stop_reason == "tool_use" and first.content[0].input == {"city": "Paris"}
-    turns = [*HELLO, {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "Sunny"}]}]
+    turns = [
+        *HELLO,
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "Sunny"}]},
+    ]
     second = await claude.messages.create(model=MODEL, max_tokens=200, tools=tools, messages=turns)
     assert second.stop_reason == "end_turn"
-    assert upstream.requests[1].body["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "toolu_01",
-                                                                     "content": "Sunny"}
+    assert upstream.requests[1].body["messages"][2]["content"][0] == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_01",
+        "content": "Sunny",
+    }
 
 
 async def test_thinking_with_the_interleaved_thinking_beta(gateway, upstream, claude):
     thinking = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-1"}
     upstream.enqueue(Scenario(blocks=[thinking, {"type": "text", "text": "Done."}], usage={"thinking_tokens": 4}))
     async with claude.beta.messages.stream(
-        model=MODEL, max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 2048}, messages=HELLO,
-        betas=["interleaved-thinking-2025-05-14"], extra_query={"beta": "true"},  # as Claude Code asks
+        model=MODEL,
+        max_tokens=4096,
+        thinking={"type": "enabled", "budget_tokens": 2048},
+        messages=HELLO,
+        betas=["interleaved-thinking-2025-05-14"],
+        extra_query={"beta": "true"},  # as Claude Code asks
     ) as stream:
         final = await stream.get_final_message()
     assert [block.type for block in final.content] == ["thinking", "text"]
@@ -240,8 +279,15 @@ def two_deployments(upstream_url: str, second_url: str):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("failure", [Scenario(status=529, error_message="Overloaded"), Scenario(status=500),
-                                     Scenario(status=429, headers={"retry-after": "3"})], ids=["529", "500", "429"])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Scenario(status=529, error_message="Overloaded"),
+        Scenario(status=500),
+        Scenario(status=429, headers={"retry-after": "3"}),
+    ],
+    ids=["529", "500", "429"],
+)
 async def test_a_failing_deployment_is_passed_over_unseen(start_gateway, upstream, second, failure, stream, client_of):
     gateway = await start_gateway(two_deployments(upstream.url, second.url))
     upstream.enqueue(failure)
@@ -276,24 +322,32 @@ async def test_a_stream_without_a_first_token_in_time_is_passed_over_unseen(star
 
 async def post_raw(gateway, body: dict | bytes, headers: dict | None = None, path: str = "/v1/messages"):
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + path, headers={"x-api-key": KEY, "anthropic-version": "2023-06-01",
-                                                          **(headers or {})},
-                             **({"data": body} if isinstance(body, bytes) else {"json": body})) as response:
+        async with http.post(
+            gateway.url + path,
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01", **(headers or {})},
+            **({"data": body} if isinstance(body, bytes) else {"json": body}),
+        ) as response:
             return response, await response.json()
 
 
 def envelope(answer: dict, kind: str, message: str, response) -> None:
-    assert answer == {"type": "error", "error": {"type": kind, "message": message},
-                      "request_id": response.headers["request-id"]}
+    assert answer == {
+        "type": "error",
+        "error": {"type": kind, "message": message},
+        "request_id": response.headers["request-id"],
+    }
 
 
-@pytest.mark.parametrize("status, kind, message", [
-    (400, "invalid_request_error", "messages.0.content: text content blocks must be non-empty"),
-    (404, "not_found_error", "model: claude-nope"),
-    (413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
-    (500, "api_error", "Internal server error"),
-    (529, "overloaded_error", "Overloaded"),
-])
+@pytest.mark.parametrize(
+    "status, kind, message",
+    [
+        (400, "invalid_request_error", "messages.0.content: text content blocks must be non-empty"),
+        (404, "not_found_error", "model: claude-nope"),
+        (413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+        (500, "api_error", "Internal server error"),
+        (529, "overloaded_error", "Overloaded"),
+    ],
+)
 async def test_an_upstream_error_reaches_the_client_unchanged(gateway, upstream, claude, status, kind, message):
     upstream.enqueue(*[Scenario(status=status, error_message=message)] * 4)  # retried ones fail on each try
     with pytest.raises(anthropic.APIStatusError) as caught:
@@ -315,7 +369,9 @@ async def test_no_deployment_left_to_try_is_anthropics_overloaded_529(gateway, u
         await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
     error = caught.value
     assert (error.status_code, error.body["error"]) == (
-        529, {"type": "overloaded_error", "message": "No deployment of this model is available right now."})
+        529,
+        {"type": "overloaded_error", "message": "No deployment of this model is available right now."},
+    )
     assert int(error.response.headers["retry-after"]) >= 1 and len(upstream.requests) == 1
 
 
@@ -335,7 +391,9 @@ async def test_an_upstream_refusing_the_gateways_key_is_a_500_not_the_clients_40
 async def test_the_gateways_own_errors(start_gateway, upstream):
     config = make_config(upstream.url)
     gateway = await start_gateway(with_key(config, models=("test/*",), rpm=1))
-    response, answer = await post_raw(gateway, {"model": MODEL, "max_tokens": 5, "messages": HELLO}, {"x-api-key": "sk-wrong"})
+    response, answer = await post_raw(
+        gateway, {"model": MODEL, "max_tokens": 5, "messages": HELLO}, {"x-api-key": "sk-wrong"}
+    )
     assert response.status == 401
     envelope(answer, "authentication_error", "Incorrect API key provided.", response)
     response, answer = await post_raw(gateway, {"model": MODEL, "max_tokens": 5, "messages": HELLO})
@@ -343,7 +401,9 @@ async def test_the_gateways_own_errors(start_gateway, upstream):
     envelope(answer, "permission_error", f"This key may not use the model `{MODEL}`.", response)
     response, answer = await post_raw(gateway, {"model": "test/none", "max_tokens": 5, "messages": HELLO})
     assert response.status == 404
-    envelope(answer, "not_found_error", "The model `test/none` does not exist or you do not have access to it.", response)
+    envelope(
+        answer, "not_found_error", "The model `test/none` does not exist or you do not have access to it.", response
+    )
     response, answer = await post_raw(gateway, {"model": "test/small", "max_tokens": 5, "messages": HELLO})
     assert response.status == 200  # the refusals above took nothing from the rate
     response, answer = await post_raw(gateway, {"model": "test/small", "max_tokens": 5, "messages": HELLO})
@@ -381,8 +441,9 @@ async def test_a_spend_limit_holds_max_tokens_above_the_models_configured_maximu
 
 async def test_a_body_over_32_mb_is_request_too_large(gateway, upstream):
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", data=b"x" * (32 * 1024 * 1024 + 1),
-                             headers={"x-api-key": KEY}) as response:
+        async with http.post(
+            gateway.url + "/v1/messages", data=b"x" * (32 * 1024 * 1024 + 1), headers={"x-api-key": KEY}
+        ) as response:
             answer = await response.json()
     assert response.status == 413 and answer["error"]["type"] == "request_too_large"
 
@@ -422,7 +483,9 @@ async def test_count_tokens_is_the_deployments_own_count_and_never_billed(gatewa
     assert sent.body == {"model": UPSTREAM_MODEL, "system": "Be brief.", "messages": HELLO}
     message = await claude.messages.create(model=MODEL, max_tokens=10, system="Be brief.", messages=HELLO)
     usage = message.usage
-    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert (
+        counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    )
     assert len(await gateway.app[STORE].ledger()) == 1  # the message's row only
 
 
@@ -504,18 +567,28 @@ async def test_automatic_breakpoints_when_the_request_has_none(gateway, upstream
     await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO)
     sent = upstream.requests[0].body
     assert sent["system"] == [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
-    assert sent["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}}]}]
+    assert sent["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Hello", "cache_control": {"type": "ephemeral"}}]}
+    ]
 
 
 async def test_a_request_with_its_own_breakpoints_keeps_them(gateway, upstream, claude):
-    system = [{"type": "text", "text": "You are a careful assistant. " * 60, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    system = [
+        {
+            "type": "text",
+            "text": "You are a careful assistant. " * 60,
+            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        }
+    ]
     await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO)
     sent = upstream.requests[0].body
     assert (sent["system"], sent["messages"]) == (system, HELLO)
 
 
 async def test_without_a_system_prompt_the_last_tool_takes_the_prefix_breakpoint(gateway, upstream, claude):
-    tools = [{"name": f"tool_{n}", "description": "A tool. " * 40, "input_schema": {"type": "object"}} for n in range(2)]
+    tools = [
+        {"name": f"tool_{n}", "description": "A tool. " * 40, "input_schema": {"type": "object"}} for n in range(2)
+    ]
     await claude.messages.create(model=MODEL, max_tokens=10, tools=tools, messages=HELLO)
     sent = upstream.requests[0].body
     assert [tool.get("cache_control") for tool in sent["tools"]] == [None, {"type": "ephemeral"}]
@@ -524,19 +597,31 @@ async def test_without_a_system_prompt_the_last_tool_takes_the_prefix_breakpoint
 
 async def test_a_mark_inside_a_tool_result_or_at_the_top_counts_as_the_clients_own(gateway, upstream, claude):
     system = "You are a careful assistant. " * 60
-    result = {"type": "tool_result", "tool_use_id": "t1",
-              "content": [{"type": "text", "text": "Sunny.", "cache_control": {"type": "ephemeral"}}]}
-    turns = [*HELLO, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}]},
-             {"role": "user", "content": [result]}]
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "Sunny.", "cache_control": {"type": "ephemeral"}}],
+    }
+    turns = [
+        *HELLO,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}]},
+        {"role": "user", "content": [result]},
+    ]
     await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=turns)
-    await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO,
-                                 extra_body={"cache_control": {"type": "ephemeral"}})
+    await claude.messages.create(
+        model=MODEL, max_tokens=10, system=system, messages=HELLO, extra_body={"cache_control": {"type": "ephemeral"}}
+    )
     assert [r.body["system"] for r in upstream.requests] == [system, system]  # no breakpoint added to either
     assert upstream.requests[0].body["messages"] == turns
 
 
 async def test_the_1_hour_cache_is_priced_apart(gateway, upstream, claude):
-    usage = {"input_tokens": 10, "ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 2000, "output_tokens": 20}
+    usage = {
+        "input_tokens": 10,
+        "ephemeral_5m_input_tokens": 1000,
+        "ephemeral_1h_input_tokens": 2000,
+        "output_tokens": 20,
+    }
     upstream.enqueue(Scenario(usage=usage), Scenario(usage=usage))
     message = await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
     assert message.usage.cache_creation.ephemeral_1h_input_tokens == 2000
@@ -560,28 +645,49 @@ async def test_image_and_document_urls_are_sent_inline(start_gateway, upstream, 
     with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
         fake_get(outside, "https://images.example.com/cat.png", body=PNG)
         fake_get(outside, "https://docs.example.com/paper.pdf", body=pdf)
-        await client_of(gateway).messages.create(model=MODEL, max_tokens=10,
-                                                 messages=[{"role": "user", "content": content}])
+        await client_of(gateway).messages.create(
+            model=MODEL, max_tokens=10, messages=[{"role": "user", "content": content}]
+        )
         fake_get(outside, "https://images.example.com/gone.png", status=404)
         with pytest.raises(anthropic.BadRequestError) as caught:
-            await client_of(gateway).messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
-                {"type": "image", "source": {"type": "url", "url": "https://images.example.com/gone.png"}}]}])
+            await client_of(gateway).messages.create(
+                model=MODEL,
+                max_tokens=10,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "url", "url": "https://images.example.com/gone.png"}}
+                        ],
+                    }
+                ],
+            )
     sent = upstream.requests[0].body["messages"][0]["content"]
     assert sent[0]["source"] == {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}
     assert sent[1]["source"]["media_type"] == "application/pdf"
     assert caught.value.body["error"]["message"] == (
-        "messages[0].content[0].source.url: could not download the image (HTTP 404)")
+        "messages[0].content[0].source.url: could not download the image (HTTP 404)"
+    )
     assert len(upstream.requests) == 1
 
 
 async def test_a_configured_1_hour_cache_price(start_gateway, upstream, client_of):
     """A configured cache_write_1h replaces the default (twice input)."""
     config = make_config(upstream.url)
-    model = dataclasses.replace(config.models[0], pricing=Pricing(Decimal(3), Decimal(15), Decimal("3.75"),
-                                                                  Decimal("0.30"), Decimal(5)))
+    model = dataclasses.replace(
+        config.models[0], pricing=Pricing(Decimal(3), Decimal(15), Decimal("3.75"), Decimal("0.30"), Decimal(5))
+    )
     gateway = await start_gateway(dataclasses.replace(config, models=(model, *config.models[1:])))
-    upstream.enqueue(Scenario(usage={"input_tokens": 1, "ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 1000,
-                                     "output_tokens": 20}))
+    upstream.enqueue(
+        Scenario(
+            usage={
+                "input_tokens": 1,
+                "ephemeral_5m_input_tokens": 0,
+                "ephemeral_1h_input_tokens": 1000,
+                "output_tokens": 20,
+            }
+        )
+    )
     await client_of(gateway).messages.create(model=MODEL, max_tokens=10, messages=HELLO)
     [row] = await gateway.app[STORE].ledger()
     assert row.cost_usd == (3 + 1000 * 5 + 20 * 15) / Decimal(1_000_000)
@@ -605,14 +711,18 @@ free = true
 """
     with pytest.raises(ConfigError) as caught:
         parse_config(text)
-    assert caught.value.problems == ['models[0].aliases[1]: "a/two" already names a model',
-                                     'models[1].aliases[0]: "one" already names a model']
+    assert caught.value.problems == [
+        'models[0].aliases[1]: "a/two" already names a model',
+        'models[1].aliases[0]: "one" already names a model',
+    ]
 
 
 # --- Edges of the routes -----------------------------------------------------------------------
 
 
-async def test_count_tokens_under_anthropic_takes_no_fallbacks_upstream_and_no_tokens(start_gateway, upstream, client_of):
+async def test_count_tokens_under_anthropic_takes_no_fallbacks_upstream_and_no_tokens(
+    start_gateway, upstream, client_of
+):
     # tpm 10: a message's estimate would use it all; counts are held to rpm alone.
     gateway = await start_gateway(with_key(make_config(upstream.url), tpm=10))
     claude = client_of(gateway, "/anthropic")
@@ -622,11 +732,14 @@ async def test_count_tokens_under_anthropic_takes_no_fallbacks_upstream_and_no_t
     assert [r.body for r in upstream.requests] == [{"model": UPSTREAM_MODEL, "messages": HELLO}] * 3
 
 
-@pytest.mark.parametrize("method, path, status, kind", [
-    ("GET", "/v1/messages", 405, "invalid_request_error"),
-    ("GET", "/anthropic/v1/messages", 405, "invalid_request_error"),
-    ("POST", "/anthropic/v1/nothing", 404, "not_found_error"),
-])
+@pytest.mark.parametrize(
+    "method, path, status, kind",
+    [
+        ("GET", "/v1/messages", 405, "invalid_request_error"),
+        ("GET", "/anthropic/v1/messages", 405, "invalid_request_error"),
+        ("POST", "/anthropic/v1/nothing", 404, "not_found_error"),
+    ],
+)
 async def test_aiohttps_own_errors_in_anthropics_envelope(gateway, method, path, status, kind):
     async with aiohttp.ClientSession() as http:
         async with http.request(method, gateway.url + path, headers={"x-api-key": KEY}) as response:
@@ -658,17 +771,31 @@ async def test_private_hosts_and_files_that_are_no_pdf_are_refused(start_gateway
     claude = client_of(await start_gateway())  # the default: public addresses only
     private = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:9/cat.png"}}
     with pytest.raises(anthropic.BadRequestError) as caught:
-        await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t", "content": [private]}]}])
+        await claude.messages.create(
+            model=MODEL,
+            max_tokens=10,
+            messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [private]}]}],
+        )
     assert caught.value.body["error"]["message"] == (
-        "messages[0].content[0].content[0].source.url: the host is not a public address")
+        "messages[0].content[0].content[0].source.url: the host is not a public address"
+    )
     config = dataclasses.replace(make_config(upstream.url), images=ImagesConfig(allow_private_hosts=True))
     claude = client_of(await start_gateway(config))
     with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
         fake_get(outside, "https://docs.example.com/paper.pdf", body=PNG)
         with pytest.raises(anthropic.BadRequestError) as caught:
-            await claude.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": [
-                {"type": "document", "source": {"type": "url", "url": "https://docs.example.com/paper.pdf"}}]}])
+            await claude.messages.create(
+                model=MODEL,
+                max_tokens=10,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "document", "source": {"type": "url", "url": "https://docs.example.com/paper.pdf"}}
+                        ],
+                    }
+                ],
+            )
     assert caught.value.body["error"]["message"] == "messages[0].content[0].source.url: the file is not a PDF document"
     assert upstream.requests == []
 
@@ -684,8 +811,14 @@ async def test_an_unreachable_deployment_is_passed_over(start_gateway, upstream,
 async def test_a_fallback_keeps_a_thinking_budget_below_its_own_limit(start_gateway, upstream, client_of):
     upstream.enqueue(Scenario(status=529, error_message="Overloaded"))  # the asked model's one deployment
     claude = client_of(await start_gateway())
-    await claude.messages.create(model=MODEL, max_tokens=32_000, thinking={"type": "enabled", "budget_tokens": 16_000},
-                                 messages=HELLO, extra_body={"models": ["test/small"]}, timeout=30)
+    await claude.messages.create(
+        model=MODEL,
+        max_tokens=32_000,
+        thinking={"type": "enabled", "budget_tokens": 16_000},
+        messages=HELLO,
+        extra_body={"models": ["test/small"]},
+        timeout=30,
+    )
     first, fallback = upstream.requests
     assert (first.body["max_tokens"], first.body["thinking"]["budget_tokens"]) == (32_000, 16_000)
     assert (fallback.body["model"], fallback.body["max_tokens"]) == ("small-1", 4096)  # test/small's most
@@ -695,17 +828,24 @@ async def test_a_fallback_keeps_a_thinking_budget_below_its_own_limit(start_gate
 
 async def test_every_anthropic_beta_line_goes_upstream(gateway, upstream):
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": HELLO},
-                             headers=[("x-api-key", KEY), ("anthropic-version", "2023-06-01"),
-                                      ("anthropic-beta", "interleaved-thinking-2025-05-14"),
-                                      ("anthropic-beta", "effort-2025-11-24")]) as response:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            json={"model": MODEL, "max_tokens": 5, "messages": HELLO},
+            headers=[
+                ("x-api-key", KEY),
+                ("anthropic-version", "2023-06-01"),
+                ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+                ("anthropic-beta", "effort-2025-11-24"),
+            ],
+        ) as response:
             assert response.status == 200
     assert upstream.requests[0].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14, effort-2025-11-24"
 
 
 async def test_count_tokens_forwards_the_betas_and_the_query(gateway, upstream, claude):
-    await claude.beta.messages.count_tokens(model=MODEL, messages=HELLO, betas=["context-management-2025-06-27"],
-                                            extra_query={"beta": "true"})
+    await claude.beta.messages.count_tokens(
+        model=MODEL, messages=HELLO, betas=["context-management-2025-06-27"], extra_query={"beta": "true"}
+    )
     [sent] = upstream.requests
     assert sent.query == {"beta": "true"}
     assert "context-management-2025-06-27" in sent.headers["anthropic-beta"].split(",")
@@ -736,8 +876,9 @@ async def test_the_bounds_hold_on_anthropics_routes(start_gateway, upstream, pat
 
 async def test_x_ezat_cache_off_leaves_a_long_request_unmarked(gateway, upstream, claude):
     system = "You are a careful assistant. " * 60
-    await claude.messages.create(model=MODEL, max_tokens=10, system=system, messages=HELLO,
-                                 extra_headers={"x-ezat-cache": "off"})
+    await claude.messages.create(
+        model=MODEL, max_tokens=10, system=system, messages=HELLO, extra_headers={"x-ezat-cache": "off"}
+    )
     sent = upstream.requests[0].body
     assert (sent["system"], sent["messages"]) == (system, HELLO)
 
@@ -748,12 +889,17 @@ async def test_a_silent_upstream_ends_the_stream_with_an_error_event_unbilled(st
     gateway = await start_gateway(dataclasses.replace(config, deployments=deployments), ping_interval=0.2)
     upstream.enqueue(Scenario(stall_after=4))
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
-                             json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO}) as response:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+            json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": HELLO},
+        ) as response:
             text = (await asyncio.wait_for(response.read(), 5)).decode()
     events = [event for event in text.split("\n\n") if event]
-    assert events[-1] == ('event: error\ndata: {"type":"error","error":{"type":"api_error",'
-                          '"message":"The upstream sent nothing for 1 seconds."}}')
+    assert events[-1] == (
+        'event: error\ndata: {"type":"error","error":{"type":"api_error",'
+        '"message":"The upstream sent nothing for 1 seconds."}}'
+    )
     assert "message_stop" not in text
     await upstream.wait_disconnect(1)
     assert await gateway.app[STORE].ledger() == []

@@ -25,8 +25,12 @@ VERSION = {"anthropic-version": "2023-06-01"}
 THINKING = {"type": "thinking", "thinking": "The user wants weather; call the tool.", "signature": "EqQBCgIYAhIM1gbc=="}
 REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT"}
 TEXT = {"type": "text", "text": "Let me check the weather for you."}
-TOOL = {"type": "tool_use", "id": "toolu_01T1x1fJ34qAmk2tNTrN7Up6", "name": "get_weather",
-        "input": {"location": "Paris, France", "unit": "celsius", "days": [1, 2], "nested": {"ok": True}}}
+TOOL = {
+    "type": "tool_use",
+    "id": "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+    "name": "get_weather",
+    "input": {"location": "Paris, France", "unit": "celsius", "days": [1, 2], "nested": {"ok": True}},
+}
 BLOCKS = [THINKING, REDACTED, TEXT, TOOL]
 
 
@@ -105,12 +109,22 @@ async def test_scenarios_are_fifo_then_default(client, mock):
 
 
 async def test_usage_overrides(client, mock):
-    usage = {"input_tokens": 3, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 20,
-             "output_tokens": 77, "thinking_tokens": 50}
+    usage = {
+        "input_tokens": 3,
+        "cache_read_input_tokens": 1000,
+        "cache_creation_input_tokens": 20,
+        "output_tokens": 77,
+        "thinking_tokens": 50,
+    }
     mock.enqueue(Scenario(blocks=[THINKING, TEXT], usage=usage))
     msg = await client.messages.create(model="m", max_tokens=5, messages=MSGS)
     u = msg.usage
-    assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (3, 1000, 20, 77)
+    assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (
+        3,
+        1000,
+        20,
+        77,
+    )
     assert u.output_tokens_details.thinking_tokens == 50
 
 
@@ -126,7 +140,10 @@ async def test_stream_final_message_equals_non_stream(client, mock):
     dump = lambda m: [b.model_dump(exclude_none=True) for b in m.content]  # noqa: E731
     assert dump(streamed) == dump(plain) == [{**b, **({"type": "text"} if b is TEXT else {})} for b in BLOCKS]
     assert streamed.content[3].input == TOOL["input"]
-    assert (streamed.content[0].thinking, streamed.content[0].signature) == (THINKING["thinking"], THINKING["signature"])
+    assert (streamed.content[0].thinking, streamed.content[0].signature) == (
+        THINKING["thinking"],
+        THINKING["signature"],
+    )
     assert streamed.content[1].data == REDACTED["data"]
     assert streamed.stop_reason == plain.stop_reason == "tool_use"
     assert streamed.usage.output_tokens == plain.usage.output_tokens
@@ -134,13 +151,17 @@ async def test_stream_final_message_equals_non_stream(client, mock):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("scenario", [
-    Scenario(blocks=[TEXT], stop_reason="stop_sequence", stop_sequence="END"),
-    Scenario(blocks=[TEXT], stop_reason="max_tokens"),
-    Scenario(blocks=[], stop_reason="refusal",
-             stop_details={"type": "refusal", "category": "cyber", "explanation": "no"}),
-    Scenario(blocks=[THINKING, TEXT], usage={"thinking_tokens": 9}),
-])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        Scenario(blocks=[TEXT], stop_reason="stop_sequence", stop_sequence="END"),
+        Scenario(blocks=[TEXT], stop_reason="max_tokens"),
+        Scenario(
+            blocks=[], stop_reason="refusal", stop_details={"type": "refusal", "category": "cyber", "explanation": "no"}
+        ),
+        Scenario(blocks=[THINKING, TEXT], usage={"thinking_tokens": 9}),
+    ],
+)
 async def test_stop_fields_and_usage_details(client, mock, stream, scenario):
     mock.enqueue(scenario)
     if stream:
@@ -196,19 +217,22 @@ async def test_drop_after_raw_client_sees_truncated_body(mock, http):
 # -- errors ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status, exc_class, error_type", [
-    (400, anthropic.BadRequestError, "invalid_request_error"),
-    (401, anthropic.AuthenticationError, "authentication_error"),
-    (402, anthropic.PaymentRequiredError, "billing_error"),
-    (403, anthropic.PermissionDeniedError, "permission_error"),
-    (404, anthropic.NotFoundError, "not_found_error"),
-    (413, anthropic.ContentTooLargeError, "request_too_large"),
-    (429, anthropic.RateLimitError, "rate_limit_error"),
-    (500, anthropic.InternalServerError, "api_error"),
-    (503, anthropic.ServiceUnavailableError, "api_error"),
-    (504, anthropic.GatewayTimeoutError, "timeout_error"),
-    (529, anthropic.OverloadedError, "overloaded_error"),
-])
+@pytest.mark.parametrize(
+    "status, exc_class, error_type",
+    [
+        (400, anthropic.BadRequestError, "invalid_request_error"),
+        (401, anthropic.AuthenticationError, "authentication_error"),
+        (402, anthropic.PaymentRequiredError, "billing_error"),
+        (403, anthropic.PermissionDeniedError, "permission_error"),
+        (404, anthropic.NotFoundError, "not_found_error"),
+        (413, anthropic.ContentTooLargeError, "request_too_large"),
+        (429, anthropic.RateLimitError, "rate_limit_error"),
+        (500, anthropic.InternalServerError, "api_error"),
+        (503, anthropic.ServiceUnavailableError, "api_error"),
+        (504, anthropic.GatewayTimeoutError, "timeout_error"),
+        (529, anthropic.OverloadedError, "overloaded_error"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_error_status_maps_to_sdk_exception(client, mock, status, exc_class, error_type, stream):
     mock.enqueue(Scenario(status=status, error_message="boom", headers={"retry-after": "7"}))
@@ -232,26 +256,45 @@ async def test_unknown_field_rejected_and_recorded(client, mock):
     assert mock.requests[-1].body["response_format"] == {}
 
 
-@pytest.mark.parametrize("headers, body, message", [
-    ({}, stream_body(), "anthropic-version: header is required"),
-    ({"anthropic-version": "2020-01-01"}, stream_body(), "anthropic-version: invalid version '2020-01-01'"),
-    (VERSION, {"max_tokens": 5, "messages": MSGS}, "model: Field required"),
-    (VERSION, {"model": "m", "messages": MSGS}, "max_tokens: Field required"),
-    (VERSION, {"model": "m", "max_tokens": "5", "messages": MSGS}, "max_tokens: Input should be a valid integer"),
-    (VERSION, {"model": "m", "max_tokens": -1, "messages": MSGS}, "max_tokens: Input should be greater than or equal to 0"),
-    (VERSION, {"model": "m", "max_tokens": 5}, "messages: Field required"),
-    (VERSION, {"model": "m", "max_tokens": 5, "messages": []}, "messages: at least one message is required"),
-    (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
-     'messages: Unexpected role "system". The Messages API accepts a top-level `system` parameter, not "system" as an '
-     "input message role."),
-    (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
-     "messages.0.role: Input should be 'user', 'assistant' or 'system'"),
-    (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
-     "messages: text content blocks must be non-empty"),
-    (VERSION, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]},
-     "messages.0.content: Input should be a valid string or list"),
-    (VERSION, stream_body(n=1), "n: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "headers, body, message",
+    [
+        ({}, stream_body(), "anthropic-version: header is required"),
+        ({"anthropic-version": "2020-01-01"}, stream_body(), "anthropic-version: invalid version '2020-01-01'"),
+        (VERSION, {"max_tokens": 5, "messages": MSGS}, "model: Field required"),
+        (VERSION, {"model": "m", "messages": MSGS}, "max_tokens: Field required"),
+        (VERSION, {"model": "m", "max_tokens": "5", "messages": MSGS}, "max_tokens: Input should be a valid integer"),
+        (
+            VERSION,
+            {"model": "m", "max_tokens": -1, "messages": MSGS},
+            "max_tokens: Input should be greater than or equal to 0",
+        ),
+        (VERSION, {"model": "m", "max_tokens": 5}, "messages: Field required"),
+        (VERSION, {"model": "m", "max_tokens": 5, "messages": []}, "messages: at least one message is required"),
+        (
+            VERSION,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            'messages: Unexpected role "system". The Messages API accepts a top-level `system` parameter, not "system" as an '
+            "input message role.",
+        ),
+        (
+            VERSION,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+            "messages.0.role: Input should be 'user', 'assistant' or 'system'",
+        ),
+        (
+            VERSION,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages: text content blocks must be non-empty",
+        ),
+        (
+            VERSION,
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": 3}]},
+            "messages.0.content: Input should be a valid string or list",
+        ),
+        (VERSION, stream_body(n=1), "n: Extra inputs are not permitted"),
+    ],
+)
 async def test_validation_errors(mock, http, headers, body, message):
     mock.enqueue(Scenario(blocks=[TEXT]))
     async with http.post(f"{mock.url}/v1/messages", json=body, headers=headers) as resp:
@@ -303,8 +346,13 @@ async def test_api_key_is_checked(http):
 
 
 async def test_requests_are_recorded(client, mock):
-    await client.messages.create(model="m", max_tokens=5, messages=MSGS, stop_sequences=["END"],
-                                 extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
+    await client.messages.create(
+        model="m",
+        max_tokens=5,
+        messages=MSGS,
+        stop_sequences=["END"],
+        extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"},
+    )
     [rec] = mock.requests
     assert rec.path == "/v1/messages" and rec.query == {}
     assert rec.headers["authorization"] == "Bearer k"  # how this SDK version sends api_key
@@ -327,8 +375,11 @@ async def test_raw_stream_event_order(mock, http):
     assert all(name == data["type"] for name, data in events)
 
     def deltas(index, kind):
-        return [d["delta"] for _, d in events if d["type"] == "content_block_delta"
-                and d["index"] == index and d["delta"]["type"] == kind]
+        return [
+            d["delta"]
+            for _, d in events
+            if d["type"] == "content_block_delta" and d["index"] == index and d["delta"]["type"] == kind
+        ]
 
     thinking = deltas(0, "thinking_delta")
     text = deltas(1, "text_delta")
@@ -336,16 +387,29 @@ async def test_raw_stream_event_order(mock, http):
     names = [d["type"] if d["type"] != "content_block_delta" else d["delta"]["type"] for _, d in events]
     assert names == [
         "message_start",
-        "content_block_start", "ping", "ping", *["thinking_delta"] * len(thinking), "signature_delta", "content_block_stop",
-        "content_block_start", *["text_delta"] * len(text), "content_block_stop",
-        "content_block_start", *["input_json_delta"] * len(tool), "content_block_stop",
-        "message_delta", "message_stop",
+        "content_block_start",
+        "ping",
+        "ping",
+        *["thinking_delta"] * len(thinking),
+        "signature_delta",
+        "content_block_stop",
+        "content_block_start",
+        *["text_delta"] * len(text),
+        "content_block_stop",
+        "content_block_start",
+        *["input_json_delta"] * len(tool),
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
     ]
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 1
     starts = [d["content_block"] for _, d in events if d["type"] == "content_block_start"]
-    assert starts == [{"type": "thinking", "thinking": "", "signature": ""}, {"type": "text", "text": ""},
-                      {"type": "tool_use", "id": TOOL["id"], "name": TOOL["name"], "input": {}}]
+    assert starts == [
+        {"type": "thinking", "thinking": "", "signature": ""},
+        {"type": "text", "text": ""},
+        {"type": "tool_use", "id": TOOL["id"], "name": TOOL["name"], "input": {}},
+    ]
     assert "".join(d["thinking"] for d in thinking) == THINKING["thinking"] and len(thinking) > 1
     assert deltas(0, "signature_delta") == [{"type": "signature_delta", "signature": THINKING["signature"]}]
     assert "".join(d["text"] for d in text) == TEXT["text"]
@@ -447,24 +511,39 @@ async def test_count_tokens_never_consumes_scenarios_and_fails_by_its_own_status
 COUNT = {"model": "m", "messages": MSGS}
 
 
-@pytest.mark.parametrize("headers, body, message", [
-    ({}, COUNT, "anthropic-version: header is required"),
-    ({**VERSION, "anthropic-beta": "token-counting"},
-     COUNT, "Unexpected value(s) `token-counting` for the `anthropic-beta` header. "
-     "Please consult our documentation at docs.claude.com or try again without the header."),
-    (VERSION, {**COUNT, "max_tokens": 5}, "max_tokens: Extra inputs are not permitted"),
-    (VERSION, {**COUNT, "stream": False}, "stream: Extra inputs are not permitted"),
-    (VERSION, {**COUNT, "container": "c"}, "container: Extra inputs are not permitted"),
-    (VERSION, {"model": "m"}, "messages: Field required"),
-    (VERSION, {"messages": MSGS}, "model: Field required"),
-    (VERSION, {**COUNT, "messages": []}, "messages: at least one message is required"),
-    (VERSION, {**COUNT, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
-     "messages: text content blocks must be non-empty"),
-    (VERSION, {**COUNT, "thinking": {"type": "enabled", "budget_tokens": 1000}},
-     "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
-    (VERSION, {**COUNT, "cache_control": {"type": "ephemeral", "ttl": "2h"}},
-     "cache_control.ttl: Input should be '5m' or '1h'"),
-])
+@pytest.mark.parametrize(
+    "headers, body, message",
+    [
+        ({}, COUNT, "anthropic-version: header is required"),
+        (
+            {**VERSION, "anthropic-beta": "token-counting"},
+            COUNT,
+            "Unexpected value(s) `token-counting` for the `anthropic-beta` header. "
+            "Please consult our documentation at docs.claude.com or try again without the header.",
+        ),
+        (VERSION, {**COUNT, "max_tokens": 5}, "max_tokens: Extra inputs are not permitted"),
+        (VERSION, {**COUNT, "stream": False}, "stream: Extra inputs are not permitted"),
+        (VERSION, {**COUNT, "container": "c"}, "container: Extra inputs are not permitted"),
+        (VERSION, {"model": "m"}, "messages: Field required"),
+        (VERSION, {"messages": MSGS}, "model: Field required"),
+        (VERSION, {**COUNT, "messages": []}, "messages: at least one message is required"),
+        (
+            VERSION,
+            {**COUNT, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages: text content blocks must be non-empty",
+        ),
+        (
+            VERSION,
+            {**COUNT, "thinking": {"type": "enabled", "budget_tokens": 1000}},
+            "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
+        ),
+        (
+            VERSION,
+            {**COUNT, "cache_control": {"type": "ephemeral", "ttl": "2h"}},
+            "cache_control.ttl: Input should be '5m' or '1h'",
+        ),
+    ],
+)
 async def test_count_tokens_validation(mock, http, headers, body, message):
     status, payload = await post(http, f"{mock.url}/v1/messages/count_tokens", body, headers)
     assert status == 400
@@ -524,20 +603,27 @@ async def test_query_and_betas_are_recorded(client, mock):
     await client.beta.messages.create(model="m", max_tokens=5, messages=MSGS, **beta)
     await client.beta.messages.count_tokens(model="m", messages=MSGS, **beta)
     assert [(r.path, r.query) for r in mock.requests] == [
-        ("/v1/messages", {"beta": "true"}), ("/v1/messages/count_tokens", {"beta": "true"})]
+        ("/v1/messages", {"beta": "true"}),
+        ("/v1/messages/count_tokens", {"beta": "true"}),
+    ]
     assert [r.headers["anthropic-beta"] for r in mock.requests] == [
-        ",".join(betas), ",".join([*betas, "token-counting-2024-11-01"])]  # the SDK adds its own for counting
+        ",".join(betas),
+        ",".join([*betas, "token-counting-2024-11-01"]),
+    ]  # the SDK adds its own for counting
 
 
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
-@pytest.mark.parametrize("betas, unexpected", [
-    ("context-1m-2025-08-07 , interleaved-thinking-2025-05-14", None),
-    ("claude-code-20250219,oauth-2025-04-20,fine-grained-tool-streaming-2025-05-14", None),
-    ("prompt-caching-2024-07-31,", None),  # an empty name is skipped
-    ("interleaved-thinking", "interleaved-thinking"),
-    ("max-tokens-2025-05-14, Context-1m-2025-08-07,2025-05-14", "Context-1m-2025-08-07, 2025-05-14"),
-    ("tools_2025-05-14;context-1m-2025-8-7", "tools_2025-05-14;context-1m-2025-8-7"),
-])
+@pytest.mark.parametrize(
+    "betas, unexpected",
+    [
+        ("context-1m-2025-08-07 , interleaved-thinking-2025-05-14", None),
+        ("claude-code-20250219,oauth-2025-04-20,fine-grained-tool-streaming-2025-05-14", None),
+        ("prompt-caching-2024-07-31,", None),  # an empty name is skipped
+        ("interleaved-thinking", "interleaved-thinking"),
+        ("max-tokens-2025-05-14, Context-1m-2025-08-07,2025-05-14", "Context-1m-2025-08-07, 2025-05-14"),
+        ("tools_2025-05-14;context-1m-2025-8-7", "tools_2025-05-14;context-1m-2025-8-7"),
+    ],
+)
 async def test_anthropic_beta_names_are_checked(mock, http, path, betas, unexpected):
     body = {**COUNT, "max_tokens": 5} if path == "/v1/messages" else COUNT
     headers = {**VERSION, "anthropic-beta": betas}
@@ -547,9 +633,13 @@ async def test_anthropic_beta_names_are_checked(mock, http, path, betas, unexpec
         assert status == 200
         return
     assert status == 400
-    assert payload["error"] == {"type": "invalid_request_error", "message": (
-        f"Unexpected value(s) `{unexpected}` for the `anthropic-beta` header. "
-        "Please consult our documentation at docs.claude.com or try again without the header.")}
+    assert payload["error"] == {
+        "type": "invalid_request_error",
+        "message": (
+            f"Unexpected value(s) `{unexpected}` for the `anthropic-beta` header. "
+            "Please consult our documentation at docs.claude.com or try again without the header."
+        ),
+    }
 
 
 # -- more of the real body ---------------------------------------------------
@@ -557,7 +647,9 @@ async def test_anthropic_beta_names_are_checked(mock, http, path, betas, unexpec
 
 async def test_newer_body_fields_are_accepted(mock, http):
     body = {
-        "model": "m", "max_tokens": 5, "messages": MSGS,
+        "model": "m",
+        "max_tokens": 5,
+        "messages": MSGS,
         "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
         "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "example"}],
         "container": "container_011CQ",
@@ -631,21 +723,31 @@ async def test_automatic_caching_marks_the_last_block(client):
     first = await client.messages.create(model="m", max_tokens=5, messages=history, cache_control=one_hour)
     size = tokens({"type": "text", "text": MANUAL})
     u = first.usage
-    assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, split(u)) == (1, 0, size, (0, size))
+    assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, split(u)) == (
+        1,
+        0,
+        size,
+        (0, size),
+    )
     history += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Which way does it open?"}]
-    second = await client.messages.create(model="m", max_tokens=5, messages=history, cache_control={"type": "ephemeral"})
+    second = await client.messages.create(
+        model="m", max_tokens=5, messages=history, cache_control={"type": "ephemeral"}
+    )
     written = tokens({"type": "text", "text": "Noted."}, {"type": "text", "text": "Which way does it open?"})
     assert (second.usage.cache_read_input_tokens, second.usage.cache_creation_input_tokens) == (size, written)
     assert split(second.usage) == (written, 0)
 
 
-@pytest.mark.parametrize("usage, written, split", [
-    ({"ephemeral_1h_input_tokens": 300, "ephemeral_5m_input_tokens": 200}, 500, (200, 300)),
-    ({"ephemeral_1h_input_tokens": 300}, 300, (0, 300)),
-    ({"cache_creation_input_tokens": 20}, 20, (20, 0)),
-    ({"cache_creation_input_tokens": 50, "ephemeral_1h_input_tokens": 30}, 50, (20, 30)),
-    ({"cache_creation_input_tokens": 9, "ephemeral_1h_input_tokens": 1, "ephemeral_5m_input_tokens": 2}, 9, (2, 1)),
-])
+@pytest.mark.parametrize(
+    "usage, written, split",
+    [
+        ({"ephemeral_1h_input_tokens": 300, "ephemeral_5m_input_tokens": 200}, 500, (200, 300)),
+        ({"ephemeral_1h_input_tokens": 300}, 300, (0, 300)),
+        ({"cache_creation_input_tokens": 20}, 20, (20, 0)),
+        ({"cache_creation_input_tokens": 50, "ephemeral_1h_input_tokens": 30}, 50, (20, 30)),
+        ({"cache_creation_input_tokens": 9, "ephemeral_1h_input_tokens": 1, "ephemeral_5m_input_tokens": 2}, 9, (2, 1)),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_cache_creation_overrides(mock, http, usage, written, split, stream):
     mock.enqueue(Scenario(blocks=[TEXT], usage=usage))
@@ -724,8 +826,13 @@ def test_run_serves_until_interrupted():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = f"from gateway.mock.upstream import run; run('127.0.0.1', {port})"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=Path(__file__).parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     try:
         line = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}" in line

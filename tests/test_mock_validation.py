@@ -36,8 +36,13 @@ async def create(client, **fields):
             "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1",
         ),
         (
-            {"messages": [USER, {"role": "assistant", "content": [CALL]},
-                          {"role": "user", "content": [{"type": "text", "text": "here"}, RESULT]}]},
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [CALL]},
+                    {"role": "user", "content": [{"type": "text", "text": "here"}, RESULT]},
+                ]
+            },
             "`tool_use` ids were found without `tool_result` blocks immediately after",
         ),
         (
@@ -46,7 +51,10 @@ async def create(client, **fields):
         ),
         ({"messages": [USER], "tools": [{**TOOLS[0], "name": "github.search/issues"}]}, "String should match pattern"),
         ({"messages": [USER], "tools": [{**TOOLS[0], "input_schema": {"type": "string"}}]}, "Input should be 'object'"),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "text content blocks must be non-empty"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "text content blocks must be non-empty",
+        ),
         (
             {"messages": [USER], "tools": TOOLS, "tool_choice": {"type": "any"}, "thinking": {"type": "adaptive"}},
             "Thinking may not be enabled when tool_choice forces tool use",
@@ -56,13 +64,24 @@ async def create(client, **fields):
             "may not be set when thinking is enabled",
         ),
         (
-            {"messages": [USER, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT]}],
-             "tools": TOOLS, "thinking": {"type": "adaptive"}},
+            {
+                "messages": [USER, {"role": "assistant", "content": [CALL]}, {"role": "user", "content": [RESULT]}],
+                "tools": TOOLS,
+                "thinking": {"type": "adaptive"},
+            },
             "a final `assistant` message must start with a thinking block",
         ),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image", "source": {
-                "type": "base64", "media_type": "image/bmp", "data": "Qk0="}}]}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "Qk0="}}
+                        ],
+                    }
+                ]
+            },
             "supported media type",
         ),
     ],
@@ -78,8 +97,11 @@ async def test_a_well_formed_tool_loop_with_thinking_is_accepted(client):
         client,
         thinking={"type": "adaptive"},
         tools=TOOLS,
-        messages=[USER, {"role": "assistant", "content": [THINKING, CALL]},
-                  {"role": "user", "content": [RESULT, {"type": "text", "text": "and tomorrow?"}]}],
+        messages=[
+            USER,
+            {"role": "assistant", "content": [THINKING, CALL]},
+            {"role": "user", "content": [RESULT, {"type": "text", "text": "and tomorrow?"}]},
+        ],
     )
     assert reply.stop_reason == "end_turn"
 
@@ -95,30 +117,44 @@ def marked(block: dict, ttl: str | None = None, kind: str = "ephemeral") -> dict
 
 
 TEXT = {"type": "text", "text": "Be brief."}
-MUST_PRECEDE = ("a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
-                "Note that blocks are processed in the following order: `tools`, `system`, `messages`.")
-BUDGET_DOCS = ("`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at "
-               "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size")
+MUST_PRECEDE = (
+    "a ttl='1h' cache_control block must not come after a ttl='5m' cache_control block. "
+    "Note that blocks are processed in the following order: `tools`, `system`, `messages`."
+)
+BUDGET_DOCS = (
+    "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at "
+    "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size"
+)
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 1023}},
-         "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+        (
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": 1023}},
+            "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024",
+        ),
         ({"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 2048}}, BUDGET_DOCS),
         ({"max_tokens": 0, "thinking": {"type": "enabled", "budget_tokens": 1024}}, BUDGET_DOCS),
         ({"max_tokens": 4000, "thinking": {"type": "enabled"}}, "thinking.enabled.budget_tokens: Field required"),
-        ({"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": "2000"}},
-         "thinking.enabled.budget_tokens: Input should be a valid integer"),
-        ({"max_tokens": 100, "thinking": {"type": "on"}},
-         "thinking: Input tag 'on' found using 'type' does not match any of the expected tags: "
-         "'adaptive', 'disabled', 'enabled'"),
+        (
+            {"max_tokens": 4000, "thinking": {"type": "enabled", "budget_tokens": "2000"}},
+            "thinking.enabled.budget_tokens: Input should be a valid integer",
+        ),
+        (
+            {"max_tokens": 100, "thinking": {"type": "on"}},
+            "thinking: Input tag 'on' found using 'type' does not match any of the expected tags: "
+            "'adaptive', 'disabled', 'enabled'",
+        ),
         ({"max_tokens": 0, "stream": True}, "max_tokens: 0 (cache pre-warming) does not support `stream`"),
-        ({"max_tokens": 0, "thinking": {"type": "adaptive"}},
-         "max_tokens: 0 (cache pre-warming) does not support `thinking`"),
-        ({"max_tokens": 0, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
-         "max_tokens: 0 (cache pre-warming) does not support `output_config.format`"),
+        (
+            {"max_tokens": 0, "thinking": {"type": "adaptive"}},
+            "max_tokens: 0 (cache pre-warming) does not support `thinking`",
+        ),
+        (
+            {"max_tokens": 0, "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            "max_tokens: 0 (cache pre-warming) does not support `output_config.format`",
+        ),
     ],
 )
 async def test_thinking_and_warming_refusals(client, fields, message):
@@ -144,21 +180,38 @@ async def test_thinking_and_warming_accepted(client, fields):
     [
         ({"tools": [TOOLS[0], marked(TOOLS[0], "2h")]}, "tools.1.cache_control.ttl: Input should be '5m' or '1h'"),
         ({"system": [marked(TEXT, kind="persistent")]}, "system.0.cache_control.type: Input should be 'ephemeral'"),
-        ({"messages": [{"role": "user", "content": [TEXT, marked(TEXT, "10m")]}]},
-         "messages.0.content.1.cache_control.ttl: Input should be '5m' or '1h'"),
+        (
+            {"messages": [{"role": "user", "content": [TEXT, marked(TEXT, "10m")]}]},
+            "messages.0.content.1.cache_control.ttl: Input should be '5m' or '1h'",
+        ),
         ({"cache_control": {"type": "ephemeral", "ttl": "1d"}}, "cache_control.ttl: Input should be '5m' or '1h'"),
         ({"tools": [marked(TOOLS[0])], "system": [marked(TEXT, "1h")]}, "system.0.cache_control.ttl: " + MUST_PRECEDE),
-        ({"system": [marked(TEXT, "5m")], "messages": [{"role": "user", "content": [marked(TEXT, "1h")]}]},
-         "messages.0.content.0.cache_control.ttl: " + MUST_PRECEDE),
-        ({"system": [marked(TEXT)], "cache_control": {"type": "ephemeral", "ttl": "1h"}},
-         "cache_control.ttl: " + MUST_PRECEDE),
-        ({"system": [marked(TEXT)] * 3, "messages": [{"role": "user", "content": [marked(TEXT), marked(TEXT)]}]},
-         "A maximum of 4 blocks with cache_control may be provided. Found 5."),
-        ({"tools": [marked(TOOLS[0])], "system": [marked(TEXT)] * 3, "cache_control": {"type": "ephemeral"}},
-         "A maximum of 4 blocks with cache_control may be provided. Found 5."),
-        ({"messages": [USER, {"role": "assistant", "content": [marked(THINKING), {"type": "text", "text": "Sunny."}]},
-                       {"role": "user", "content": "Thanks"}]},
-         "messages.1.content.0.thinking.cache_control: Extra inputs are not permitted"),
+        (
+            {"system": [marked(TEXT, "5m")], "messages": [{"role": "user", "content": [marked(TEXT, "1h")]}]},
+            "messages.0.content.0.cache_control.ttl: " + MUST_PRECEDE,
+        ),
+        (
+            {"system": [marked(TEXT)], "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+            "cache_control.ttl: " + MUST_PRECEDE,
+        ),
+        (
+            {"system": [marked(TEXT)] * 3, "messages": [{"role": "user", "content": [marked(TEXT), marked(TEXT)]}]},
+            "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+        ),
+        (
+            {"tools": [marked(TOOLS[0])], "system": [marked(TEXT)] * 3, "cache_control": {"type": "ephemeral"}},
+            "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+        ),
+        (
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [marked(THINKING), {"type": "text", "text": "Sunny."}]},
+                    {"role": "user", "content": "Thanks"},
+                ]
+            },
+            "messages.1.content.0.thinking.cache_control: Extra inputs are not permitted",
+        ),
     ],
 )
 async def test_breakpoints_refused_like_the_real_api(client, fields, message):
@@ -169,8 +222,11 @@ async def test_breakpoints_refused_like_the_real_api(client, fields, message):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"tools": [marked(TOOLS[0], "1h")], "system": [marked(TEXT, "1h")],
-         "messages": [{"role": "user", "content": [marked(TEXT, "5m"), marked(TEXT)]}]},
+        {
+            "tools": [marked(TOOLS[0], "1h")],
+            "system": [marked(TEXT, "1h")],
+            "messages": [{"role": "user", "content": [marked(TEXT, "5m"), marked(TEXT)]}],
+        },
         {"system": [marked(TEXT, "1h")] * 3, "cache_control": {"type": "ephemeral", "ttl": "5m"}},
         {"system": [{**TEXT, "cache_control": None}], "cache_control": None},
     ],
@@ -183,7 +239,9 @@ async def test_breakpoints_accepted(client, fields):
 async def test_a_system_message_needs_the_mid_conversation_system_beta(client):
     """As newer models take it, under its beta (Claude Code sends one); refused without it."""
     messages = [USER, {"role": "system", "content": "Prefer short answers."}]
-    reply = await create(client, messages=messages, extra_headers={"anthropic-beta": "mid-conversation-system-2026-04-07"})
+    reply = await create(
+        client, messages=messages, extra_headers={"anthropic-beta": "mid-conversation-system-2026-04-07"}
+    )
     assert reply.stop_reason == "end_turn"
     with pytest.raises(anthropic.BadRequestError) as caught:
         await create(client, messages=messages)

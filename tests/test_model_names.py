@@ -17,10 +17,18 @@ from gateway.app import STORE
 from gateway.config import KeyConfig, Model, Pricing
 from tests.support import KEY, ServeProcess, make_config
 
-HAIKU = Model(id="anthropic/claude-haiku-4-5", upstream_model="claude-haiku-4-5", deployments=("primary",),
-              pricing=Pricing(Decimal("1"), Decimal("5"), Decimal("1.25"), Decimal("0.10")))
-DATED = Model(id="anthropic/claude-haiku-4-5-dated", upstream_model="claude-haiku-4-5-20251001",
-              deployments=("primary",), pricing=HAIKU.pricing)
+HAIKU = Model(
+    id="anthropic/claude-haiku-4-5",
+    upstream_model="claude-haiku-4-5",
+    deployments=("primary",),
+    pricing=Pricing(Decimal("1"), Decimal("5"), Decimal("1.25"), Decimal("0.10")),
+)
+DATED = Model(
+    id="anthropic/claude-haiku-4-5-dated",
+    upstream_model="claude-haiku-4-5-20251001",
+    deployments=("primary",),
+    pricing=HAIKU.pricing,
+)
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
@@ -48,7 +56,8 @@ async def test_the_anthropic_sdk_asks_for_a_model_by_its_upstream_name(start_gat
     # A key limited to the model's id glob may use it by its upstream name: it is the same model.
     gateway = await start_gateway(with_models(upstream, HAIKU, DATED, key_models=("anthropic/claude-haiku-*",)))
     raw = await client_of(gateway.url).messages.with_raw_response.create(
-        model=model.upstream_model, max_tokens=10, messages=HELLO)
+        model=model.upstream_model, max_tokens=10, messages=HELLO
+    )
     message = await raw.parse()
     assert message.model == model.upstream_model  # named as the client asked
     assert raw.headers["x-ezat-model"] == model.id
@@ -86,8 +95,9 @@ async def test_an_upstream_name_two_models_share_is_404_and_each_id_still_answer
     assert [r.body["model"] for r in upstream.requests] == ["claude-haiku-4-5"] * 2
 
 
-async def test_the_model_list_names_each_model_once_and_finds_it_by_its_upstream_name(start_gateway, upstream,
-                                                                                     client_of):
+async def test_the_model_list_names_each_model_once_and_finds_it_by_its_upstream_name(
+    start_gateway, upstream, client_of
+):
     gateway = await start_gateway(with_models(upstream, HAIKU))
     claude = client_of(gateway.url)
     listed = [model.id async for model in claude.models.list()]

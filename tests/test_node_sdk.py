@@ -27,7 +27,8 @@ async def node(gateway, sdk: Path, name: str) -> list[dict]:
         module = Path(where) / f"{name}.mjs"
         shutil.copyfile(PROGRAMS / f"{name}.mjs", module)
         process = await asyncio.create_subprocess_exec(
-            "node", str(module),
+            "node",
+            str(module),
             env={**os.environ, "EZAT_BASE_URL": gateway.url + "/openai/v1", "EZAT_API_KEY": KEY, "EZAT_MODEL": MODEL},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -62,7 +63,9 @@ async def test_chat_completion(gateway, upstream, node_sdk):
     [request] = upstream.requests
     assert request.body["system"] == [{"type": "text", "text": "Answer in one sentence."}]
     assert request.body["max_tokens"] == 64
-    assert request.body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "What is a prompt cache?"}]}]
+    assert request.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "What is a prompt cache?"}]}
+    ]
     assert not request.body.get("stream")
 
 
@@ -83,7 +86,9 @@ async def test_streamed_completion_with_usage(gateway, upstream, node_sdk):
 
 async def test_tool_call_loop(gateway, upstream, node_sdk):
     call = {"type": "tool_use", "id": "toolu_oslo", "name": "get_weather", "input": {"city": "Oslo"}}
-    upstream.enqueue(Scenario(blocks=[call]), Scenario(blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}]))
+    upstream.enqueue(
+        Scenario(blocks=[call]), Scenario(blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}])
+    )
     first, second = await node(gateway, node_sdk, "tools")
 
     assert first["finish_reason"] == "tool_calls"

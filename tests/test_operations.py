@@ -10,9 +10,9 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from decimal import Decimal
 import re
 import signal
+from decimal import Decimal
 from pathlib import Path
 
 import aiohttp
@@ -29,15 +29,32 @@ from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from gateway.app import STORE
-from gateway.ops.logs import TextFormatter
 from gateway.config import (
-    ConfigError, Deployment, ImagesConfig, KeyConfig, MetricsConfig, RateLimitConfig, TracingConfig, parse_config,
+    ConfigError,
+    Deployment,
+    ImagesConfig,
+    KeyConfig,
+    MetricsConfig,
+    RateLimitConfig,
+    TracingConfig,
+    parse_config,
 )
 from gateway.mock.upstream import Scenario
+from gateway.ops.logs import TextFormatter
 from gateway.ops.tracing import Tracing
 from tests.support import (
-    KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, Link, ServeProcess, free_port, make_config, read_store,
-    run_command, served,
+    KEY,
+    MODEL,
+    SERVE_CONFIG,
+    UPSTREAM_KEY,
+    UPSTREAM_MODEL,
+    Link,
+    ServeProcess,
+    free_port,
+    make_config,
+    read_store,
+    run_command,
+    served,
 )
 from tests.test_images import PNG, FakedResponse, fake_get
 
@@ -54,8 +71,11 @@ async def scrape(url: str, token: str | None = None) -> dict[tuple[str, tuple], 
             assert response.status == 200, await response.text()
             assert response.content_type == "text/plain"
             text = await response.text()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def sample(samples: dict, name: str, **labels: str) -> float:
@@ -66,8 +86,12 @@ def two_deployments(upstream_url: str, second_url: str):
     config = make_config(upstream_url)
     model = dataclasses.replace(config.models[0], deployments=("primary", "second"))
     keys = (*config.keys, KeyConfig(name="limited", key_sha256=hashlib.sha256(LIMITED.encode()).hexdigest(), rpm=1))
-    return dataclasses.replace(config, deployments=(*config.deployments, Deployment("second", second_url, UPSTREAM_KEY)),
-                               models=(model, *config.models[1:]), keys=keys)
+    return dataclasses.replace(
+        config,
+        deployments=(*config.deployments, Deployment("second", second_url, UPSTREAM_KEY)),
+        models=(model, *config.models[1:]),
+        keys=keys,
+    )
 
 
 async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_gateway, upstream, second):
@@ -107,8 +131,11 @@ async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_g
     }
     refused = {dict(labels)["reason"]: value for (name, labels), value in m.items() if name == "ezat_refused_total"}
     assert refused == {"rpm": 1, "auth": 1, "model": 1, "field": 1}
-    attempts = {tuple(dict(labels).values()): value for (name, labels), value in m.items()
-                if name == "ezat_upstream_attempts_total"}
+    attempts = {
+        tuple(dict(labels).values()): value
+        for (name, labels), value in m.items()
+        if name == "ezat_upstream_attempts_total"
+    }
     assert attempts == {("primary", "ok"): 5, ("primary", "529"): 2, ("second", "ok"): 1, ("second", "5xx"): 1}
     assert sample(m, "ezat_fallbacks_total", model=MODEL, fallback="test/small") == 1
     assert sample(m, "ezat_time_to_first_token_seconds_count", route="chat_completions", model=MODEL) == 6
@@ -121,8 +148,13 @@ async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_g
     assert sample(m, "ezat_ledger_commit_seconds_count") >= 1
     for model in {row.answered_model for row in rows}:
         mine = [row for row in rows if row.answered_model == model]
-        for kind, column in (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"),
-                             ("cache_write", "cache_write_tokens"), ("reasoning", "reasoning_tokens")):
+        for kind, column in (
+            ("input", "input_tokens"),
+            ("output", "output_tokens"),
+            ("cache_read", "cache_read_tokens"),
+            ("cache_write", "cache_write_tokens"),
+            ("reasoning", "reasoning_tokens"),
+        ):
             assert sample(m, "ezat_tokens_total", model=model, type=kind) == sum(getattr(r, column) for r in mine), kind
         assert sample(m, "ezat_cost_usd_total", model=model) == pytest.approx(float(sum(r.cost_usd for r in mine)))
     assert sample(m, "ezat_tokens_total", model=MODEL, type="cache_read") == 2000
@@ -134,8 +166,12 @@ def key_of(name: str, secret: str, **fields) -> KeyConfig:
 
 async def test_each_limit_is_counted_as_its_own_refusal(start_gateway, upstream):
     config = make_config(upstream.url)
-    keys = (*config.keys, key_of("spend", "sk-spend", spend_limit_usd=Decimal("0.000001")),
-            key_of("tpm", "sk-tpm", tpm=10), key_of("one", "sk-one", max_concurrent=1))
+    keys = (
+        *config.keys,
+        key_of("spend", "sk-spend", spend_limit_usd=Decimal("0.000001")),
+        key_of("tpm", "sk-tpm", tpm=10),
+        key_of("one", "sk-one", max_concurrent=1),
+    )
     gateway = await start_gateway(dataclasses.replace(config, keys=keys))
     with pytest.raises(openai.APIStatusError) as caught:
         await gateway.client(api_key="sk-spend").chat.completions.create(model=MODEL, messages=HELLO)
@@ -151,7 +187,10 @@ async def test_each_limit_is_counted_as_its_own_refusal(start_gateway, upstream)
         pass
     m = await scrape(gateway.url)
     assert {dict(labels)["reason"]: value for (name, labels), value in m.items() if name == "ezat_refused_total"} == {
-        "spend": 1, "tpm": 1, "concurrency": 1}
+        "spend": 1,
+        "tpm": 1,
+        "concurrency": 1,
+    }
 
 
 async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
@@ -159,9 +198,16 @@ async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
     closed = Deployment("closed", "http://127.0.0.1:9", UPSTREAM_KEY, connect_timeout_seconds=2)
     slow = dataclasses.replace(config.deployments[0], name="slow", first_token_timeout_seconds=0.3)
     model, small = config.models
-    gateway = await start_gateway(dataclasses.replace(
-        config, deployments=(*config.deployments, closed, slow),
-        models=(dataclasses.replace(model, deployments=("closed", "primary")), dataclasses.replace(small, deployments=("slow",)))))
+    gateway = await start_gateway(
+        dataclasses.replace(
+            config,
+            deployments=(*config.deployments, closed, slow),
+            models=(
+                dataclasses.replace(model, deployments=("closed", "primary")),
+                dataclasses.replace(small, deployments=("slow",)),
+            ),
+        )
+    )
     client = gateway.client()
     await client.chat.completions.create(model=MODEL, messages=HELLO)  # closed, then primary answers
     upstream.enqueue(Scenario(status=400, error_message="messages: bad"))
@@ -171,9 +217,11 @@ async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
     with pytest.raises(openai.InternalServerError):  # no first output within 0.3 s
         await client.chat.completions.create(model="test/small", messages=HELLO, stream=True)
     m = await scrape(gateway.url)
-    assert {tuple(dict(labels).values()): value for (name, labels), value in m.items()
-            if name == "ezat_upstream_attempts_total"} == {
-        ("closed", "connect_error"): 2, ("primary", "ok"): 1, ("primary", "4xx"): 1, ("slow", "timeout"): 1}
+    assert {
+        tuple(dict(labels).values()): value
+        for (name, labels), value in m.items()
+        if name == "ezat_upstream_attempts_total"
+    } == {("closed", "connect_error"): 2, ("primary", "ok"): 1, ("primary", "4xx"): 1, ("slow", "timeout"): 1}
 
 
 async def test_a_deployment_cooling_down_shows_until_it_is_tried_again(start_gateway, upstream, second):
@@ -209,11 +257,16 @@ async def test_every_api_route_is_counted_and_image_downloads_too(start_gateway,
     await claude.close()
     m = await scrape(gateway.url)
     for route, count in (("messages", 1), ("count_tokens", 1), ("models", 2)):
-        assert sample(m, "ezat_requests_total", route=route, model=MODEL if route != "models" else "", status="200") == count
+        assert (
+            sample(m, "ezat_requests_total", route=route, model=MODEL if route != "models" else "", status="200")
+            == count
+        )
     assert sample(m, "ezat_time_to_first_token_seconds_count", route="messages", model=MODEL) == 1
     # Only answers with a first output have a series: none for counts, model lists or refusals.
     assert {dict(labels)["route"] for (name, labels) in m if name == "ezat_time_to_first_token_seconds_count"} == {
-        "messages", "chat_completions"}
+        "messages",
+        "chat_completions",
+    }
     assert ("ezat_time_to_first_token_seconds_count", (("model", ""), ("route", "chat_completions"))) not in m
     assert sample(m, "ezat_image_downloads_total", outcome="ok") == 1
     assert sample(m, "ezat_image_downloads_total", outcome="http_error") == 1
@@ -236,10 +289,13 @@ async def test_metrics_take_a_token_when_configured_and_can_be_off(start_gateway
 # --- Logs
 
 
-JSON_LOGS = SERVE_CONFIG + """
+JSON_LOGS = (
+    SERVE_CONFIG
+    + """
 [logging]
 format = "json"
 """
+)
 
 
 def access_lines(served: ServeProcess) -> list[dict]:
@@ -248,7 +304,9 @@ def access_lines(served: ServeProcess) -> list[dict]:
 
 
 async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp_path, upstream):
-    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         upstream.enqueue(Scenario(usage={"input_tokens": 9, "cache_read_input_tokens": 100, "output_tokens": 30}))
@@ -267,21 +325,57 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
     lines = access_lines(served)
     assert len(lines) == 4
     plain, streamed, refused, failed = lines
-    [error] = [json.loads(line) for line in served.log.read_text().splitlines()
-               if line.startswith("{") and json.loads(line)["logger"] == "ezat.errors"]
+    [error] = [
+        json.loads(line)
+        for line in served.log.read_text().splitlines()
+        if line.startswith("{") and json.loads(line)["logger"] == "ezat.errors"
+    ]
     assert error["request_id"] == failed["request_id"]  # a line of its own names its request too
     assert (failed["status"], failed["outcome"]) == (500, "failed")
     row = rows[raw.headers["x-request-id"]]
     assert plain["request_id"] == raw.headers["x-request-id"]
-    assert {k: plain[k] for k in ("route", "model", "answered_model", "deployment", "status", "key", "stream", "outcome",
-                                  "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
-                                  "reasoning_tokens", "cost_usd", "client")} == {
-        "route": "chat_completions", "model": MODEL, "answered_model": MODEL, "deployment": "mock", "status": 200,
-        "key": "test", "stream": False, "outcome": "ok", "input_tokens": 9, "output_tokens": row.output_tokens,
-        "cache_read_tokens": 100, "cache_write_tokens": 0, "reasoning_tokens": 0, "cost_usd": str(row.cost_usd),
-        "client": "127.0.0.1"}
+    assert {
+        k: plain[k]
+        for k in (
+            "route",
+            "model",
+            "answered_model",
+            "deployment",
+            "status",
+            "key",
+            "stream",
+            "outcome",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "reasoning_tokens",
+            "cost_usd",
+            "client",
+        )
+    } == {
+        "route": "chat_completions",
+        "model": MODEL,
+        "answered_model": MODEL,
+        "deployment": "mock",
+        "status": 200,
+        "key": "test",
+        "stream": False,
+        "outcome": "ok",
+        "input_tokens": 9,
+        "output_tokens": row.output_tokens,
+        "cache_read_tokens": 100,
+        "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
+        "cost_usd": str(row.cost_usd),
+        "client": "127.0.0.1",
+    }
     assert plain["duration_ms"] >= plain["ttft_ms"] > 0 and plain["level"] == "INFO"
-    assert (streamed["stream"], streamed["outcome"], streamed["output_tokens"]) == (True, "ok", rows[streamed["request_id"]].output_tokens)
+    assert (streamed["stream"], streamed["outcome"], streamed["output_tokens"]) == (
+        True,
+        "ok",
+        rows[streamed["request_id"]].output_tokens,
+    )
     assert 0 < streamed["ttft_ms"] < streamed["duration_ms"]  # its first output, then the rest, 10 ms apart
     assert (refused["status"], refused["outcome"], refused["key"]) == (401, "refused:auth", None)
     log = served.log.read_text()
@@ -311,8 +405,11 @@ async def test_access_lines_say_what_answered_and_how_each_stream_ended(start_ga
             pass
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "word " * 200}], chunk_size=5, event_delay=0.02))
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                             json={"model": MODEL, "messages": HELLO, "stream": True}) as response:
+        async with http.post(
+            gateway.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "messages": HELLO, "stream": True},
+        ) as response:
             await response.content.readany()  # the client leaves after its first bytes
     await upstream.wait_disconnect()
     async with asyncio.timeout(5):
@@ -320,7 +417,12 @@ async def test_access_lines_say_what_answered_and_how_each_stream_ended(start_ga
             await asyncio.sleep(0.02)
     fallback, failed, left = (record.fields for record in records)
     assert (fallback["model"], fallback["answered_model"], fallback["outcome"]) == (MODEL, "test/small", "ok")
-    assert (failed["stream"], failed["status"], failed["outcome"], "input_tokens" in failed) == (True, 200, "failed", False)
+    assert (failed["stream"], failed["status"], failed["outcome"], "input_tokens" in failed) == (
+        True,
+        200,
+        "failed",
+        False,
+    )
     assert (left["stream"], left["outcome"], left["input_tokens"] > 0) == (True, "client_closed", True)  # billed
 
 
@@ -330,12 +432,17 @@ async def test_a_counts_access_line_names_the_deployment_that_answered(gateway, 
         await claude.messages.count_tokens(model=MODEL, messages=HELLO)
     [record] = [r for r in caplog.records if r.name == "ezat.access"]
     assert (record.fields["route"], record.fields["deployment"], record.fields["answered_model"]) == (
-        "count_tokens", "primary", MODEL)
+        "count_tokens",
+        "primary",
+        MODEL,
+    )
 
 
 async def test_the_access_log_can_be_off(tmp_path, upstream):
     config = JSON_LOGS.replace('format = "json"', 'format = "json"\naccess_log = false')
-    served = ServeProcess(tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", config, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         await served.client().chat.completions.create(model=MODEL, messages=HELLO)
@@ -359,14 +466,19 @@ async def both_listening(served) -> None:
 
 
 async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
-    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start("--workers", "2")
         await both_listening(served)
         for _ in range(24):  # a connection each: the kernel spreads connections over the workers
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-                async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                                     json={"model": MODEL, "messages": HELLO}) as response:
+                async with http.post(
+                    served.url + "/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    json={"model": MODEL, "messages": HELLO},
+                ) as response:
                     assert response.status == 200
         m = await scrape(served.url)
     finally:
@@ -379,19 +491,28 @@ async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
 async def test_every_scrape_counts_every_workers_open_streams(tmp_path, upstream):
     """The open streams of both workers, in whichever worker answers the scrape, as they are:
     set when a stream starts or ends, not when the worker itself last answered a scrape."""
-    served = ServeProcess(tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
-    upstream.enqueue(*[Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05)
-                       for _ in range(4)])
+    served = ServeProcess(
+        tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
+    upstream.enqueue(
+        *[Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05) for _ in range(4)]
+    )
     try:
         await served.start("--workers", "2")
         await both_listening(served)
         async with contextlib.AsyncExitStack() as streams:
             responses = []
             for _ in range(4):  # a connection each: the kernel spreads them over the workers
-                http = await streams.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
-                response = await streams.enter_async_context(http.post(
-                    served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                    json={"model": MODEL, "messages": HELLO, "stream": True}))
+                http = await streams.enter_async_context(
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+                )
+                response = await streams.enter_async_context(
+                    http.post(
+                        served.url + "/v1/chat/completions",
+                        headers={"Authorization": f"Bearer {KEY}"},
+                        json={"model": MODEL, "messages": HELLO, "stream": True},
+                    )
+                )
                 await response.content.readany()  # it has begun
                 responses.append(response)
             while_open = [sample(await scrape(served.url), "ezat_open_streams") for _ in range(6)]
@@ -431,8 +552,11 @@ async def test_readyz_fails_while_the_database_is_unreachable(start_gateway, ups
 async def test_a_stream_being_answered_is_counted_open(gateway, upstream):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05))
     async with aiohttp.ClientSession() as http:
-        async with http.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                             json={"model": MODEL, "messages": HELLO, "stream": True}) as response:
+        async with http.post(
+            gateway.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "messages": HELLO, "stream": True},
+        ) as response:
             await response.content.readany()  # it has begun
             assert sample(await scrape(gateway.url), "ezat_open_streams") == 1
             await response.read()
@@ -452,7 +576,9 @@ async def test_readyz_is_ready_with_a_reachable_redis(start_gateway, upstream, r
 async def test_readyz_stays_ready_without_redis_and_says_so(start_gateway, upstream):
     """Rate limits fail open without Redis, so requests are still served; and every replica
     shares the one Redis: failing readiness for it would take them all out of service at once."""
-    config = dataclasses.replace(make_config(upstream.url), ratelimit=RateLimitConfig(url=f"redis://127.0.0.1:{free_port()}/0"))
+    config = dataclasses.replace(
+        make_config(upstream.url), ratelimit=RateLimitConfig(url=f"redis://127.0.0.1:{free_port()}/0")
+    )
     gateway = await start_gateway(config)
     async with aiohttp.ClientSession() as http:
         async with http.get(gateway.url + "/readyz") as response:
@@ -465,15 +591,20 @@ DRAINING = SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeo
 
 
 async def test_readyz_fails_at_once_on_sigterm_while_a_stream_drains(tmp_path, upstream):
-    served = ServeProcess(tmp_path, "gateway", DRAINING, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", DRAINING, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start()
         upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow " * 40}], chunk_size=10, event_delay=0.15))
         async with aiohttp.ClientSession() as http:
             async with http.get(served.url + "/readyz") as response:
                 assert response.status == 200
-            async with http.post(served.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                                 json={"model": MODEL, "messages": HELLO, "stream": True}) as stream:
+            async with http.post(
+                served.url + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"model": MODEL, "messages": HELLO, "stream": True},
+            ) as stream:
                 assert stream.status == 200
                 await stream.content.readany()  # it has begun
                 served.process.send_signal(signal.SIGTERM)
@@ -502,9 +633,19 @@ def spans():
 async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans):
     exporter, tracing = spans
     gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
-    upstream.enqueue(Scenario(usage={"input_tokens": 7, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 20,
-                                     "output_tokens": 30}))
-    await gateway.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A secret prompt"}])
+    upstream.enqueue(
+        Scenario(
+            usage={
+                "input_tokens": 7,
+                "cache_read_input_tokens": 50,
+                "cache_creation_input_tokens": 20,
+                "output_tokens": 30,
+            }
+        )
+    )
+    await gateway.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A secret prompt"}]
+    )
     upstream.enqueue(Scenario(status=529))
     with pytest.raises(openai.InternalServerError):
         await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True)
@@ -516,22 +657,40 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     server, client = servers[0], clients[0]
     assert client.parent.span_id == server.context.span_id and client.context.trace_id == server.context.trace_id
     [row] = await gateway.app[STORE].ledger()
-    assert {k: server.attributes[k] for k in (
-        "gen_ai.provider.name", "gen_ai.operation.name", "gen_ai.request.model", "gen_ai.response.model",
-        "gen_ai.response.finish_reasons", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
-        "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_creation.input_tokens", "http.response.status_code",
-    )} == {
-        "gen_ai.provider.name": "anthropic", "gen_ai.operation.name": "chat", "gen_ai.request.model": MODEL,
-        "gen_ai.response.model": MODEL, "gen_ai.response.finish_reasons": ("end_turn",),
-        "gen_ai.usage.input_tokens": 77, "gen_ai.usage.output_tokens": row.output_tokens,
-        "gen_ai.usage.cache_read.input_tokens": 50, "gen_ai.usage.cache_creation.input_tokens": 20,
+    assert {
+        k: server.attributes[k]
+        for k in (
+            "gen_ai.provider.name",
+            "gen_ai.operation.name",
+            "gen_ai.request.model",
+            "gen_ai.response.model",
+            "gen_ai.response.finish_reasons",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "gen_ai.usage.cache_read.input_tokens",
+            "gen_ai.usage.cache_creation.input_tokens",
+            "http.response.status_code",
+        )
+    } == {
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": MODEL,
+        "gen_ai.response.model": MODEL,
+        "gen_ai.response.finish_reasons": ("end_turn",),
+        "gen_ai.usage.input_tokens": 77,
+        "gen_ai.usage.output_tokens": row.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": 50,
+        "gen_ai.usage.cache_creation.input_tokens": 20,
         "http.response.status_code": 200,
     }
     assert server.attributes["gen_ai.response.id"].startswith("msg_mock_")
     assert client.attributes["gen_ai.response.id"] == server.attributes["gen_ai.response.id"]
     # The upstream's own name for the model it answered with (the mock's: the name asked), and where it is.
     assert {k: client.attributes[k] for k in ("gen_ai.response.model", "server.address", "server.port")} == {
-        "gen_ai.response.model": UPSTREAM_MODEL, "server.address": "127.0.0.1", "server.port": URL(upstream.url).port}
+        "gen_ai.response.model": UPSTREAM_MODEL,
+        "server.address": "127.0.0.1",
+        "server.port": URL(upstream.url).port,
+    }
     assert upstream.requests[0].headers["traceparent"].split("-")[1] == format(client.context.trace_id, "032x")
     assert (servers[1].attributes["error.type"], clients[1].attributes["error.type"]) == ("503", "529")
     assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
@@ -548,14 +707,22 @@ async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, ups
     await claude.close()
     stream_server, count_server = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
     [row] = await gateway.app[STORE].ledger()
-    assert (stream_server.attributes["gen_ai.usage.input_tokens"], stream_server.attributes["gen_ai.usage.output_tokens"],
-            stream_server.attributes["gen_ai.response.finish_reasons"]) == (7, row.output_tokens, ("end_turn",))
+    assert (
+        stream_server.attributes["gen_ai.usage.input_tokens"],
+        stream_server.attributes["gen_ai.usage.output_tokens"],
+        stream_server.attributes["gen_ai.response.finish_reasons"],
+    ) == (7, row.output_tokens, ("end_turn",))
     assert (count_server.name, count_server.attributes["gen_ai.operation.name"]) == (
-        "POST /v1/messages/count_tokens", "count_tokens")
+        "POST /v1/messages/count_tokens",
+        "count_tokens",
+    )
     assert [s.name for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT] == [
-        f"chat {UPSTREAM_MODEL}", f"count_tokens {UPSTREAM_MODEL}"]
-    assert not any("mock upstream" in str(value) for s in exporter.get_finished_spans()
-                   for value in s.attributes.values())  # no completion text ("Hello from the mock upstream…")
+        f"chat {UPSTREAM_MODEL}",
+        f"count_tokens {UPSTREAM_MODEL}",
+    ]
+    assert not any(
+        "mock upstream" in str(value) for s in exporter.get_finished_spans() for value in s.attributes.values()
+    )  # no completion text ("Hello from the mock upstream…")
 
 
 async def test_a_streamed_messages_request_has_its_access_line_and_span(start_gateway, upstream, spans, caplog):
@@ -572,14 +739,27 @@ async def test_a_streamed_messages_request_has_its_access_line_and_span(start_ga
     [record] = [r for r in caplog.records if r.name == "ezat.access"]
     line = record.fields
     assert (line["route"], line["stream"], line["status"], line["outcome"], line["model"], line["answered_model"]) == (
-        "messages", True, 200, "ok", MODEL, MODEL)
-    assert (line["input_tokens"], line["cache_read_tokens"], line["output_tokens"]) == (
-        9, 40, message.usage.output_tokens) == (row.input_tokens, row.cache_read_tokens, row.output_tokens)
+        "messages",
+        True,
+        200,
+        "ok",
+        MODEL,
+        MODEL,
+    )
+    assert (
+        (line["input_tokens"], line["cache_read_tokens"], line["output_tokens"])
+        == (9, 40, message.usage.output_tokens)
+        == (row.input_tokens, row.cache_read_tokens, row.output_tokens)
+    )
     assert line["ttft_ms"] is not None and line["ttft_ms"] <= line["duration_ms"]
     [server] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
-    assert (server.name, server.attributes["gen_ai.usage.input_tokens"], server.attributes["gen_ai.usage.output_tokens"],
-            server.attributes["gen_ai.response.finish_reasons"], server.attributes["gen_ai.response.id"]) == (
-        "POST /v1/messages", 49, row.output_tokens, ("end_turn",), message.id)
+    assert (
+        server.name,
+        server.attributes["gen_ai.usage.input_tokens"],
+        server.attributes["gen_ai.usage.output_tokens"],
+        server.attributes["gen_ai.response.finish_reasons"],
+        server.attributes["gen_ai.response.id"],
+    ) == ("POST /v1/messages", 49, row.output_tokens, ("end_turn",), message.id)
 
 
 async def test_an_attempts_span_names_the_model_the_upstream_answered_with_and_its_host(start_gateway, spans):
@@ -588,32 +768,56 @@ async def test_an_attempts_span_names_the_model_the_upstream_answered_with_and_i
     config = make_config("https://upstream.example")
     gateway = await start_gateway(config, tracing=tracing)
     answered = UPSTREAM_MODEL + "-20261101"
-    message = {"id": "msg_dated", "type": "message", "role": "assistant", "model": answered,
-               "content": [{"type": "text", "text": "Hi"}], "stop_reason": "end_turn", "stop_sequence": None,
-               "usage": {"input_tokens": 3, "output_tokens": 2}}
+    message = {
+        "id": "msg_dated",
+        "type": "message",
+        "role": "assistant",
+        "model": answered,
+        "content": [{"type": "text", "text": "Hi"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 3, "output_tokens": 2},
+    }
     start = {**message, "content": [], "stop_reason": None, "id": "msg_dated_stream"}
     events = [
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 2}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 2},
+        },
         {"type": "message_stop"},
     ]
     stream = "".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events)
     with aioresponses(passthrough=["http://127.0.0.1"]) as outside:
         outside.post("https://upstream.example/v1/messages", payload=message, response_class=FakedResponse)
-        outside.post("https://upstream.example/v1/messages", body=stream, content_type="text/event-stream",
-                     response_class=FakedResponse)
+        outside.post(
+            "https://upstream.example/v1/messages",
+            body=stream,
+            content_type="text/event-stream",
+            response_class=FakedResponse,
+        )
         await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
         async for _ in await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True):
             pass
     finished = exporter.get_finished_spans()
     clients = [s for s in finished if s.kind == SpanKind.CLIENT]
-    assert [(s.attributes["gen_ai.response.id"], s.attributes["gen_ai.response.model"], s.attributes["gen_ai.request.model"],
-             s.attributes["server.address"], s.attributes["server.port"]) for s in clients] == [
+    assert [
+        (
+            s.attributes["gen_ai.response.id"],
+            s.attributes["gen_ai.response.model"],
+            s.attributes["gen_ai.request.model"],
+            s.attributes["server.address"],
+            s.attributes["server.port"],
+        )
+        for s in clients
+    ] == [
         ("msg_dated", answered, UPSTREAM_MODEL, "upstream.example", 443),
-        ("msg_dated_stream", answered, UPSTREAM_MODEL, "upstream.example", 443)]
+        ("msg_dated_stream", answered, UPSTREAM_MODEL, "upstream.example", 443),
+    ]
     # The request's span names the configured model that answered, not the upstream's name for it.
     assert [s.attributes["gen_ai.response.model"] for s in finished if s.kind == SpanKind.SERVER] == [MODEL, MODEL]
 
@@ -665,9 +869,14 @@ async def test_every_dashboard_panel_queries_a_metric_the_gateway_exports(gatewa
 
 def test_the_operations_settings_are_checked():
     with pytest.raises(ConfigError) as caught:
-        parse_config('[tracing]\nendpoint = "collector:4318"\n[logging]\nformat = "xml"\n[server]\ndrain_seconds = -1\n')
-    assert caught.value.problems == ["server.drain_seconds: expected a non-negative number",
-                                     'logging.format: expected "text" or "json"', "tracing.endpoint: expected an http(s) URL with a host"]
+        parse_config(
+            '[tracing]\nendpoint = "collector:4318"\n[logging]\nformat = "xml"\n[server]\ndrain_seconds = -1\n'
+        )
+    assert caught.value.problems == [
+        "server.drain_seconds: expected a non-negative number",
+        'logging.format: expected "text" or "json"',
+        "tracing.endpoint: expected an http(s) URL with a host",
+    ]
 
 
 async def test_an_attempt_past_the_deadline_counts_as_a_timeout(start_gateway, upstream):
@@ -696,7 +905,9 @@ async def test_a_refusal_leaves_no_client_text_in_its_span_nor_in_the_log(start_
 
 
 async def test_serve_log_format_overrides_the_file(tmp_path, upstream):
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path, "gateway", SERVE_CONFIG, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
+    )
     try:
         await served.start("--log-format", "json")  # the file says nothing: text, but for this
         await served.client().chat.completions.create(model=MODEL, messages=HELLO)
@@ -708,22 +919,38 @@ async def test_serve_log_format_overrides_the_file(tmp_path, upstream):
 
 async def test_ezat_log_format_sets_the_log_format_unless_the_option_does(tmp_path, upstream):
     config = JSON_LOGS.replace('format = "json"', 'format = "text"')  # the variable wins over the file
-    served = ServeProcess(tmp_path, "gateway", config, env={"EZAT_LOG_FORMAT": "json"},
-                          storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        config,
+        env={"EZAT_LOG_FORMAT": "json"},
+        storage_url=f"sqlite:///{tmp_path / 'db'}",
+        upstream_url=upstream.url,
+    )
     try:
         await served.start("--workers", "1")
         await served.client().chat.completions.create(model=MODEL, messages=HELLO)
     finally:
         await served.stop()
     assert [json.loads(line)["logger"] for line in served.log.read_text().splitlines()].count("ezat.access") == 1
-    texts = ServeProcess(tmp_path, "texts", config, env={"EZAT_LOG_FORMAT": "json"},
-                         storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url)
+    texts = ServeProcess(
+        tmp_path,
+        "texts",
+        config,
+        env={"EZAT_LOG_FORMAT": "json"},
+        storage_url=f"sqlite:///{tmp_path / 'db'}",
+        upstream_url=upstream.url,
+    )
     try:
         await texts.start("--log-format", "text")  # the option wins over the variable
     finally:
         await texts.stop()
     lines = texts.output().splitlines()
     assert lines and all(" INFO " in line and not line.startswith("{") for line in lines)
-    status, output = await run_command("keys", "list", "--storage", f"sqlite:///{tmp_path / 'db'}",
-                                       env={"EZAT_LOG_FORMAT": "xml"})
-    assert (status, output.splitlines()[-1]) == (2, "ezat-gateway: error: EZAT_LOG_FORMAT: expected text or json, not 'xml'")
+    status, output = await run_command(
+        "keys", "list", "--storage", f"sqlite:///{tmp_path / 'db'}", env={"EZAT_LOG_FORMAT": "xml"}
+    )
+    assert (status, output.splitlines()[-1]) == (
+        2,
+        "ezat-gateway: error: EZAT_LOG_FORMAT: expected text or json, not 'xml'",
+    )

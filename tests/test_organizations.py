@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from gateway.config import KeyConfig, OrganizationConfig, StorageConfig
+from gateway.config import KeyConfig, OrganizationConfig
 from gateway.mock.upstream import Scenario
 from gateway.storage import open_store
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config, read_store, run_command
@@ -44,8 +44,10 @@ def digest(key: str) -> str:
 
 def acme_config(upstream, storage_url: str = "sqlite:///:memory:", *, balance=BALANCE, suspended=False, **key_fields):
     config = make_config(upstream.url, storage_url)
-    keys = (KeyConfig(name="test", key_sha256=digest(KEY), organization="acme", **key_fields),
-            KeyConfig(name="other", key_sha256=digest(OTHER_KEY), organization="acme"))
+    keys = (
+        KeyConfig(name="test", key_sha256=digest(KEY), organization="acme", **key_fields),
+        KeyConfig(name="other", key_sha256=digest(OTHER_KEY), organization="acme"),
+    )
     acme = OrganizationConfig(name="acme", balance_usd=balance, suspended=suspended)
     return replace(config, organizations=(acme,), keys=keys)
 
@@ -53,6 +55,7 @@ def acme_config(upstream, storage_url: str = "sqlite:///:memory:", *, balance=BA
 async def spend(url: str, key: str, count: int) -> list[str]:
     """`count` requests at once with `key`: each one's outcome ("ok", or "402" naming acme's balance)."""
     async with openai.AsyncOpenAI(base_url=url + "/openai/v1", api_key=key, max_retries=0) as client:
+
         async def one() -> str:
             try:
                 await client.chat.completions.create(model=MODEL, max_tokens=1000, messages=HI)
@@ -62,7 +65,9 @@ async def spend(url: str, key: str, count: int) -> list[str]:
                 message = error.body["message"]
                 assert re.fullmatch(
                     r"This key's organization `acme` has \$0\.0\d+ left of its balance of \$0\.05, less than this "
-                    r"request may cost \(\$0\.015\d*\); a lower max_tokens would fit\.", message), message
+                    r"request may cost \(\$0\.015\d*\); a lower max_tokens would fit\.",
+                    message,
+                ), message
                 return "402"
             return "ok"
 
@@ -89,7 +94,8 @@ async def assert_within_the_balance(outcomes: list[str], storage_url: str) -> No
 
 
 async def test_20_parallel_requests_of_two_keys_never_spend_past_their_organizations_balance(
-        start_gateway, upstream, tmp_path):
+    start_gateway, upstream, tmp_path
+):
     storage = f"sqlite:///{tmp_path / 'orgs.db'}"
     gateway = await start_gateway(acme_config(upstream, storage))
     upstream.enqueue(*[Scenario(**COSTLY) for _ in range(20)])
@@ -99,8 +105,10 @@ async def test_20_parallel_requests_of_two_keys_never_spend_past_their_organizat
 
 
 async def test_two_gateways_on_one_postgresql_database_hold_one_organizations_balance(tmp_path, upstream, postgres_url):
-    gateways = [ServeProcess(tmp_path, name, SERVE_CONFIG, storage_url=postgres_url, upstream_url=upstream.url,
-                             key_fields=ACME) for name in ("one", "two")]
+    gateways = [
+        ServeProcess(tmp_path, name, SERVE_CONFIG, storage_url=postgres_url, upstream_url=upstream.url, key_fields=ACME)
+        for name in ("one", "two")
+    ]
     upstream.enqueue(*[Scenario(**COSTLY) for _ in range(20)])
     try:
         for gateway in gateways:
@@ -129,7 +137,10 @@ async def test_a_used_up_balance_is_said_plainly(start_gateway, upstream):
         with pytest.raises(openai.APIStatusError) as refused:
             await client.chat.completions.create(model=MODEL, messages=HI)
     assert (refused.value.status_code, refused.value.body["type"], refused.value.body["code"]) == (
-        402, "insufficient_quota", "insufficient_quota")
+        402,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
     assert refused.value.body["message"] == "This key's organization `acme` has used up its balance of $0."
     assert upstream.requests == []
 
@@ -148,7 +159,10 @@ async def test_a_key_of_a_suspended_organization_gets_403_and_the_others_are_unt
     async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
         with pytest.raises(anthropic.PermissionDeniedError) as refused:
             await claude.messages.create(model=MODEL, max_tokens=64, messages=HI, stream=True)
-    assert refused.value.body["error"] == {"type": "permission_error", "message": "This key's organization `acme` is suspended."}
+    assert refused.value.body["error"] == {
+        "type": "permission_error",
+        "message": "This key's organization `acme` is suspended.",
+    }
     assert upstream.requests == []
     async with gateway.client(api_key="sk-free") as client:
         await client.chat.completions.create(model=MODEL, messages=HI)
@@ -160,17 +174,28 @@ async def test_a_key_of_a_suspended_organization_gets_403_and_the_others_are_unt
 async def check_config(tmp_path, key_fields: str) -> tuple[int, str]:
     """check-config of the serve config whose test key's table ends with `key_fields`."""
     path = tmp_path / "gateway.toml"
-    path.write_text(SERVE_CONFIG.format(
-        port=8080, storage_url="sqlite:///x.db", ratelimit_url="", upstream_url="http://127.0.0.1:9", upstream_key="k",
-        model=MODEL, upstream_model="m", key=KEY, key_fields=key_fields,
-    ))
+    path.write_text(
+        SERVE_CONFIG.format(
+            port=8080,
+            storage_url="sqlite:///x.db",
+            ratelimit_url="",
+            upstream_url="http://127.0.0.1:9",
+            upstream_key="k",
+            model=MODEL,
+            upstream_model="m",
+            key=KEY,
+            key_fields=key_fields,
+        )
+    )
     return await run_command("check-config", str(path), cwd=tmp_path)
 
 
 async def test_check_config_names_a_dangling_or_repeated_organization_with_its_key_path(tmp_path):
     status, output = await check_config(
-        tmp_path, 'organization = "nowhere"\n\n[[organizations]]\nname = "acme"\nbalance_usd = -1\n\n'
-                  '[[organizations]]\nname = "acme"\nsuspended = "yes"\n\n[[organizations]]\nbalance_usd = 1\n')
+        tmp_path,
+        'organization = "nowhere"\n\n[[organizations]]\nname = "acme"\nbalance_usd = -1\n\n'
+        '[[organizations]]\nname = "acme"\nsuspended = "yes"\n\n[[organizations]]\nbalance_usd = 1\n',
+    )
     assert status == 1
     assert output.splitlines() == [
         "organizations[0].balance_usd: expected a non-negative number",
@@ -185,7 +210,9 @@ async def test_check_config_names_a_dangling_or_repeated_organization_with_its_k
         assert status == 0, output
 
 
-async def test_the_config_file_is_the_source_of_truth_for_the_organizations_it_declares(start_gateway, upstream, tmp_path):
+async def test_the_config_file_is_the_source_of_truth_for_the_organizations_it_declares(
+    start_gateway, upstream, tmp_path
+):
     storage = f"sqlite:///{tmp_path / 'orgs.db'}"
     config = acme_config(upstream, storage)
     await (await start_gateway(config)).runner.cleanup()
@@ -247,7 +274,11 @@ async def test_orgs_and_keys_commands_and_usage_by_org(start_gateway, upstream, 
 
         listed = table((await ezat("orgs", "list"))[1])
         assert list(listed["team"]) == ["id", "name", "balance_usd", "spent_usd", "reserved_usd", "suspended", "keys"]
-        assert (listed["team"]["balance_usd"], listed["team"]["suspended"], listed["team"]["keys"]) == ("5", "False", "1")
+        assert (listed["team"]["balance_usd"], listed["team"]["suspended"], listed["team"]["keys"]) == (
+            "5",
+            "False",
+            "1",
+        )
         assert Decimal(listed["team"]["spent_usd"]) > 0 and listed["team"]["reserved_usd"] == "0"
         assert (listed["default"]["balance_usd"], listed["default"]["keys"]) == ("", "1")
 

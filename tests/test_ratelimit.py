@@ -21,7 +21,7 @@ def key(key_id: int = 1, **limits) -> KeyRecord:
 
 @pytest.fixture(params=["memory", "redis"])
 def limiter_url(request) -> str:
-    """"" for the in-memory limiter, else a flushed Redis database."""
+    """ "" for the in-memory limiter, else a flushed Redis database."""
     return "" if request.param == "memory" else request.getfixturevalue("redis_url")
 
 

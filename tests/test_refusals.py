@@ -58,11 +58,15 @@ def refused_part(part: dict, suffix: str, reason: str, id: str) -> list:
     return [
         refusal(
             {"messages": [{"role": "user", "content": [part]}]},
-            f"messages[0].content[0]{suffix}: {reason}", "messages", f"{id}-0-0",
+            f"messages[0].content[0]{suffix}: {reason}",
+            "messages",
+            f"{id}-0-0",
         ),
         refusal(
             {"messages": [*HISTORY, {"role": "user", "content": [TEXT_PART, part]}]},
-            f"messages[2].content[1]{suffix}: {reason}", "messages", f"{id}-2-1",
+            f"messages[2].content[1]{suffix}: {reason}",
+            "messages",
+            f"{id}-2-1",
         ),
     ]
 
@@ -81,45 +85,67 @@ REFUSED = [
     # audio, or modalities other than ["text"]
     refusal(
         {"audio": {"voice": "alloy", "format": "wav"}},
-        "modalities: only text output is supported", "modalities", "audio",
+        "modalities: only text output is supported",
+        "modalities",
+        "audio",
     ),
     refusal(
         {"modalities": ["text"], "audio": {"voice": "alloy", "format": "mp3"}},
-        "modalities: only text output is supported", "modalities", "audio-with-text-modality",
+        "modalities: only text output is supported",
+        "modalities",
+        "audio-with-text-modality",
     ),
     refusal({"modalities": ["audio"]}, "modalities: only text output is supported", "modalities", "modalities-audio"),
     refusal(
-        {"modalities": ["text", "audio"]}, "modalities: only text output is supported", "modalities", "modalities-text-audio"
+        {"modalities": ["text", "audio"]},
+        "modalities: only text output is supported",
+        "modalities",
+        "modalities-text-audio",
     ),
     # web_search_options
-    refusal({"web_search_options": {}}, "web_search_options: is not supported", "web_search_options", "web_search-empty"),
+    refusal(
+        {"web_search_options": {}}, "web_search_options: is not supported", "web_search_options", "web_search-empty"
+    ),
     refusal(
         {"web_search_options": {"search_context_size": "low"}},
-        "web_search_options: is not supported", "web_search_options", "web_search",
+        "web_search_options: is not supported",
+        "web_search_options",
+        "web_search",
     ),
     # functions, function_call
     refusal(
         {"functions": [{"name": "get_weather", "parameters": {"type": "object", "properties": {}}}]},
-        LEGACY_FUNCTIONS, "functions", "functions",
+        LEGACY_FUNCTIONS,
+        "functions",
+        "functions",
     ),
     refusal({"function_call": "auto"}, LEGACY_FUNCTIONS, "functions", "function_call"),
     refusal(
-        {"functions": [{"name": "f"}], "function_call": {"name": "f"}}, LEGACY_FUNCTIONS, "functions", "functions-and-call"
+        {"functions": [{"name": "f"}], "function_call": {"name": "f"}},
+        LEGACY_FUNCTIONS,
+        "functions",
+        "functions-and-call",
     ),
     # response_format type json_object
     refusal({"response_format": {"type": "json_object"}}, JSON_OBJECT, "response_format", "json_object"),
     # a tool whose type isn't function; the index points at it
     refusal(
         {"tools": [{"type": "custom", "custom": {"name": "grep"}}]},
-        f"tools[0].type: {ONLY_FUNCTION_TOOLS}", "tools", "tools0-custom",
+        f"tools[0].type: {ONLY_FUNCTION_TOOLS}",
+        "tools",
+        "tools0-custom",
     ),
     refusal(
         {"tools": [FUNCTION_TOOL, {"type": "web_search"}]},
-        f"tools[1].type: {ONLY_FUNCTION_TOOLS}", "tools", "tools1-web_search",
+        f"tools[1].type: {ONLY_FUNCTION_TOOLS}",
+        "tools",
+        "tools1-web_search",
     ),
     refusal(
         {"tools": [FUNCTION_TOOL, FUNCTION_TOOL, {"function": {"name": "no_type"}}]},
-        f"tools[2].type: {ONLY_FUNCTION_TOOLS}", "tools", "tools2-missing-type",
+        f"tools[2].type: {ONLY_FUNCTION_TOOLS}",
+        "tools",
+        "tools2-missing-type",
     ),
     # an unknown reasoning_effort (every other value: test_unknown_reasoning_effort_is_refused)
     refusal({"reasoning_effort": "extreme"}, EFFORT, "reasoning_effort", "reasoning_effort"),
@@ -131,19 +157,26 @@ REFUSED = [
             "messages": [
                 {"role": "user", "content": "Read these."},
                 {"role": "assistant", "content": "Send them."},
-                {"role": "user", "content": [
-                    {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0xLjQK"}},
-                    TEXT_PART,
-                    FILE_ID_PART,
-                ]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0xLjQK"}},
+                        TEXT_PART,
+                        FILE_ID_PART,
+                    ],
+                },
             ]
         },
-        f"messages[2].content[2].file: {FILE_ID}", "messages", "file_id-after-file_data",
+        f"messages[2].content[2].file: {FILE_ID}",
+        "messages",
+        "file_id-after-file_data",
     ),
     # function role
     refusal(
         {"messages": [{"role": "function", "name": "get_weather", "content": "9°C"}]},
-        f"messages[0].role: {FUNCTION_ROLE}", "messages", "function-role-0",
+        f"messages[0].role: {FUNCTION_ROLE}",
+        "messages",
+        "function-role-0",
     ),
     refusal(
         {
@@ -154,7 +187,9 @@ REFUSED = [
             ]
         },
         # The assistant's function_call is not a top-level `function_call`: the role is what is refused.
-        f"messages[2].role: {FUNCTION_ROLE}", "messages", "function-role-2",
+        f"messages[2].role: {FUNCTION_ROLE}",
+        "messages",
+        "function-role-2",
     ),
 ]
 
@@ -189,6 +224,7 @@ def upstream_body(stream: bool) -> dict:
 
 # --- Refused.
 
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize(("kwargs", "message", "param"), REFUSED)
 async def test_refused_field(client, upstream, kwargs, message, param, stream):
@@ -200,8 +236,27 @@ async def test_refused_field(client, upstream, kwargs, message, param, stream):
 
 
 UNKNOWN_EFFORTS = [
-    "", "extreme", "maximum", "default", "auto", "ultra", "HIGH", "Low", " low", "medium ", "x-high", "x_high",
-    "extra_high", "none\n", 0, 1, 3.5, True, False, ["high"], {"effort": "high"},
+    "",
+    "extreme",
+    "maximum",
+    "default",
+    "auto",
+    "ultra",
+    "HIGH",
+    "Low",
+    " low",
+    "medium ",
+    "x-high",
+    "x_high",
+    "extra_high",
+    "none\n",
+    0,
+    1,
+    3.5,
+    True,
+    False,
+    ["high"],
+    {"effort": "high"},
 ]
 
 
@@ -212,7 +267,10 @@ async def test_unknown_reasoning_effort_is_refused(client, upstream, effort, str
         await create(client, stream, extra_body={"reasoning_effort": effort})
     assert caught.value.status_code == 400
     assert caught.value.body == {
-        "message": EFFORT, "type": "invalid_request_error", "param": "reasoning_effort", "code": None,
+        "message": EFFORT,
+        "type": "invalid_request_error",
+        "param": "reasoning_effort",
+        "code": None,
     }
     assert upstream.requests == []
 

@@ -28,7 +28,16 @@ from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, Routin
 from gateway.mock.upstream import MockUpstream, Scenario
 from tests.requests_util import WEATHER_TOOLS, echo
 from tests.support import (
-    KEY, MODEL, SERVE_CONFIG, UPSTREAM_KEY, UPSTREAM_MODEL, ServeProcess, data, free_port, make_config, raw_stream,
+    KEY,
+    MODEL,
+    SERVE_CONFIG,
+    UPSTREAM_KEY,
+    UPSTREAM_MODEL,
+    ServeProcess,
+    data,
+    free_port,
+    make_config,
+    raw_stream,
     read_store,
 )
 
@@ -258,7 +267,9 @@ async def test_max_attempts_bounds_the_upstream_attempts(start_gateway, mocks):
     for mock in mocks:
         mock.enqueue(*(Scenario(status=503) for _ in range(5)))
     gateway = await start_gateway(
-        routed_config(mocks, asked=("d0", "d1", "d2"), routing=RoutingConfig(max_attempts=2, failures_before_cooldown=10))
+        routed_config(
+            mocks, asked=("d0", "d1", "d2"), routing=RoutingConfig(max_attempts=2, failures_before_cooldown=10)
+        )
     )
 
     error = await ask_error(gateway, stream=False)
@@ -390,15 +401,26 @@ async def test_a_fallback_model_gets_only_the_effort_and_sampling_it_supports(st
     mocks[1].enqueue(Scenario(status=529))
     config = routed_config(mocks)
     asked, fallback = config.models
-    gateway = await start_gateway(replace(config, models=(
-        replace(asked, sampling=True),  # every effort, xhigh included
-        replace(fallback, sampling=False, efforts=("low", "medium", "high")),
-    )))
+    gateway = await start_gateway(
+        replace(
+            config,
+            models=(
+                replace(asked, sampling=True),  # every effort, xhigh included
+                replace(fallback, sampling=False, efforts=("low", "medium", "high")),
+            ),
+        )
+    )
 
     # A forced tool keeps thinking off, so the asked model is sent its sampling along with the effort.
     headers, answered, text = await ask(
-        gateway, stream=stream, reasoning_effort="xhigh", temperature=0.4, top_p=0.8,
-        tools=WEATHER_TOOLS, tool_choice="required", extra_body={"models": [FALLBACK]},
+        gateway,
+        stream=stream,
+        reasoning_effort="xhigh",
+        temperature=0.4,
+        top_p=0.8,
+        tools=WEATHER_TOOLS,
+        tool_choice="required",
+        extra_body={"models": [FALLBACK]},
     )
 
     assert text == ANSWER
@@ -518,13 +540,16 @@ async def test_a_stream_no_deployment_starts_in_time_is_a_500(start_gateway, moc
     instead"); a stream that no deployment started in time is an error on the provider's side."""
     for mock in mocks[:2]:
         mock.enqueue(Scenario(event_delay=2))
-    gateway = await start_gateway(routed_config(
-        mocks, fallback=(), options={name: {"first_token_timeout_seconds": 0.3} for name in ("d0", "d1")}
-    ))
+    gateway = await start_gateway(
+        routed_config(mocks, fallback=(), options={name: {"first_token_timeout_seconds": 0.3} for name in ("d0", "d1")})
+    )
     error = await ask_error(gateway, stream=True)
     assert error.status_code == 500
     assert error.body == {
-        "message": "The upstream produced nothing within 0.3 seconds.", "type": "server_error", "param": None, "code": None
+        "message": "The upstream produced nothing within 0.3 seconds.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
     }
     assert counts(mocks) == [1, 1, 0]
 
@@ -557,7 +582,7 @@ async def test_closing_a_stream_midway_cancels_the_upstream_request(start_gatewa
     async with gateway.client() as client:
         stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
         received = 0
-        async for chunk in stream:
+        async for _chunk in stream:
             received += 1
             if received == 3:
                 break
@@ -647,7 +672,9 @@ async def test_sigterm_lets_streams_in_flight_finish_and_bills_them(tmp_path, up
         assert events[-1] == "data: [DONE]"
         assert not any('"error"' in e for e in events)
         chunks = [data(e) for e in events[:-1] if e.startswith("data: ")]
-        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "abcdefghijklmnop"
+        assert (
+            "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "abcdefghijklmnop"
+        )
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
     rows, _ = await read_store(f"sqlite:///{served.db}")
@@ -664,16 +691,23 @@ async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled
     delay = 1.1 if starts == "after" else 0
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "x" * 60}], chunk_size=2, event_delay=0.2, delay=delay))
     db = tmp_path / "ledger.db"
-    served = ServeProcess(tmp_path, "gateway", SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 1"),
-                          storage_url=f"sqlite:///{db}", upstream_url=upstream.url)
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        SERVE_CONFIG.replace("shutdown_timeout_seconds = 10", "shutdown_timeout_seconds = 1"),
+        storage_url=f"sqlite:///{db}",
+        upstream_url=upstream.url,
+    )
     try:
         await served.start()
         async with aiohttp.ClientSession() as http:
-            request = asyncio.create_task(http.post(
-                served.url + "/openai/v1/chat/completions",
-                headers={"Authorization": f"Bearer {KEY}"},
-                json={"model": MODEL, "stream": True, "messages": MESSAGES},
-            ))
+            request = asyncio.create_task(
+                http.post(
+                    served.url + "/openai/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    json={"model": MODEL, "stream": True, "messages": MESSAGES},
+                )
+            )
             async with asyncio.timeout(5):
                 while not upstream.requests:  # the upstream has the request
                     await asyncio.sleep(0.01)
@@ -694,7 +728,10 @@ async def test_sigterm_ends_a_stream_that_outlasts_the_shutdown_timeout_unbilled
     events = [e for e in body.decode().split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     assert data(events[-2])["error"] == {
-        "message": "The gateway is shutting down; send the request again.", "type": "server_error", "param": None, "code": None
+        "message": "The gateway is shutting down; send the request again.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
     }
     chunks = [data(e) for e in events[:-2] if e.startswith("data: {")]
     assert "x" in "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
@@ -747,7 +784,7 @@ def opened_files(pid: int) -> set[str]:
 
 
 def sockets_of(pid: int) -> set[str]:
-    return {link[len("socket:["):-1] for link in opened_files(pid) if link.startswith("socket:[")}
+    return {link[len("socket:[") : -1] for link in opened_files(pid) if link.startswith("socket:[")}
 
 
 def gone(pid: int) -> bool:
@@ -808,7 +845,6 @@ async def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(tmp_p
         answered_by = await answered_on_open_connections(served, workers, 16)
         assert sum(answered_by) == 16 and all(answered_by), answered_by  # both workers answer
 
-
         served.process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(served.process.wait(), 15)
     finally:
@@ -822,7 +858,6 @@ async def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(tmp_p
     assert await refused(served.port)
     rows, _ = await read_store(f"sqlite:///{served.db}")
     assert len(rows) == 6
-
 
 
 async def test_two_workers_start_together_on_a_new_sqlite_database(tmp_path, upstream):

@@ -62,14 +62,17 @@ async def claude(gateway):
 
 async def message(claude, text: str, headers: dict[str, str]):
     raw = await claude.messages.with_raw_response.create(
-        model=MODEL, max_tokens=10, system=SYSTEM, messages=[{"role": "user", "content": text}], extra_headers=headers)
+        model=MODEL, max_tokens=10, system=SYSTEM, messages=[{"role": "user", "content": text}], extra_headers=headers
+    )
     return raw
 
 
 def served(upstream, second) -> dict[str, list[str]]:
     """Each deployment's requests, by their text."""
-    return {name: [r.body["messages"][0]["content"] for r in mock.requests]
-            for name, mock in zip(DEPLOYMENTS, (upstream, second))}
+    return {
+        name: [r.body["messages"][0]["content"] for r in mock.requests]
+        for name, mock in zip(DEPLOYMENTS, (upstream, second))
+    }
 
 
 async def sessions(gateway) -> dict[str, tuple[str | None, str]]:
@@ -81,7 +84,7 @@ async def test_claude_codes_session_header_keeps_a_conversation_on_one_deploymen
     # One system prompt for all: without the header's name they would all go to one deployment.
     names = [named_on("primary", "claude-code"), named_on("second", "claude-code")]
     ids = {}
-    for turn in range(3):
+    for _turn in range(3):
         for name in names:
             raw = await message(claude, name, {CLAUDE_CODE_SESSION: name})
             ids[raw.headers["request-id"]] = (name, home(name))
@@ -108,20 +111,27 @@ async def test_chat_completions_name_it_by_x_ezat_session_then_prompt_cache_key(
         recorded = {}
         for session, options in asked:
             raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=[{"role": "user", "content": "Hi"}], **options)
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], **options
+            )
             recorded[raw.headers["x-request-id"]] = session
     assert {rid: session for rid, (session, _) in (await sessions(gateway)).items()} == recorded
     # Each on its name's home; without one, by the model's preference order (no system prompt).
     assert [deployment for _, deployment in (await sessions(gateway)).values()] == ["second", "primary", "primary"]
 
 
-async def test_the_ledger_keeps_a_session_of_64_characters_as_sent_and_a_digest_beyond(gateway, claude, upstream,
-                                                                                     second):
+async def test_the_ledger_keeps_a_session_of_64_characters_as_sent_and_a_digest_beyond(
+    gateway, claude, upstream, second
+):
     longest, longer = "s" * 64, "s" * 65
     assert len(digest(longer)) <= 64
     # Characters, not bytes, are counted; a name holding a control character is never kept as sent.
-    names = {longest: longest, longer: digest(longer), "ü" * 64: "ü" * 64, "ü" * 65: digest("ü" * 65),
-             "tab\there": digest("tab\there")}
+    names = {
+        longest: longest,
+        longer: digest(longer),
+        "ü" * 64: "ü" * 64,
+        "ü" * 65: digest("ü" * 65),
+        "tab\there": digest("tab\there"),
+    }
     recorded = {}
     for name, kept in names.items():
         for header in ("x-ezat-session", CLAUDE_CODE_SESSION):
@@ -133,13 +143,16 @@ async def test_the_ledger_keeps_a_session_of_64_characters_as_sent_and_a_digest_
     async with gateway.client() as client:
         for key in ("k" * 256, "conversation\x00one"):
             raw = await client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=[{"role": "user", "content": "Hi"}], prompt_cache_key=key)
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], prompt_cache_key=key
+            )
             recorded[raw.headers["x-request-id"]] = (digest(key), home(key))
     assert await sessions(gateway) == recorded
 
 
 async def test_a_session_header_that_is_not_utf8_is_recorded_as_a_digest(gateway, upstream, second):
-    status, body = await raw_post(gateway, f"Authorization: Bearer {KEY}\r\n".encode() + b"x-ezat-session: conv-\xff\r\n")
+    status, body = await raw_post(
+        gateway, f"Authorization: Bearer {KEY}\r\n".encode() + b"x-ezat-session: conv-\xff\r\n"
+    )
     assert status == b"HTTP/1.1 200 OK", body
     [row] = await gateway.app[STORE].ledger()
     assert row.session.startswith("sha256:") and len(row.session) == len(digest("x"))

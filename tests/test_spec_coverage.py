@@ -111,7 +111,9 @@ async def test_a_long_thinking_phase_is_filled_with_pings(start_gateway, upstrea
     [(529, 503, "server_error", "overloaded"), (429, 429, "rate_limit_error", "rate_limit_exceeded")],
     ids=["529-to-503", "429"],
 )
-async def test_retry_after_is_sent_even_when_the_upstream_gave_none(client, upstream, upstream_status, status, type_, code):
+async def test_retry_after_is_sent_even_when_the_upstream_gave_none(
+    client, upstream, upstream_status, status, type_, code
+):
     upstream.enqueue(Scenario(status=upstream_status, error_message="busy"))  # no retry-after header
     with pytest.raises(openai.APIStatusError) as caught:
         await client.chat.completions.create(model=MODEL, messages=HELLO)
@@ -160,9 +162,12 @@ async def test_a_model_without_a_prompt_cache_gets_no_automatic_breakpoints(star
 
 
 @STREAM
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
-                         ids=["required", "named"])
-async def test_sampling_is_forwarded_when_a_forced_tool_turns_thinking_off(start_gateway, upstream, stream, tool_choice):
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"]
+)
+async def test_sampling_is_forwarded_when_a_forced_tool_turns_thinking_off(
+    start_gateway, upstream, stream, tool_choice
+):
     gateway = await start_gateway(make_config(upstream.url, sampling=True))
     upstream.enqueue(Scenario(blocks=[OSLO]))
     async with gateway.client() as client:
@@ -195,7 +200,11 @@ async def test_a_tool_result_given_as_text_parts(client, upstream, stream):
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                }
             ],
         },
         {

@@ -68,7 +68,9 @@ async def test_python_streaming(gateway, upstream):
 async def test_python_tool_loop(gateway, upstream):
     _, _, tools, _ = examples("Python")
     call = {"type": "tool_use", "id": "toolu_oslo", "name": "get_weather", "input": {"city": "Oslo"}}
-    upstream.enqueue(Scenario(blocks=[call]), Scenario(blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}]))
+    upstream.enqueue(
+        Scenario(blocks=[call]), Scenario(blocks=[{"type": "text", "text": "It is 9°C and clear in Oslo."}])
+    )
     output = await run(gateway, python(gateway, tools))
     assert output.startswith("tool_calls [ChatCompletionMessageFunctionToolCall(id='toolu_oslo'")
     assert "It is 9°C and clear in Oslo." in output

@@ -26,9 +26,9 @@ from gateway.config import ImagesConfig, KeyConfig
 from gateway.proxy import proxy_handler
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
-from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
+from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked
 from middlewares.core import MODEL as MODEL_KEY
 from middlewares.core.chain import Stage
@@ -109,12 +109,16 @@ async def test_a_body_over_the_limit_gets_413_before_it_is_read(foreign):
     try:
         # Headers that announce 10 MB, then only a few bytes of it: the answer comes without
         # the rest ever being sent.
-        writer.write(b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 10485760\r\n\r\n{\"model\":")
+        writer.write(
+            b"POST /chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 10485760\r\n\r\n{"model":'
+        )
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 413")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
         error = json.loads(await reader.readexactly(length))["error"]
     finally:
         writer.close()
@@ -134,15 +138,27 @@ async def test_the_image_fetcher_alone_puts_data_urls_in_place_of_image_urls(for
     images = images_middleware()
     app = await foreign([size_limit_middleware(), images], on_app=lambda a: a.cleanup_ctx.append(images.cleanup_ctx))
     url = "https://images.example/cat.png"  # an outside host, faked
-    body = {"model": "any", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}},
-    ]}]}
+    body = {
+        "model": "any",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+    }
     with aioresponses(passthrough=[app.url]) as mocked:
         mocked.get(url, response_class=FakedResponse, body=PNG, content_type="text/plain")
         status, answer = await post(app, body)
     assert status == 200
     part = answer["body"]["messages"][0]["content"][1]
-    assert part == {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}}
+    assert part == {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()},
+    }
 
 
 async def test_the_image_fetcher_still_refuses_private_hosts_in_a_foreign_app(foreign):
@@ -150,7 +166,9 @@ async def test_the_image_fetcher_still_refuses_private_hosts_in_a_foreign_app(fo
     try:
         url = server.serve("/cat.png", PNG)
         images = images_middleware()
-        app = await foreign([size_limit_middleware(), images], on_app=lambda a: a.cleanup_ctx.append(images.cleanup_ctx))
+        app = await foreign(
+            [size_limit_middleware(), images], on_app=lambda a: a.cleanup_ctx.append(images.cleanup_ctx)
+        )
         body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}
         status, answer = await post(app, body)
     finally:
@@ -162,7 +180,11 @@ async def test_the_image_fetcher_still_refuses_private_hosts_in_a_foreign_app(fo
 
 async def test_the_image_fetcher_without_its_cleanup_ctx_says_so_and_leaks_nothing(foreign):
     app = await foreign([size_limit_middleware(), images_middleware()])
-    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}]}
+    body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}
+        ]
+    }
     status, answer = await post(app, body)
     assert status == 500
     assert answer["error"]["message"] == "The image fetcher is not running."
@@ -185,7 +207,11 @@ async def test_auth_with_a_dict_backed_lookup(foreign):
     assert await post(app, b"{}", {"Authorization": "Bearer sk-team"}) == (200, {"name": "team"})
     assert await post(app, b"{}", {"x-api-key": "sk-team"}) == (200, {"name": "team"})
     status, answer = await post(app, b"{}", {"Authorization": "Bearer sk-other"})
-    assert (status, answer["error"]["code"], answer["error"]["message"]) == (401, "invalid_api_key", "Incorrect API key provided.")
+    assert (status, answer["error"]["code"], answer["error"]["message"]) == (
+        401,
+        "invalid_api_key",
+        "Incorrect API key provided.",
+    )
 
 
 def counting_arrivals(arrived: list[str]):
@@ -246,6 +272,7 @@ async def test_a_lookup_that_fails_fails_the_requests_waiting_on_it_and_is_not_k
 
     app = await foreign([counting_arrivals(arrived), auth_middleware(find_key=find_key)], whoami)
     async with aiohttp.ClientSession() as http:
+
         async def status() -> int:
             async with http.post(app.url + "/chat", data=b"{}", headers={"x-api-key": "sk-team"}) as response:
                 return response.status
@@ -266,7 +293,10 @@ async def test_a_lookup_that_fails_fails_the_requests_waiting_on_it_and_is_not_k
 def test_a_stage_before_its_prerequisite_is_an_error_naming_both():
     with pytest.raises(ChainError) as error:
         checked([refusals_middleware(), size_limit_middleware()])
-    assert str(error.value) == "refusals needs the request's body, which size_limit provides: put size_limit before refusals"
+    assert (
+        str(error.value)
+        == "refusals needs the request's body, which size_limit provides: put size_limit before refusals"
+    )
 
 
 def test_a_missing_prerequisite_is_an_error_naming_the_stage_and_the_key():
@@ -277,15 +307,22 @@ def test_a_missing_prerequisite_is_an_error_naming_the_stage_and_the_key():
 def test_the_gateways_routes_are_built_only_from_a_chain_in_order(upstream):
     # gateway.app.chain builds each route; the proxy handler needs the model from limits.
     with pytest.raises(ChainError, match="^proxy needs the request's model, which no stage before it provides$"):
-        chain([size_limit_middleware(), refusals_middleware()], proxy_handler(make_config(upstream.url), UpstreamClient()))
+        chain(
+            [size_limit_middleware(), refusals_middleware()], proxy_handler(make_config(upstream.url), UpstreamClient())
+        )
     with pytest.raises(ChainError, match="^cache_breakpoints needs the request's body, which size_limit provides"):
         chain([cache_breakpoints_middleware(), size_limit_middleware()], echo_body)
 
 
 def test_the_stages_are_new_style_middlewares():
     stages = [
-        size_limit_middleware(), bounds_middleware(), refusals_middleware(), limits_middleware(find_model=lambda name: None),
-        images_middleware(), cache_breakpoints_middleware(), translator_middleware(),
+        size_limit_middleware(),
+        bounds_middleware(),
+        refusals_middleware(),
+        limits_middleware(find_model=lambda name: None),
+        images_middleware(),
+        cache_breakpoints_middleware(),
+        translator_middleware(),
         auth_middleware(find_key=lambda digest: None),
     ]
     assert all(getattr(stage, "__middleware_version__", None) == 1 for stage in stages)
@@ -307,8 +344,11 @@ async def test_the_proxy_lets_go_of_the_prompt_once_its_answer_has_begun(foreign
 
     probe.stage = Stage("probe", requires=frozenset({BODY}))
     upstream_client = UpstreamClient()
-    app = await foreign([size_limit_middleware(), setting("the_model", MODEL_KEY, config.model(MODEL)), probe],
-                        proxy_handler(config, upstream_client), on_app=lambda app: app.cleanup_ctx.append(upstream_client.lifespan))
+    app = await foreign(
+        [size_limit_middleware(), setting("the_model", MODEL_KEY, config.model(MODEL)), probe],
+        proxy_handler(config, upstream_client),
+        on_app=lambda app: app.cleanup_ctx.append(upstream_client.lifespan),
+    )
     body = {"model": MODEL, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hi"}]}
     async with aiohttp.ClientSession() as http:
         async with http.post(app.url + "/chat", json=body, headers={"x-api-key": "any"}) as response:
@@ -467,9 +507,16 @@ async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
         recorded.append(row)
 
     spending = DownSpending() if mounted == "spending down" else None
-    stages = [size_limit_middleware(), setting("the_key", API_KEY, KeyRecord(id=3, name="solo", key_sha256="", spend_limit_usd=Decimal(1), max_concurrent=1)),
-              limits_middleware(find_model=Models(), spending=spending, limiter=MemoryRateLimiter()),
-              billing_middleware(record=record)]
+    stages = [
+        size_limit_middleware(),
+        setting(
+            "the_key",
+            API_KEY,
+            KeyRecord(id=3, name="solo", key_sha256="", spend_limit_usd=Decimal(1), max_concurrent=1),
+        ),
+        limits_middleware(find_model=Models(), spending=spending, limiter=MemoryRateLimiter()),
+        billing_middleware(record=record),
+    ]
     app = await foreign(stages)
     expected = 500 if spending else 200
     # The key may run one request at once: a second one could not if the first kept its place.

@@ -9,7 +9,7 @@ import sqlite3
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
 import asyncpg
@@ -17,11 +17,11 @@ import pytest
 
 from gateway.config import KeyConfig, parse_config
 from gateway.group_commit import ALONE_AFTER
-from gateway.ledger import Ledger
+from gateway.ledger import Ledger, LedgerError
 from gateway.storage import LedgerRow, open_store, schema
 from gateway.storage.sqlite import CHECKPOINT_EVERY
 
-UTC = timezone.utc
+UTC = UTC
 NO_KEY = 999_999  # a key id no store has: a row naming it breaks the foreign key
 
 
@@ -181,8 +181,19 @@ async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_o
     keep theirs."""
     scripts = migrations(store_url)
     before = next(i for i, script in enumerate(scripts) if "ADD COLUMN session" in script)
-    old = ("old-row", "anthropic/claude-sonnet-5-5", "anthropic/claude-sonnet-5-5", "primary", 1, 2, 3, 4, 0,
-           "0.5", "complete")
+    old = (
+        "old-row",
+        "anthropic/claude-sonnet-5-5",
+        "anthropic/claude-sonnet-5-5",
+        "primary",
+        1,
+        2,
+        3,
+        4,
+        0,
+        "0.5",
+        "complete",
+    )
     if store_url.startswith("sqlite:///"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
             db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
@@ -191,10 +202,13 @@ async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_o
                     db.execute(statement)
                 db.execute("INSERT INTO schema_version VALUES (?)", (number,))
             db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
-            db.execute("INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
-                       " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
-                       " started_at, finished_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                       " '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:01.000000Z')", old)
+            db.execute(
+                "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
+                " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
+                " started_at, finished_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:01.000000Z')",
+                old,
+            )
         db.close()
     else:
         db = await asyncpg.connect(store_url)
@@ -204,13 +218,17 @@ async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_o
                 for number, script in enumerate(scripts[:before], start=1):
                     await db.execute(script)
                     await db.execute("INSERT INTO schema_version VALUES ($1)", number)
-                key_id = await db.fetchval("INSERT INTO keys (key_sha256, name) VALUES ($1, 'older') RETURNING id",
-                                           digest("sk-older"))
+                key_id = await db.fetchval(
+                    "INSERT INTO keys (key_sha256, name) VALUES ($1, 'older') RETURNING id", digest("sk-older")
+                )
                 await db.execute(
                     "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
                     " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
                     " started_at, finished_at) VALUES ($1, $12, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11,"
-                    " '2026-01-01T00:00:00Z', '2026-01-01T00:00:01Z')", *old, key_id)
+                    " '2026-01-01T00:00:00Z', '2026-01-01T00:00:01Z')",
+                    *old,
+                    key_id,
+                )
         finally:
             await db.close()
 
@@ -227,8 +245,11 @@ async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_o
 async def test_a_rows_session_is_kept_as_written(store_url, opened):
     store = await opened(store_url)
     key = await store.create_key(digest("sk-sessions"), name="sessions")
-    rows = [row("named", key.id, "0.1", session="a" * 64), row("unnamed", key.id, "0.2"),
-            row("digest", key.id, "0.3", session=LedgerRow.session_name("a" * 65))]
+    rows = [
+        row("named", key.id, "0.1", session="a" * 64),
+        row("unnamed", key.id, "0.2"),
+        row("digest", key.id, "0.3", session=LedgerRow.session_name("a" * 65)),
+    ]
     await store.write_ledger(rows)
     assert await store.ledger() == rows
     assert [r.session for r in rows] == ["a" * 64, None, "sha256:" + hashlib.sha256(b"a" * 65).hexdigest()[:32]]
@@ -260,19 +281,37 @@ async def test_sync_config_keys_creates_then_updates_and_keeps_spend(store_url, 
     assert created.spent_usd == Decimal(0)
     other_key = await store.find_key(digest("sk-other"))
     assert (other_key.models, other_key.spend_limit_usd, other_key.rpm, other_key.tpm, other_key.expires_at) == (
-        ("*",), None, 2**63 - 1, 3_000_000_000, None)
+        ("*",),
+        None,
+        2**63 - 1,
+        3_000_000_000,
+        None,
+    )
 
     await store.write_ledger([row("req-1", created.id, "1.234567")])
     changed = replace(
-        config, name="ci-renamed", models=("anthropic/*", "test/*"), spend_limit_usd=Decimal("7.25"),
-        rpm=None, tpm=2000, expires_at=None, revoked=True,
+        config,
+        name="ci-renamed",
+        models=("anthropic/*", "test/*"),
+        spend_limit_usd=Decimal("7.25"),
+        rpm=None,
+        tpm=2000,
+        expires_at=None,
+        revoked=True,
     )
     await store.sync_config_keys([changed, other])  # and again: the same file read by a restart
 
     updated = await store.find_key(digest("sk-ci"))
     assert updated == replace(
-        created, name="ci-renamed", models=("anthropic/*", "test/*"), spend_limit_usd=Decimal("7.25"),
-        rpm=None, tpm=2000, expires_at=None, revoked=True, spent_usd=Decimal("1.234567"),
+        created,
+        name="ci-renamed",
+        models=("anthropic/*", "test/*"),
+        spend_limit_usd=Decimal("7.25"),
+        rpm=None,
+        tpm=2000,
+        expires_at=None,
+        revoked=True,
+        spent_usd=Decimal("1.234567"),
     )
     assert [k.key_sha256 for k in await store.list_keys()] == [digest("sk-ci"), digest("sk-other")]
     assert await store.spent(created.id) == Decimal("1.234567")
@@ -282,7 +321,10 @@ async def test_a_key_the_config_file_no_longer_declares_is_revoked(store_url, op
     """The file is its keys' source of truth: one taken out of it stops working at the next
     start; put back, it works again. Keys made with the CLI are not the file's to revoke."""
     store = await opened(store_url)
-    kept, dropped = KeyConfig(name="kept", key_sha256=digest("sk-kept")), KeyConfig(name="dropped", key_sha256=digest("sk-dropped"))
+    kept, dropped = (
+        KeyConfig(name="kept", key_sha256=digest("sk-kept")),
+        KeyConfig(name="dropped", key_sha256=digest("sk-dropped")),
+    )
     await store.sync_config_keys([kept, dropped])
     made = await store.create_key(digest("sk-made"), name="made")
     assert (await store.find_key(digest("sk-kept"))).from_config and not made.from_config
@@ -323,12 +365,22 @@ async def test_find_key_by_digest(store_url, opened):
 async def test_create_list_and_update_keys(store_url, opened):
     store = await opened(store_url)
     alpha = await store.create_key(
-        digest("sk-alpha"), name="alpha", models=("anthropic/*",), spend_limit_usd=Decimal("2.50"),
-        rpm=60, tpm=10000, expires_at=datetime(2031, 6, 1, 12, 30, tzinfo=UTC),
+        digest("sk-alpha"),
+        name="alpha",
+        models=("anthropic/*",),
+        spend_limit_usd=Decimal("2.50"),
+        rpm=60,
+        tpm=10000,
+        expires_at=datetime(2031, 6, 1, 12, 30, tzinfo=UTC),
     )
     assert alpha.id > 0
     assert (alpha.name, alpha.models, alpha.spend_limit_usd, alpha.rpm, alpha.tpm) == (
-        "alpha", ("anthropic/*",), Decimal("2.50"), 60, 10000)
+        "alpha",
+        ("anthropic/*",),
+        Decimal("2.50"),
+        60,
+        10000,
+    )
     assert alpha.expires_at == datetime(2031, 6, 1, 12, 30, tzinfo=UTC)
     assert (alpha.revoked, alpha.spent_usd) == (False, Decimal(0))
     beta = await store.create_key(digest("sk-beta"), name="beta")
@@ -352,7 +404,10 @@ async def test_write_ledger_adds_exact_spend_and_ledger_filters(store_url, opene
     store = await opened(store_url)
     alpha = await store.create_key(digest("sk-alpha"), name="alpha")
     beta = await store.create_key(digest("sk-beta"), name="beta")
-    day = lambda d: datetime(2026, 1, d, tzinfo=UTC)
+
+    def day(d):
+        return datetime(2026, 1, d, tzinfo=UTC)
+
     rows = [
         row("r1", alpha.id, "0.000123", day(1)),
         row("r2", alpha.id, "0.1", day(2), outcome="client_closed", deployment="secondary"),
@@ -366,7 +421,9 @@ async def test_write_ledger_adds_exact_spend_and_ledger_filters(store_url, opene
     assert await store.spent(alpha.id) == Decimal("0.100123001")
     assert await store.spent(beta.id) == Decimal("0.2")
     assert {k.name: k.spent_usd for k in await store.list_keys()} == {
-        "alpha": Decimal("0.100123001"), "beta": Decimal("0.2")}
+        "alpha": Decimal("0.100123001"),
+        "beta": Decimal("0.2"),
+    }
     assert (await store.find_key(digest("sk-alpha"))).spent_usd == Decimal("0.100123001")
     reader = await opened(store_url)  # not this process's cache: what is in the database
     assert await reader.spent(alpha.id) == Decimal("0.100123001")
@@ -392,7 +449,7 @@ async def test_a_failed_batch_writes_nothing_and_adds_no_spend(store_url, opened
 
     # the batch's other rows come first, so only atomicity can keep them out
     failing = [row("req-2", key.id, "2"), row("req-3", other.id, "3"), row("req-6", NO_KEY, "4")]
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - the store's own error: sqlite3's or asyncpg's
         await store.write_ledger(failing)
 
     assert await store.ledger() == [first]
@@ -422,7 +479,10 @@ async def test_rows_written_again_are_skipped_and_not_charged_twice(store_url, o
     assert await store.spent(key.id) == Decimal("1.625")
     assert await store.spent(other.id) == Decimal("2.25")
     fresh = await opened(store_url)
-    assert {k.name: k.spent_usd for k in await fresh.list_keys()} == {"again": Decimal("1.625"), "other": Decimal("2.25")}
+    assert {k.name: k.spent_usd for k in await fresh.list_keys()} == {
+        "again": Decimal("1.625"),
+        "other": Decimal("2.25"),
+    }
 
 
 async def test_two_sqlite_stores_on_one_file_see_each_others_spend(tmp_path, opened):
@@ -578,7 +638,7 @@ async def test_one_bad_row_does_not_take_its_batch_down(store_url, opened):
     await asyncio.sleep(0)
     store.gate.set()
     await asyncio.wait_for(asyncio.gather(blocker, *good), 10)
-    with pytest.raises(Exception):
+    with pytest.raises(LedgerError):
         await bad
 
     # after the setup's row and the blocker: the batch of three failed whole, then went row by row
@@ -645,7 +705,10 @@ async def test_hold_now_holds_as_hold_does_where_it_need_not_wait(store_url, ope
 
     await store.hold([hold("first", "0.1")], [])
     if store_url.startswith("sqlite"):  # its own file, unlocked: held on the event loop, "first" released with it
-        assert store.hold_now([hold("a", "0.3"), hold("b", "0.25")], ["first"]) == [None, Shortfall("key", Decimal("0.2"))]
+        assert store.hold_now([hold("a", "0.3"), hold("b", "0.25")], ["first"]) == [
+            None,
+            Shortfall("key", Decimal("0.2")),
+        ]
         assert await store.reserved() == {key.id: Decimal("0.3")}
     else:  # every write is a round trip to the server: nothing held or released here
         assert store.hold_now([hold("a", "0.3")], ["first"]) is None
@@ -657,16 +720,29 @@ async def test_a_hold_takes_from_its_key_and_its_organization_or_from_neither(st
 
     store = await opened(store_url)
     acme = await store.create_organization("acme", balance_usd=Decimal("1"))
-    limited = await store.create_key(digest("sk-limited"), name="limited", spend_limit_usd=Decimal("0.5"),
-                                     organization_id=acme.id)
+    limited = await store.create_key(
+        digest("sk-limited"), name="limited", spend_limit_usd=Decimal("0.5"), organization_id=acme.id
+    )
     free = await store.create_key(digest("sk-free"), name="free", organization_id=acme.id)
-    assert (limited.organization, limited.organization_balance_usd, free.organization_id) == ("acme", Decimal("1"), acme.id)
+    assert (limited.organization, limited.organization_balance_usd, free.organization_id) == (
+        "acme",
+        Decimal("1"),
+        acme.id,
+    )
 
     def hold(rid: str, key, amount: str) -> Hold:
         return Hold(rid, key.id, Decimal(amount), key.spend_limit_usd, 60.0, acme.id, acme.balance_usd)
 
-    results = await store.hold([hold("a", limited, "0.4"), hold("b", limited, "0.2"), hold("c", free, "0.5"),
-                                hold("d", free, "0.2"), hold("e", free, "0.1")], [])
+    results = await store.hold(
+        [
+            hold("a", limited, "0.4"),
+            hold("b", limited, "0.2"),
+            hold("c", free, "0.5"),
+            hold("d", free, "0.2"),
+            hold("e", free, "0.1"),
+        ],
+        [],
+    )
     # b: its key's limit has 0.1 left; d: the organization's balance has 0.1 left (b took none of it).
     assert results == [None, Shortfall("key", Decimal("0.1")), None, Shortfall("organization", Decimal("0.1")), None]
     assert (await store.reserved())[limited.id] == Decimal("0.4")
@@ -676,8 +752,9 @@ async def test_a_hold_takes_from_its_key_and_its_organization_or_from_neither(st
     assert await store.hold([hold("f", free, "0.4")], []) == [None]
 
 
-async def test_a_hold_counts_every_reservation_under_way_of_its_key_and_none_that_expired(store_url, opened,
-                                                                                         monkeypatch):
+async def test_a_hold_counts_every_reservation_under_way_of_its_key_and_none_that_expired(
+    store_url, opened, monkeypatch
+):
     from gateway.storage import Hold, Shortfall
 
     # SQLite drops what expired in a sweep, once a minute: here, at every hold.
@@ -697,11 +774,15 @@ async def test_a_hold_counts_every_reservation_under_way_of_its_key_and_none_tha
     assert await store.hold([hold("gone", "0.3", ttl=0.3)], []) == [None]  # as a process that died leaves it
     # 0.3 left: a billionth of a dollar more does not fit, 0.3 does.
     assert await store.hold([hold("over", "0.300000001"), hold("exact", "0.3")], []) == [
-        Shortfall("key", Decimal("0.3")), None]
+        Shortfall("key", Decimal("0.3")),
+        None,
+    ]
     await asyncio.sleep(0.5)
     # What expired is no longer held: its 0.3 fits again, and no more.
     assert await store.hold([hold("again", "0.3"), hold("more", "0.000000001")], []) == [
-        None, Shortfall("key", Decimal("0"))]
+        None,
+        Shortfall("key", Decimal("0")),
+    ]
     assert await store.reserved() == {key.id: Decimal("1.0"), other.id: Decimal("0.9")}
 
 
@@ -718,10 +799,14 @@ async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold
             for statement in filter(str.strip, script.split(";")):
                 db.execute(statement)
             db.execute("INSERT INTO schema_version VALUES (?)", (number,))
-        db.execute("INSERT INTO keys (key_sha256, name, spend_limit_usd, created_at) VALUES (?, 'older', '1', '')",
-                   (digest("sk-older"),))
-        db.execute("INSERT INTO reservations (request_id, key_id, amount_usd, expires_at) VALUES"
-                   " ('under-way', 1, '0.123456789', '2999-01-01T00:00:00.000000Z')")
+        db.execute(
+            "INSERT INTO keys (key_sha256, name, spend_limit_usd, created_at) VALUES (?, 'older', '1', '')",
+            (digest("sk-older"),),
+        )
+        db.execute(
+            "INSERT INTO reservations (request_id, key_id, amount_usd, expires_at) VALUES"
+            " ('under-way', 1, '0.123456789', '2999-01-01T00:00:00.000000Z')"
+        )
     db.close()
     store = await opened(url)
     key = await store.find_key(digest("sk-older"))
@@ -731,7 +816,9 @@ async def test_reservations_under_way_while_a_sqlite_file_is_migrated_still_hold
 
     # 0.123456789 held, converted a billionth up (never down): 0.87654321 left.
     assert await store.hold([hold("more", "0.876543211"), hold("rest", "0.87654321")], []) == [
-        Shortfall("key", Decimal("0.87654321")), None]
+        Shortfall("key", Decimal("0.87654321")),
+        None,
+    ]
 
 
 async def test_more_rows_keys_and_organizations_than_older_sqlite_takes_variables_are_written(tmp_path, opened):
@@ -777,13 +864,19 @@ async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_gr
                 self.groups.append(len(holds))
             return result
 
-    store = await opened(store_url, HoldCountingStore(store_url.removeprefix("sqlite:///")
-                                                      if store_url.startswith("sqlite:///") else store_url))
+    store = await opened(
+        store_url,
+        HoldCountingStore(store_url.removeprefix("sqlite:///") if store_url.startswith("sqlite:///") else store_url),
+    )
     key = await store.create_key(digest("sk-burst"), name="burst", spend_limit_usd=Decimal("4.4"))
     spending = SpendReservations(store)
     burst = 2 * MAX_GROUP + 500
-    results = await asyncio.wait_for(asyncio.gather(*(
-        spending.reserve(f"r{i}", key.id, Decimal("0.001"), key.spend_limit_usd, 60.0) for i in range(burst))), 60)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(spending.reserve(f"r{i}", key.id, Decimal("0.001"), key.spend_limit_usd, 60.0) for i in range(burst))
+        ),
+        60,
+    )
     await spending.close()
 
     assert sum(store.groups) == burst and max(store.groups) <= MAX_GROUP, store.groups
@@ -795,7 +888,8 @@ async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_gr
 
 
 async def test_sqlite_totals_of_what_is_held_are_checked_against_the_reservations_once_a_minute(
-        tmp_path, opened, caplog):
+    tmp_path, opened, caplog
+):
     """A reservation that a process keeping no totals wrote (one of an older version, still
     running on the file) counts from the next sweep on; until then the totals stand."""
     from gateway.storage import Hold, Shortfall
@@ -809,8 +903,11 @@ async def test_sqlite_totals_of_what_is_held_are_checked_against_the_reservation
 
     assert await store.hold([hold("first", "0.25")], []) == [None]  # the first hold sweeps
     with sqlite3.connect(path, isolation_level=None) as db:
-        db.execute("INSERT INTO reservations (request_id, key_id, amount_usd, amount_nano_usd, expires_at)"
-                   " VALUES ('unkept', ?, '0.5', 500000000, '2999-01-01T00:00:00.000000Z')", (key.id,))
+        db.execute(
+            "INSERT INTO reservations (request_id, key_id, amount_usd, amount_nano_usd, expires_at)"
+            " VALUES ('unkept', ?, '0.5', 500000000, '2999-01-01T00:00:00.000000Z')",
+            (key.id,),
+        )
     db.close()
     assert await store.hold([hold("fits-without-it", "0.5")], []) == [None]
     await store.hold([], ["fits-without-it"])
@@ -831,15 +928,21 @@ async def test_a_key_or_organization_given_a_limit_counts_what_its_requests_unde
     other = await store.create_key(digest("sk-other-org"), name="other-org", spend_limit_usd=Decimal("10"))
 
     def hold(rid: str, of, amount: str) -> Hold:
-        return Hold(rid, of.id, Decimal(amount), of.spend_limit_usd, 60.0, of.organization_id, of.organization_balance_usd)
+        return Hold(
+            rid, of.id, Decimal(amount), of.spend_limit_usd, 60.0, of.organization_id, of.organization_balance_usd
+        )
 
     # Held while the key has no limit (against its organization's balance), and while the other
     # key's organization has no balance (against its key's limit).
     assert await store.hold([hold("a", key, "0.4"), hold("b", other, "0.3")], []) == [None, None]
     key = await store.update_key(key.id, spend_limit_usd=Decimal("1"))
     assert await store.hold([hold("over", key, "0.600000001"), hold("fits", key, "0.6")], []) == [
-        Shortfall("key", Decimal("0.6")), None]
+        Shortfall("key", Decimal("0.6")),
+        None,
+    ]
     await store.update_organization("default", balance_usd=Decimal("1"))
     other = await store.find_key(digest("sk-other-org"))
     assert await store.hold([hold("over-too", other, "0.700000001"), hold("fits-too", other, "0.7")], []) == [
-        Shortfall("organization", Decimal("0.7")), None]
+        Shortfall("organization", Decimal("0.7")),
+        None,
+    ]

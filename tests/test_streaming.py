@@ -57,9 +57,7 @@ async def test_sync_sdk_stream(gateway, upstream):
 
 async def test_sdk_stream_helper_accumulates_the_message(client, upstream):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], chunk_size=2, event_delay=0.002))
-    async with client.chat.completions.stream(
-        model=MODEL, messages=[{"role": "user", "content": "Count"}]
-    ) as stream:
+    async with client.chat.completions.stream(model=MODEL, messages=[{"role": "user", "content": "Count"}]) as stream:
         final = await stream.get_final_completion()
     # Repeated identity fields (role, id) would be concatenated here by the SDK's accumulator.
     assert final.choices[0].message.role == "assistant"
@@ -94,7 +92,12 @@ async def test_raw_usage_chunk_comes_last_before_done(gateway, upstream):
     upstream.enqueue(
         Scenario(
             blocks=[{"type": "text", "text": "hi"}],
-            usage={"input_tokens": 10, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 5, "output_tokens": 3},
+            usage={
+                "input_tokens": 10,
+                "cache_read_input_tokens": 90,
+                "cache_creation_input_tokens": 5,
+                "output_tokens": 3,
+            },
         )
     )
     _, events = await raw_stream(gateway, {"stream_options": {"include_usage": True}})
@@ -162,8 +165,10 @@ def test_parsing_joins_a_text_blocks_deltas_into_one_and_leaves_the_rest():
     events = [
         {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 5}}},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
-        *({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": t}}
-          for t in ("a", "b", "c")),
+        *(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": t}}
+            for t in ("a", "b", "c")
+        ),
         {"type": "content_block_stop", "index": 0},
         {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
         *({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": t}} for t in pieces),
@@ -176,7 +181,9 @@ def test_parsing_joins_a_text_blocks_deltas_into_one_and_leaves_the_rest():
     parsed = gateway_upstream._parse_events(burst)
 
     text_deltas = [e for e in parsed if e.get("delta", {}).get("type") == "text_delta"]
-    assert text_deltas == [{"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": AWKWARD}}]
+    assert text_deltas == [
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": AWKWARD}}
+    ]
     others = [e for e in events if e.get("delta", {}).get("type") != "text_delta"]
     assert [e for e in parsed if e not in text_deltas] == others  # thinking deltas, the empty start: untouched
 
@@ -194,7 +201,10 @@ async def test_gateway_pings_during_a_long_pause(start_gateway, upstream):
     upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow"}], pings=0, event_delay=0.7, chunk_size=2))
     _, events = await raw_stream(gateway, {})
     assert events.count(": ping") >= 3
-    assert "".join(data(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e.startswith("data")) == "slow"
+    assert (
+        "".join(data(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e.startswith("data"))
+        == "slow"
+    )
 
 
 @pytest.mark.parametrize("failure", [{"error_after": 5}, {"drop_after": 5}])

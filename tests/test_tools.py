@@ -87,7 +87,7 @@ async def raw_chunks(gateway, body: dict) -> list[dict]:
     events = [event for event in text.split("\n\n") if event and not event.startswith(":")]
     assert events[-1] == "data: [DONE]"
     assert all(event.startswith("data: ") for event in events)
-    return [json.loads(event[len("data: "):]) for event in events[:-1]]
+    return [json.loads(event[len("data: ") :]) for event in events[:-1]]
 
 
 def calls_of(completion) -> list[tuple[str, str, str, dict]]:
@@ -274,7 +274,9 @@ async def test_thinking_is_not_requested_when_tool_choice_forces_a_tool(client, 
     assert "thinking" not in body
     assert body["output_config"] == {"effort": "high"}
     assert body["tool_choice"]["type"] in ("any", "tool")
-    assert body["tool_choice"] == ({"type": "any"} if tool_choice == "required" else {"type": "tool", "name": "get_weather"})
+    assert body["tool_choice"] == (
+        {"type": "any"} if tool_choice == "required" else {"type": "tool", "name": "get_weather"}
+    )
     assert len(upstream.requests) == 1  # the upstream (which forbids thinking here) accepted it
 
 
@@ -377,9 +379,7 @@ async def test_raw_stream_of_two_parallel_calls(gateway, upstream, before):
 
 
 async def test_sdk_stream_helper_accumulates_the_exact_calls(client, upstream):
-    upstream.enqueue(
-        Scenario(blocks=[{"type": "text", "text": "Let me check both."}, OSLO, OSLO_TIME], chunk_size=2)
-    )
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Let me check both."}, OSLO, OSLO_TIME], chunk_size=2))
     tools = [strict(WEATHER), strict(TIME)]
     async with client.chat.completions.stream(model=MODEL, messages=[USER], tools=tools) as stream:
         events = [event async for event in stream]
@@ -462,9 +462,13 @@ async def test_sdk_stream_of_text_then_call(client, upstream):
     assert "".join(d.content or "" for d in deltas[:first_call]) == "One moment."
     head = deltas[first_call].tool_calls[0]
     assert (head.index, head.id, head.type, head.function.name, head.function.arguments) == (
-        0, "toolu_1", "function", "get_weather", ""
+        0,
+        "toolu_1",
+        "function",
+        "get_weather",
+        "",
     )
-    rest = [d.tool_calls[0] for d in deltas[first_call + 1:] if d.tool_calls]
+    rest = [d.tool_calls[0] for d in deltas[first_call + 1 :] if d.tool_calls]
     assert all(c.id is None and c.type is None and c.function.name is None for c in rest)
     assert "".join(c.function.arguments for c in rest) == '{"city":"Oslo"}'
     assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import KEY, MODEL, Gateway, make_config, served
 from gateway.app import STORE, build_app
+from tests.support import KEY, MODEL, Gateway, make_config, served
 
 
 def sse(*events: dict | bytes) -> bytes:
@@ -32,10 +32,12 @@ async def serve_upstream():
     runners = []
     gone = asyncio.Event()
 
-    async def start(status: int, body: bytes | list[bytes], content_type: str = "text/event-stream",
-                    piece: int = 0) -> Gateway:
+    async def start(
+        status: int, body: bytes | list[bytes], content_type: str = "text/event-stream", piece: int = 0
+    ) -> Gateway:
         """`body` whole, or cut into pieces of `piece` bytes, or a list of pieces: each piece a
         write of its own, shortly after the one before, so that each arrives in a read of its own."""
+
         async def answer(request: web.Request) -> web.StreamResponse:
             await request.read()
             if not piece and isinstance(body, bytes):
@@ -110,7 +112,11 @@ MALFORMED = {
     "text not a string": {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 5}},
     "index missing": {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": "{"}},
     "block missing": {"type": "content_block_start", "index": 1},
-    "tool without a name": {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t"}},
+    "tool without a name": {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "t"},
+    },
     "stop without index": {"type": "content_block_stop"},
     "usage not an object": {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": 7},
     "delta null": {"type": "message_delta", "delta": None},
@@ -133,22 +139,25 @@ async def test_a_malformed_event_mid_stream_ends_with_an_error_and_done_unbilled
     assert status == 200
     events = [e for e in text.split("\n\n") if e and not e.startswith(":")]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2][len("data: "):])["error"] == {
+    assert json.loads(events[-2][len("data: ") :])["error"] == {
         "message": "The upstream sent an event the gateway cannot read.",
         "type": "server_error",
         "param": None,
         "code": None,
     }
     # No usage chunk and no finish: the failure is the stream's last word before [DONE].
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-2]]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "hello"
     assert all("error" not in c and c.get("usage") is None for c in chunks)
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
     assert await gateway.app[STORE].ledger() == []
 
 
-@pytest.mark.parametrize("bad", [sse(MALFORMED["delta missing"]), b"data: " + b"x" * (5 * 1024 * 1024)],
-                         ids=["malformed", "over 4 MB without an end"])
+@pytest.mark.parametrize(
+    "bad",
+    [sse(MALFORMED["delta missing"]), b"data: " + b"x" * (5 * 1024 * 1024)],
+    ids=["malformed", "over 4 MB without an end"],
+)
 async def test_a_stream_the_gateway_cannot_read_is_closed_upstream_at_once(serve_upstream, bad):
     """The upstream is still answering: its connection is closed, not kept for the body's end."""
     gateway = await serve_upstream(200, [sse(START, TEXT_START, TEXT), bad] + [sse(TEXT)] * 200)  # 4 s more
@@ -156,17 +165,32 @@ async def test_a_stream_the_gateway_cannot_read_is_closed_upstream_at_once(serve
     assert status == 200
     events = [e for e in text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2][len("data: "):])["error"]["message"] == "The upstream sent an event the gateway cannot read."
+    assert (
+        json.loads(events[-2][len("data: ") :])["error"]["message"]
+        == "The upstream sent an event the gateway cannot read."
+    )
     await asyncio.wait_for(serve_upstream.gone.wait(), 1)
     assert await gateway.app[STORE].ledger() == []
 
 
-@pytest.mark.parametrize("content", [[{"type": "text", "text": 5}], [{"type": "tool_use", "id": "t", "input": {}}], [7],
-                                     [{"type": ["text"], "text": "x"}]])
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": 5}],
+        [{"type": "tool_use", "id": "t", "input": {}}],
+        [7],
+        [{"type": ["text"], "text": "x"}],
+    ],
+)
 async def test_a_malformed_message_is_a_server_error_unbilled(serve_upstream, content):
     """Spec, "Errors": failed requests aren't billed."""
-    message = {"type": "message", "role": "assistant", "content": content, "stop_reason": "end_turn",
-               "usage": {"input_tokens": 3, "output_tokens": 5}}
+    message = {
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 3, "output_tokens": 5},
+    }
     gateway = await serve_upstream(200, json.dumps(message).encode(), "application/json")
     status, text = await call(gateway, stream=False)
     assert status == 500
@@ -191,8 +215,13 @@ NOT_A_MESSAGE = {
     "an error": {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
     "no content": {"type": "message", "role": "assistant", "stop_reason": "end_turn", "usage": {"output_tokens": 1}},
     # JSON orjson reads (1,024 levels) but cannot write (255): a reply the gateway cannot send on.
-    "nested 300 deep": {"type": "message", "role": "assistant", "stop_reason": "end_turn", "usage": {"output_tokens": 1},
-                        "content": [{"type": "text", "text": "x", "citations": nested(300)}]},
+    "nested 300 deep": {
+        "type": "message",
+        "role": "assistant",
+        "stop_reason": "end_turn",
+        "usage": {"output_tokens": 1},
+        "content": [{"type": "text", "text": "x", "citations": nested(300)}],
+    },
 }
 
 
@@ -205,8 +234,11 @@ async def test_a_200_that_is_no_message_the_gateway_can_send_is_a_server_error_u
         error = json.loads(text)["error"]
     else:
         async with aiohttp.ClientSession() as http:
-            async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY}, json={
-                    "model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}) as response:
+            async with http.post(
+                gateway.url + "/v1/messages",
+                headers={"x-api-key": KEY},
+                json={"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
+            ) as response:
                 status, error = response.status, (await response.json())["error"]
     assert status == 500
     assert error["message"] == "The upstream sent a reply the gateway cannot read."
@@ -217,8 +249,15 @@ async def test_a_200_that_is_no_message_the_gateway_can_send_is_a_server_error_u
 async def test_an_answer_larger_than_any_message_is_not_read(serve_upstream, chunked):
     """Over 32 MB (a message is far smaller): not held in memory, a server error, unbilled."""
     text = "x" * (33 * 1024 * 1024)
-    reply = json.dumps({"type": "message", "role": "assistant", "content": [{"type": "text", "text": text}],
-                        "stop_reason": "end_turn", "usage": {"output_tokens": 1}}).encode()
+    reply = json.dumps(
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "usage": {"output_tokens": 1},
+        }
+    ).encode()
     gateway = await serve_upstream(200, reply, "application/json", piece=1024 * 1024 if chunked else 0)
     status, body = await call(gateway, stream=False)
     assert status == 500
@@ -230,17 +269,32 @@ async def test_an_answer_larger_than_any_message_is_not_read(serve_upstream, chu
 async def test_a_stream_event_nested_deeper_than_the_gateway_can_send_ends_it_unbilled(serve_upstream, route):
     """The burst ends with message_stop, but one of its events cannot be written out again: the
     stream ends with an error there, and is not billed (it was, then the write failed)."""
-    deep = {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": "", "citations": nested(300)}}
-    gateway = await serve_upstream(200, sse(
-        START, TEXT_START, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
-        {"type": "content_block_stop", "index": 0}, deep,
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}, {"type": "message_stop"}))
+    deep = {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "text", "text": "", "citations": nested(300)},
+    }
+    gateway = await serve_upstream(
+        200,
+        sse(
+            START,
+            TEXT_START,
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+            {"type": "content_block_stop", "index": 0},
+            deep,
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+            {"type": "message_stop"},
+        ),
+    )
     if route == "openai":
         status, text = await call(gateway, stream=True)
     else:
         async with aiohttp.ClientSession() as http:
-            async with http.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY}, json={
-                    "model": MODEL, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+            async with http.post(
+                gateway.url + "/v1/messages",
+                headers={"x-api-key": KEY},
+                json={"model": MODEL, "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "x"}]},
+            ) as response:
                 status, text = response.status, await response.text()
     assert status == 200
     assert "The upstream sent an event the gateway cannot read." in text
@@ -272,7 +326,7 @@ async def test_garbage_lines_and_unknown_events_are_skipped(serve_upstream):
     gateway = await serve_upstream(200, body)
     status, text = await call(gateway, stream=True)
     assert status == 200
-    chunks = [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e.startswith("data: {")]
+    chunks = [json.loads(e[len("data: ") :]) for e in text.split("\n\n") if e.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "fine"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert text.endswith("data: [DONE]\n\n")
@@ -298,7 +352,7 @@ async def test_events_split_across_reads_are_reassembled(serve_upstream, newline
     gateway = await serve_upstream(200, body, piece=piece)
     status, reply = await call(gateway, stream=True)
     assert status == 200
-    chunks = [json.loads(e[len("data: "):]) for e in reply.split("\n\n") if e.startswith("data: {")]
+    chunks = [json.loads(e[len("data: ") :]) for e in reply.split("\n\n") if e.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text + " "
     assert reply.endswith("data: [DONE]\n\n")
 
@@ -313,8 +367,13 @@ SERVER_TOOL_BLOCKS = [
 async def test_server_tool_blocks_are_not_client_tool_calls(serve_upstream):
     """Pitfall P8: the client would try to run `web_search` itself."""
     message = {
-        "id": "m", "type": "message", "role": "assistant", "model": "x", "content": SERVER_TOOL_BLOCKS,
-        "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 5},
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "model": "x",
+        "content": SERVER_TOOL_BLOCKS,
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 5, "output_tokens": 5},
     }
     gateway = await serve_upstream(200, json.dumps(message).encode(), "application/json")
     status, text = await call(gateway, stream=False)
@@ -329,7 +388,11 @@ async def test_server_tool_blocks_in_a_stream_are_not_client_tool_calls(serve_up
     body = sse(
         START,
         {"type": "content_block_start", "index": 0, "content_block": {**server_use, "input": {}}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"query": "oslo"}'}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": '{"query": "oslo"}'},
+        },
         {"type": "content_block_stop", "index": 0},
         {"type": "content_block_start", "index": 1, "content_block": result},
         {"type": "content_block_stop", "index": 1},
@@ -342,7 +405,7 @@ async def test_server_tool_blocks_in_a_stream_are_not_client_tool_calls(serve_up
     gateway = await serve_upstream(200, body)
     status, text = await call(gateway, stream=True)
     assert status == 200
-    chunks = [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e.startswith("data: {")]
+    chunks = [json.loads(e[len("data: ") :]) for e in text.split("\n\n") if e.startswith("data: {")]
     assert not any("tool_calls" in c["choices"][0]["delta"] for c in chunks)
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is mild."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"

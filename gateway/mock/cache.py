@@ -86,8 +86,11 @@ def _breakpoints(body: dict[str, Any], blocks: list[Any]) -> dict[int, str]:
         if isinstance(block, dict) and block.get("cache_control") is not None
     }
     automatic = body.get("cache_control")
-    cacheable = [index for index, block in enumerate(blocks)
-                 if not (isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"))]
+    cacheable = [
+        index
+        for index, block in enumerate(blocks)
+        if not (isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"))
+    ]
     if automatic is not None and cacheable:
         marks.setdefault(cacheable[-1], automatic.get("ttl", "5m"))
     return marks
@@ -96,7 +99,9 @@ def _breakpoints(body: dict[str, Any], blocks: list[Any]) -> dict[int, str]:
 def _prompt_blocks(body: dict[str, Any]) -> list[Any]:
     """The prompt in cache order: tools, system blocks, then every message's blocks."""
     system = body.get("system") or []
-    blocks = list(body.get("tools") or []) + ([{"type": "text", "text": system}] if isinstance(system, str) else list(system))
+    blocks = list(body.get("tools") or []) + (
+        [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+    )
     for message in body["messages"]:
         content = message["content"]
         blocks += [{"type": "text", "text": content}] if isinstance(content, str) else content

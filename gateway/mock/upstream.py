@@ -33,9 +33,16 @@ ANTHROPIC_VERSIONS = frozenset({"2023-06-01", "2026-10-21"})
 MAX_BODY_BYTES = 32 * 1024 * 1024  # the real API answers 413 above this
 
 ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-    429: "rate_limit_error", 500: "api_error", 504: "timeout_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
 }
 
 
@@ -82,9 +89,19 @@ _FAST_TEXT = ("Tokens arrive eight characters at a time here. " * 9)[:400]  # 50
 FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
     "bench-nonstream": ([{"type": "text", "text": _FAST_TEXT}], False, 0.0),
     "bench-stream50": ([{"type": "text", "text": _FAST_TEXT}], True, 0.0),
-    "bench-tool": ([{"type": "text", "text": "Let me look that up."},
-                    {"type": "tool_use", "id": "toolu_bench", "name": "get_weather",
-                     "input": {"city": "Paris", "country": "FR", "units": "celsius", "days": 3}}], True, 0.0),
+    "bench-tool": (
+        [
+            {"type": "text", "text": "Let me look that up."},
+            {
+                "type": "tool_use",
+                "id": "toolu_bench",
+                "name": "get_weather",
+                "input": {"city": "Paris", "country": "FR", "units": "celsius", "days": 3},
+            },
+        ],
+        True,
+        0.0,
+    ),
     "bench-paced": ([{"type": "text", "text": _FAST_TEXT}], True, 0.01),  # 50 deltas, 0.5 s
     "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
 }
@@ -107,7 +124,7 @@ def _sse(event: dict) -> bytes:
 
 def _chunks(text: str, size: int) -> list[str]:
     size = max(1, size)
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _text_of(content) -> str:
@@ -195,16 +212,23 @@ class MockUpstream:
         except orjson.JSONDecodeError:
             body = None
         header_lines = [
-            (name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in request.raw_headers]
+            (name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in request.raw_headers
+        ]
         headers: dict[str, str] = {}
         for name, value in header_lines:  # a header on several lines is one list (RFC 9110)
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         # Record before validating, so tests can inspect rejected requests too.
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        self.requests.append(RecordedRequest(
-            path=request.path, query=dict(request.query), headers=headers, header_lines=header_lines,
-            body=body if isinstance(body, dict) else {}, connection=peer[1] if peer else 0,
-        ))
+        self.requests.append(
+            RecordedRequest(
+                path=request.path,
+                query=dict(request.query),
+                headers=headers,
+                header_lines=header_lines,
+                body=body if isinstance(body, dict) else {},
+                connection=peer[1] if peer else 0,
+            )
+        )
 
         if self.api_key is not None:
             bearer = headers.get("authorization", "").removeprefix("Bearer ")
@@ -312,14 +336,17 @@ class MockUpstream:
             echo = _text_of(last_user["content"])[:200] if last_user else ""
             blocks = [{"type": "text", "text": "Hello from the mock upstream. You said: " + echo}]
         produced = sum(
-            output_tokens(b.get("text", "")) + output_tokens(b.get("thinking", ""))
+            output_tokens(b.get("text", ""))
+            + output_tokens(b.get("thinking", ""))
             + (output_tokens(orjson.dumps(b.get("input", {})).decode()) if b.get("type") == "tool_use" else 0)
             for b in blocks
         )
         overrides = sc.usage
         cached = self.prompt_cache.usage(body)
         written = overrides.get("cache_creation_input_tokens")
-        one_hour = overrides.get("ephemeral_1h_input_tokens", cached["ephemeral_1h_input_tokens"] if written is None else 0)
+        one_hour = overrides.get(
+            "ephemeral_1h_input_tokens", cached["ephemeral_1h_input_tokens"] if written is None else 0
+        )
         five_minutes = overrides.get(
             "ephemeral_5m_input_tokens", cached["ephemeral_5m_input_tokens"] if written is None else written - one_hour
         )
@@ -352,8 +379,12 @@ class MockUpstream:
         usage = message["usage"]
         start_usage = {k: v for k, v in usage.items() if k != "output_tokens_details"} | {"output_tokens": 1}
         head = {k: message[k] for k in ("id", "type", "role", "model")}
-        events = [{"type": "message_start", "message": {
-            **head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}}]
+        events = [
+            {
+                "type": "message_start",
+                "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage},
+            }
+        ]
         pings = [{"type": "ping"}] * sc.pings
         for i, block in enumerate(message["content"]):
             kind = block.get("type")
@@ -390,12 +421,14 @@ class MockUpstream:
         return events
 
     async def _stream(self, request: web.Request, message: dict, sc: Scenario) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={
-            **sc.headers,
-            "content-type": "text/event-stream",
-            "cache-control": "no-cache",
-            "request-id": self._request_id(),
-        })
+        resp = web.StreamResponse(
+            headers={
+                **sc.headers,
+                "content-type": "text/event-stream",
+                "cache-control": "no-cache",
+                "request-id": self._request_id(),
+            }
+        )
         try:
             await resp.prepare(request)
             for n, event in enumerate(self._events(message, sc)):

@@ -9,17 +9,45 @@ from __future__ import annotations
 
 import re
 
-ALLOWED_FIELDS = frozenset({
-    "model", "max_tokens", "messages", "system", "stop_sequences", "temperature",
-    "top_p", "top_k", "stream", "tools", "tool_choice", "thinking", "output_config",
-    "cache_control", "metadata", "service_tier", "context_management", "mcp_servers",
-    "container", "inference_geo",
-})
+ALLOWED_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "cache_control",
+        "metadata",
+        "service_tier",
+        "context_management",
+        "mcp_servers",
+        "container",
+        "inference_geo",
+    }
+)
 # /v1/messages/count_tokens: no max_tokens, no stream, nothing about sampling or billing.
-COUNT_TOKENS_FIELDS = frozenset({
-    "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
-    "cache_control", "context_management", "mcp_servers",
-})
+COUNT_TOKENS_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "cache_control",
+        "context_management",
+        "mcp_servers",
+    }
+)
 MAX_BREAKPOINTS = 4
 
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
@@ -48,8 +76,10 @@ def validate_betas(header: str) -> frozenset[str]:
 # The beta under which a message may have the role "system" (Claude Code sends such messages).
 MID_CONVERSATION_SYSTEM = "mid-conversation-system-2026-04-07"
 # What the API answers without it: Claude Code reads it, and sends no such message again.
-UNEXPECTED_SYSTEM_ROLE = ('messages: Unexpected role "system". The Messages API accepts a top-level `system` '
-                          'parameter, not "system" as an input message role.')
+UNEXPECTED_SYSTEM_ROLE = (
+    'messages: Unexpected role "system". The Messages API accepts a top-level `system` '
+    'parameter, not "system" as an input message role.'
+)
 
 
 def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS, betas: frozenset[str] = frozenset()) -> None:

@@ -59,8 +59,13 @@ def access(message: str, request_id: str, fields: dict[str, Any]) -> None:
     """One access line (the caller checked that ACCESS is enabled). In JSON, while the configured
     handler is the log's only one, straight into its batch; else as any line of `ezat.access`."""
     handler = _configured
-    if (handler is None or not isinstance(handler.formatter, JsonFormatter) or ACCESS.handlers
-            or not ACCESS.propagate or logging.root.handlers != [handler]):
+    if (
+        handler is None
+        or not isinstance(handler.formatter, JsonFormatter)
+        or ACCESS.handlers
+        or not ACCESS.propagate
+        or logging.root.handlers != [handler]
+    ):
         ACCESS.info(message, extra={"request_id": request_id, "fields": fields})
         return
     handler.write_line(handler.formatter.line(time.time(), "INFO", ACCESS.name, message, request_id, fields))
@@ -156,13 +161,31 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if record.exc_info:
             fields = {**(fields or {}), "exception": self.formatException(record.exc_info)}
-        return self.line(record.created, record.levelname, record.name, record.getMessage(),
-                         getattr(record, "request_id", None), fields)
+        return self.line(
+            record.created,
+            record.levelname,
+            record.name,
+            record.getMessage(),
+            getattr(record, "request_id", None),
+            fields,
+        )
 
-    def line(self, created: float, level: str, logger: str, message: str, request_id: str | None,
-             fields: dict[str, Any] | None) -> str:
-        line: dict[str, Any] = {"time": self._timestamp(created), "level": level, "logger": logger,
-                                "message": message, "pid": self._pid}
+    def line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        message: str,
+        request_id: str | None,
+        fields: dict[str, Any] | None,
+    ) -> str:
+        line: dict[str, Any] = {
+            "time": self._timestamp(created),
+            "level": level,
+            "logger": logger,
+            "message": message,
+            "pid": self._pid,
+        }
         if request_id:
             line["request_id"] = request_id
         if fields:

@@ -25,8 +25,13 @@ from middlewares.core.records import LedgerRow
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 # ezat_tokens_total's types, and the ledger's column for each.
-TOKEN_COLUMNS = (("input", "input_tokens"), ("output", "output_tokens"), ("cache_read", "cache_read_tokens"),
-                 ("cache_write", "cache_write_tokens"), ("reasoning", "reasoning_tokens"))
+TOKEN_COLUMNS = (
+    ("input", "input_tokens"),
+    ("output", "output_tokens"),
+    ("cache_read", "cache_read_tokens"),
+    ("cache_write", "cache_write_tokens"),
+    ("reasoning", "reasoning_tokens"),
+)
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -38,33 +43,59 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()  # the app's own: a test process runs many apps
         route_model = ["route", "model"]
-        self._requests = Counter("ezat_requests", "Requests answered, by route, model and status.",
-                                 ["route", "model", "status"], registry=r)
-        self._duration = Histogram("ezat_request_duration_seconds", "From the request to the end of its answer.",
-                                   route_model, buckets=DURATION_BUCKETS, registry=r)
-        self._first_token = Histogram("ezat_time_to_first_token_seconds",
-                                      "From the request to the model's first output (a whole answer, unstreamed).",
-                                      route_model, buckets=DURATION_BUCKETS, registry=r)
-        self._tokens = Counter("ezat_tokens", "Tokens billed, by the model that answered and their kind.",
-                               ["model", "type"], registry=r)
+        self._requests = Counter(
+            "ezat_requests", "Requests answered, by route, model and status.", ["route", "model", "status"], registry=r
+        )
+        self._duration = Histogram(
+            "ezat_request_duration_seconds",
+            "From the request to the end of its answer.",
+            route_model,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._first_token = Histogram(
+            "ezat_time_to_first_token_seconds",
+            "From the request to the model's first output (a whole answer, unstreamed).",
+            route_model,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self._tokens = Counter(
+            "ezat_tokens", "Tokens billed, by the model that answered and their kind.", ["model", "type"], registry=r
+        )
         self._cost = Counter("ezat_cost_usd", "USD billed, by the model that answered.", ["model"], registry=r)
-        self._attempts = Counter("ezat_upstream_attempts", "Requests sent to a deployment, by what came of them.",
-                                 ["deployment", "outcome"], registry=r)
-        self._fallbacks = Counter("ezat_fallbacks", "Requests answered by a fallback model.", ["model", "fallback"],
-                                  registry=r)
-        self._cooling = Gauge("ezat_deployment_cooling", "1 while a deployment is cooling down after failures.",
-                              ["deployment"], registry=r, multiprocess_mode="livemax")
-        self._open_streams = Gauge("ezat_open_streams", "Streams being answered.", registry=r,
-                                   multiprocess_mode="livesum")
+        self._attempts = Counter(
+            "ezat_upstream_attempts",
+            "Requests sent to a deployment, by what came of them.",
+            ["deployment", "outcome"],
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "ezat_fallbacks", "Requests answered by a fallback model.", ["model", "fallback"], registry=r
+        )
+        self._cooling = Gauge(
+            "ezat_deployment_cooling",
+            "1 while a deployment is cooling down after failures.",
+            ["deployment"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self._open_streams = Gauge(
+            "ezat_open_streams", "Streams being answered.", registry=r, multiprocess_mode="livesum"
+        )
         self._ledger_rows = Counter("ezat_ledger_rows", "Ledger rows committed.", registry=r)
-        self._commit = Histogram("ezat_ledger_commit_seconds", "How long a ledger batch took to commit.",
-                                 buckets=COMMIT_BUCKETS, registry=r)
-        self._pending = Gauge("ezat_ledger_pending", "Ledger rows waiting for their commit.", registry=r,
-                              multiprocess_mode="livesum")
-        self._refused = Counter("ezat_refused", "Requests the gateway refused before any upstream, by why.",
-                                ["reason"], registry=r)
-        self._downloads = Counter("ezat_image_downloads", "Image and PDF downloads, by what came of them.",
-                                  ["outcome"], registry=r)
+        self._commit = Histogram(
+            "ezat_ledger_commit_seconds", "How long a ledger batch took to commit.", buckets=COMMIT_BUCKETS, registry=r
+        )
+        self._pending = Gauge(
+            "ezat_ledger_pending", "Ledger rows waiting for their commit.", registry=r, multiprocess_mode="livesum"
+        )
+        self._refused = Counter(
+            "ezat_refused", "Requests the gateway refused before any upstream, by why.", ["reason"], registry=r
+        )
+        self._downloads = Counter(
+            "ezat_image_downloads", "Image and PDF downloads, by what came of them.", ["outcome"], registry=r
+        )
         self._children: dict[tuple, object] = {}
 
     def _child(self, metric, *labels: str | int):
@@ -89,7 +120,9 @@ class Metrics:
         children = self._children.get((route, model, status))
         if children is None:  # the two every answer counts in, bound once
             children = self._children[(route, model, status)] = (
-                self._requests.labels(route, model, str(status)), self._duration.labels(route, model))
+                self._requests.labels(route, model, str(status)),
+                self._duration.labels(route, model),
+            )
         requests, duration = children
         requests.inc()
         duration.observe(seconds)
@@ -153,9 +186,12 @@ def metrics_handler(metrics: Metrics, token: str = ""):
     expected = f"Bearer {token}".encode()
 
     async def scrape(request: web.Request) -> web.Response:
-        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected):
-            raise GatewayError(401, "The metrics need `Authorization: Bearer <the [metrics] token>`.",
-                               code="invalid_api_key")
+        if token and not hmac.compare_digest(
+            request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected
+        ):
+            raise GatewayError(
+                401, "The metrics need `Authorization: Bearer <the [metrics] token>`.", code="invalid_api_key"
+            )
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     return scrape

@@ -59,9 +59,18 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
             end(reply.status, clock() if route in GENERATING else None, "ok", reply=reply)
         return reply
 
-    def finish(request: web.Request, route: str, pattern: str, started: float, span: Any, status: int,
-               first_output: float | None, outcome: str, refusal: str | None = None,
-               reply: web.StreamResponse | None = None) -> None:
+    def finish(
+        request: web.Request,
+        route: str,
+        pattern: str,
+        started: float,
+        span: Any,
+        status: int,
+        first_output: float | None,
+        outcome: str,
+        refusal: str | None = None,
+        reply: web.StreamResponse | None = None,
+    ) -> None:
         try:
             seconds = asyncio.get_running_loop().time() - started
             to_first_output = first_output - started if first_output is not None else None
@@ -72,18 +81,35 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
             if span is not None:
                 tracing.end_server_span(span, request, status, outcome, reply)
             if ACCESS.isEnabledFor(logging.INFO):
-                access(f"{request.method} {pattern} {status}", request_id(request), access_fields(
-                    request, route, status, seconds, to_first_output, outcome, isinstance(reply, EventStreamReply)))
+                access(
+                    f"{request.method} {pattern} {status}",
+                    request_id(request),
+                    access_fields(
+                        request, route, status, seconds, to_first_output, outcome, isinstance(reply, EventStreamReply)
+                    ),
+                )
         except Exception:  # what observes a request must not fail it
             log.exception("observing a request failed")
 
     return observe
 
 
-def access_fields(request: web.Request, route: str, status: int, seconds: float, first_output: float | None,
-                  outcome: str, streamed: bool) -> dict[str, Any]:
+def access_fields(
+    request: web.Request,
+    route: str,
+    status: int,
+    seconds: float,
+    first_output: float | None,
+    outcome: str,
+    streamed: bool,
+) -> dict[str, Any]:
     """An access line's fields: what was asked, who asked, what answered, and what it cost."""
-    model, answered, key, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(API_KEY), request.get(LEDGER_ROW)
+    model, answered, key, row = (
+        request.get(MODEL),
+        request.get(ANSWERED_MODEL),
+        request.get(API_KEY),
+        request.get(LEDGER_ROW),
+    )
     fields = {
         "route": route,
         "model": model.id if model is not None else None,  # a configured id: never what a client typed

@@ -78,8 +78,12 @@ class Tracing:
             f"{request.method} {pattern}",
             kind=self._trace.SpanKind.SERVER,
             context=self._propagate.extract(request.headers),
-            attributes={"http.request.method": request.method, "http.route": pattern,
-                        "gen_ai.operation.name": _OPERATION[route], "gen_ai.provider.name": PROVIDER},
+            attributes={
+                "http.request.method": request.method,
+                "http.route": pattern,
+                "gen_ai.operation.name": _OPERATION[route],
+                "gen_ai.provider.name": PROVIDER,
+            },
         )
 
     def current(self, span: Any):
@@ -96,7 +100,9 @@ class Tracing:
             span.set_attribute("gen_ai.response.model", answered.id)
         _message(span, reply)
         if row is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens)
+            span.set_attribute(
+                "gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens
+            )
             span.set_attribute("gen_ai.usage.output_tokens", row.output_tokens)
             span.set_attribute("gen_ai.usage.cache_read.input_tokens", row.cache_read_tokens)
             span.set_attribute("gen_ai.usage.cache_creation.input_tokens", row.cache_write_tokens)
@@ -113,10 +119,17 @@ class Tracing:
         """A CLIENT span `{operation} {model}` around one attempt; `headers` gains its `traceparent`."""
         host, port = _server(deployment.base_url)
         with self._tracer.start_as_current_span(
-            f"{operation} {model}", kind=self._trace.SpanKind.CLIENT,
-            attributes={"gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
-                        "gen_ai.request.model": model, "server.address": host, "server.port": port},
-            record_exception=False, set_status_on_exception=False,
+            f"{operation} {model}",
+            kind=self._trace.SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.request.model": model,
+                "server.address": host,
+                "server.port": port,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             self._propagate.inject(headers)
             yield span

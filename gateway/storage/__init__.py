@@ -10,8 +10,16 @@ from typing import Any, Protocol
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import DEFAULT_ORGANIZATION_ID, Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall
 
-__all__ = ["DEFAULT_ORGANIZATION_ID", "Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "Store",
-           "open_store"]
+__all__ = [
+    "DEFAULT_ORGANIZATION_ID",
+    "Hold",
+    "KeyRecord",
+    "LedgerRow",
+    "OrganizationRecord",
+    "Shortfall",
+    "Store",
+    "open_store",
+]
 
 
 class Store(Protocol):
@@ -43,8 +51,9 @@ class Store(Protocol):
         name them). One it declared before and no longer does stays, its keys and settings as
         they were, but is no longer from the file: the CLI may change it from then on."""
 
-    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
-                                  suspended: bool = False) -> OrganizationRecord | None:
+    async def create_organization(
+        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+    ) -> OrganizationRecord | None:
         """None when an organization has that name already."""
 
     async def find_organization(self, name: str) -> OrganizationRecord | None: ...

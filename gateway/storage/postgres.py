@@ -4,7 +4,7 @@ database itself, so a key's limit holds across replicas."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -14,7 +14,13 @@ import orjson
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, take
 from gateway.storage.schema import (
-    KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, POSTGRES,
+    KEY_COLUMNS,
+    KEY_FIELDS,
+    KEY_TABLES,
+    LEDGER_FIELDS,
+    LEDGER_SELECT,
+    ORGANIZATION_COLUMNS,
+    POSTGRES,
 )
 
 # Any constant works: it only has to be the same for every replica migrating at once.
@@ -23,8 +29,24 @@ _MIGRATION_LOCK = 0x657A6174
 # a server that stops answering fails requests instead of holding them (and shutdown) forever.
 _TIMEOUT = 10.0
 # The ledger's columns in LEDGER_FIELDS' order, as PostgreSQL types for unnest().
-_LEDGER_TYPES = ("text", "bigint", "text", "text", "text", "bigint", "bigint", "bigint", "bigint", "bigint",
-                 "numeric", "text", "timestamptz", "timestamptz", "bigint", "text")
+_LEDGER_TYPES = (
+    "text",
+    "bigint",
+    "text",
+    "text",
+    "text",
+    "bigint",
+    "bigint",
+    "bigint",
+    "bigint",
+    "bigint",
+    "numeric",
+    "text",
+    "timestamptz",
+    "timestamptz",
+    "bigint",
+    "text",
+)
 assert len(_LEDGER_TYPES) == len(LEDGER_FIELDS)
 # Written again after a commit whose answer was lost (the ledger tries a failed batch again), a
 # row that is already there is skipped, and only the rows inserted add to their key's spend.
@@ -138,12 +160,15 @@ class PostgresStore:
                 [(o.name, o.balance_usd, o.suspended) for o in organizations],
             )
 
-    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
-                                  suspended: bool = False) -> OrganizationRecord | None:
+    async def create_organization(
+        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+    ) -> OrganizationRecord | None:
         inserted = await self._pool.fetchval(
             "INSERT INTO organizations (name, balance_usd, suspended) VALUES ($1, $2, $3)"
             " ON CONFLICT (name) DO NOTHING RETURNING id",
-            name, balance_usd, suspended,
+            name,
+            balance_usd,
+            suspended,
         )
         return None if inserted is None else await self.find_organization(name)
 
@@ -160,8 +185,10 @@ class PostgresStore:
         if found is None or not fields:
             return found
         await self._pool.execute(
-            "UPDATE organizations SET balance_usd = $2, suspended = $3 WHERE id = $1", found.id,
-            fields.get("balance_usd", found.balance_usd), fields.get("suspended", found.suspended),
+            "UPDATE organizations SET balance_usd = $2, suspended = $3 WHERE id = $1",
+            found.id,
+            fields.get("balance_usd", found.balance_usd),
+            fields.get("suspended", found.suspended),
         )
         return await self.find_organization(name)
 
@@ -190,25 +217,34 @@ class PostgresStore:
             # serialise reservations and ledger writes across replicas; the statements after them
             # see what committed before they were granted. NO KEY UPDATE: the ledger's foreign
             # keys take KEY SHARE locks on keys, which FOR UPDATE would conflict with.
-            spent = dict(await db.fetch(
-                "SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", keys
-            ))
-            org_spent = dict(await db.fetch(
-                "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", organizations
-            ))
+            spent = dict(
+                await db.fetch("SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", keys)
+            )
+            org_spent = dict(
+                await db.fetch(
+                    "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+                    organizations,
+                )
+            )
             if releases:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
             await db.execute(
                 "DELETE FROM reservations WHERE (key_id = ANY($1) OR organization_id = ANY($2)) AND expires_at <= now()",
-                keys, organizations,
+                keys,
+                organizations,
             )
-            held = dict(await db.fetch(
-                "SELECT key_id, sum(amount_usd) FROM reservations WHERE key_id = ANY($1) GROUP BY key_id", keys
-            ))
-            org_held = dict(await db.fetch(
-                "SELECT organization_id, sum(amount_usd) FROM reservations WHERE organization_id = ANY($1)"
-                " GROUP BY organization_id", organizations
-            ))
+            held = dict(
+                await db.fetch(
+                    "SELECT key_id, sum(amount_usd) FROM reservations WHERE key_id = ANY($1) GROUP BY key_id", keys
+                )
+            )
+            org_held = dict(
+                await db.fetch(
+                    "SELECT organization_id, sum(amount_usd) FROM reservations WHERE organization_id = ANY($1)"
+                    " GROUP BY organization_id",
+                    organizations,
+                )
+            )
             zero = Decimal(0)
             results = take(
                 holds,
@@ -223,8 +259,12 @@ class PostgresStore:
                     "FROM unnest($1::text[], $2::bigint[], $3::numeric[], $4::float8[], $5::bigint[]) AS h(r, k, a, t, o) "
                     "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at,"
                     " organization_id = excluded.organization_id",
-                    *(list(column) for column in zip(*((h.request_id, h.key_id, h.amount, h.ttl, h.organization_id)
-                                                       for h in taken))),
+                    *(
+                        list(column)
+                        for column in zip(
+                            *((h.request_id, h.key_id, h.amount, h.ttl, h.organization_id) for h in taken)
+                        )
+                    ),
                 )
             return results
 
@@ -251,8 +291,9 @@ class PostgresStore:
                     "SELECT id, organization_id FROM keys WHERE id = ANY($1)", list(spend)
                 ):
                     by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + spend[key_id]
-                await db.executemany("UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1",
-                                     sorted(by_organization.items()))
+                await db.executemany(
+                    "UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(by_organization.items())
+                )
             # A row's request gives up its reservation as its cost becomes spend, in one commit;
             # last, as hold() takes reservations after keys and organizations.
             await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
@@ -290,7 +331,7 @@ def _key(row) -> KeyRecord:
         rpm=row["rpm"],
         tpm=row["tpm"],
         max_concurrent=row["max_concurrent"],
-        expires_at=row["expires_at"].astimezone(timezone.utc) if row["expires_at"] else None,
+        expires_at=row["expires_at"].astimezone(UTC) if row["expires_at"] else None,
         revoked=row["revoked"],
         spent_usd=row["spent_usd"],
         from_config=row["from_config"],

@@ -172,12 +172,16 @@ POSTGRES = [
 # Key columns a caller may set, in the order both stores read them back.
 KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked", "max_concurrent")
 # Read from keys (k) joined with their organizations (o): KEY_COLUMNS FROM KEY_TABLES.
-KEY_COLUMNS = ("k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
-               " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
-               " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended")
+KEY_COLUMNS = (
+    "k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
+    " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
+    " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended"
+)
 KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id"
-ORGANIZATION_COLUMNS = ("o.id, o.name, o.balance_usd, o.suspended, o.spent_usd, o.from_config,"
-                        " (SELECT count(*) FROM keys WHERE keys.organization_id = o.id) AS keys")
+ORGANIZATION_COLUMNS = (
+    "o.id, o.name, o.balance_usd, o.suspended, o.spent_usd, o.from_config,"
+    " (SELECT count(*) FROM keys WHERE keys.organization_id = o.id) AS keys"
+)
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)

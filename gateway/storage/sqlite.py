@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -41,10 +41,22 @@ import orjson
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
-    Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, cost_by_key,
+    Hold,
+    KeyRecord,
+    LedgerRow,
+    OrganizationRecord,
+    Shortfall,
+    cost_by_key,
 )
 from gateway.storage.schema import (
-    KEY_COLUMNS, KEY_FIELDS, KEY_TABLES, LEDGER_COLUMNS, LEDGER_FIELDS, LEDGER_SELECT, ORGANIZATION_COLUMNS, SQLITE,
+    KEY_COLUMNS,
+    KEY_FIELDS,
+    KEY_TABLES,
+    LEDGER_COLUMNS,
+    LEDGER_FIELDS,
+    LEDGER_SELECT,
+    ORGANIZATION_COLUMNS,
+    SQLITE,
 )
 
 log = logging.getLogger("ezat.storage")
@@ -165,17 +177,18 @@ class SQLiteStore:
         return await self._reader.call(_select_key, "k.key_sha256 = ?", key_sha256)
 
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
-        now = _text(datetime.now(timezone.utc))
-        values = [
-            (k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization, now)
-            for k in keys
-        ]
+        now = _text(datetime.now(UTC))
+        values = [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization, now) for k in keys]
         await self._writer.call(_transaction, _upsert_config_keys, values)
 
     async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
-        values = (key_sha256, *_key_values(*(getattr(record, f) for f in KEY_FIELDS)), record.organization_id,
-                  _text(datetime.now(timezone.utc)))
+        values = (
+            key_sha256,
+            *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
+            record.organization_id,
+            _text(datetime.now(UTC)),
+        )
         await self._writer.call(_insert_key, values)
         return await self._writer.call(_select_key, "k.key_sha256 = ?", key_sha256)
 
@@ -188,12 +201,12 @@ class SQLiteStore:
     # --- organizations
 
     async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
-        values = [(o.name, _money(o.balance_usd), int(o.suspended), _text(datetime.now(timezone.utc)))
-                  for o in organizations]
+        values = [(o.name, _money(o.balance_usd), int(o.suspended), _text(datetime.now(UTC))) for o in organizations]
         await self._writer.call(_transaction, _upsert_config_organizations, values)
 
-    async def create_organization(self, name: str, *, balance_usd: Decimal | None = None,
-                                  suspended: bool = False) -> OrganizationRecord | None:
+    async def create_organization(
+        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+    ) -> OrganizationRecord | None:
         return await self._writer.call(_transaction, _insert_organization, name, _money(balance_usd), int(suspended))
 
     async def find_organization(self, name: str) -> OrganizationRecord | None:
@@ -208,8 +221,10 @@ class SQLiteStore:
 
     async def organizations_reserved(self) -> dict[int, Decimal]:
         rows = await self._reader.call(
-            _fetch_all, "SELECT organization_id, amount_usd FROM reservations WHERE expires_at > ?",
-            (_text(datetime.now(timezone.utc)),))
+            _fetch_all,
+            "SELECT organization_id, amount_usd FROM reservations WHERE expires_at > ?",
+            (_text(datetime.now(UTC)),),
+        )
         held: dict[int, Decimal] = {}
         for organization_id, amount in rows:
             held[organization_id] = held.get(organization_id, Decimal(0)) + Decimal(amount)
@@ -221,7 +236,7 @@ class SQLiteStore:
         return await self._reader.call(_select_spent, key_id)
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if time.monotonic() < self._next_sweep:
             return await self._write_now_or_wait(reservations.hold, holds, releases, _expiries(holds, now), None)
         # Once a minute a hold sweeps the reservations first: scans, on the writer thread.
@@ -231,12 +246,15 @@ class SQLiteStore:
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         if time.monotonic() >= self._next_sweep:
             return None  # hold() sweeps, off the event loop
-        written, result = self._write_inline(reservations.hold, holds, releases, _expiries(holds, datetime.now(timezone.utc)), None)
+        written, result = self._write_inline(
+            reservations.hold, holds, releases, _expiries(holds, datetime.now(UTC)), None
+        )
         return result if written else None
 
     async def reserved(self) -> dict[int, Decimal]:
-        rows = await self._reader.call(_fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?",
-                                       (_text(datetime.now(timezone.utc)),))
+        rows = await self._reader.call(
+            _fetch_all, "SELECT key_id, amount_usd FROM reservations WHERE expires_at > ?", (_text(datetime.now(UTC)),)
+        )
         held: dict[int, Decimal] = {}
         for key_id, amount in rows:
             held[key_id] = held.get(key_id, Decimal(0)) + Decimal(amount)
@@ -283,13 +301,17 @@ class SQLiteStore:
         self._since_checkpoint += 1
         if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None and self._checkpointer is not None:
             self._since_checkpoint = 0
-            self._checkpoint = asyncio.create_task(self._checkpoint_wal(self._checkpointer), context=contextvars.Context())
+            self._checkpoint = asyncio.create_task(
+                self._checkpoint_wal(self._checkpointer), context=contextvars.Context()
+            )
 
     async def _checkpoint_wal(self, checkpointer: Connection) -> None:
         try:
             if not await checkpointer.call(_checkpoint, self._holder, self._holding):
-                log.warning("WAL checkpoint could not copy the whole WAL (a reader or another checkpoint used it); "
-                            "trying again later")
+                log.warning(
+                    "WAL checkpoint could not copy the whole WAL (a reader or another checkpoint used it); "
+                    "trying again later"
+                )
         except Exception as exc:  # the next CHECKPOINT_EVERY writes try again
             log.warning("WAL checkpoint failed: %r", exc)
         finally:
@@ -336,6 +358,7 @@ def _connect(path: str, *pragmas: str) -> sqlite3.Connection:
 
 # --- What runs on a connection's thread.
 
+
 def _migrate(db: sqlite3.Connection) -> None:
     """Inside one write transaction, so processes opening the file at once migrate it once."""
     db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -369,9 +392,14 @@ def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) ->
     keys and settings, but is no longer from the file (the CLI may change it)."""
     declared = {row[0] for row in values}
     # A statement per name, not one with a variable each: SQLite before 3.32 takes 999 at most.
-    db.executemany("UPDATE organizations SET from_config = 0 WHERE name = ?", [
-        (name,) for (name,) in db.execute("SELECT name FROM organizations WHERE from_config = 1").fetchall()
-        if name not in declared])
+    db.executemany(
+        "UPDATE organizations SET from_config = 0 WHERE name = ?",
+        [
+            (name,)
+            for (name,) in db.execute("SELECT name FROM organizations WHERE from_config = 1").fetchall()
+            if name not in declared
+        ],
+    )
     db.executemany(
         """INSERT INTO organizations (name, balance_usd, suspended, from_config, created_at) VALUES (?, ?, ?, 1, ?)
            ON CONFLICT (name) DO UPDATE SET
@@ -381,12 +409,14 @@ def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) ->
     reservations.reconcile(db)  # an organization given a balance: what is held counts against it
 
 
-def _insert_organization(db: sqlite3.Connection, name: str, balance: str | None, suspended: int) -> OrganizationRecord | None:
+def _insert_organization(
+    db: sqlite3.Connection, name: str, balance: str | None, suspended: int
+) -> OrganizationRecord | None:
     """None when the name is taken."""
     inserted = db.execute(
         "INSERT INTO organizations (name, balance_usd, suspended, created_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (name) DO NOTHING",
-        (name, balance, suspended, _text(datetime.now(timezone.utc))),
+        (name, balance, suspended, _text(datetime.now(UTC))),
     ).rowcount
     return _select_organization(db, name) if inserted else None
 
@@ -397,8 +427,10 @@ def _update_organization(db: sqlite3.Connection, name: str, fields: dict[str, An
         return found
     balance = fields.get("balance_usd", found.balance_usd)
     suspended = fields.get("suspended", found.suspended)
-    db.execute("UPDATE organizations SET balance_usd = ?, suspended = ? WHERE id = ?",
-               (_money(balance), int(suspended), found.id))
+    db.execute(
+        "UPDATE organizations SET balance_usd = ?, suspended = ? WHERE id = ?",
+        (_money(balance), int(suspended), found.id),
+    )
     reservations.reconcile(db)
     return _select_organization(db, name)
 
@@ -411,9 +443,14 @@ def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
 def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     """The file's keys as it declares them; a key it no longer declares is revoked."""
     declared = {row[0] for row in values}
-    db.executemany("UPDATE keys SET revoked = 1 WHERE key_sha256 = ?", [  # as organizations' (above)
-        (digest,) for (digest,) in db.execute("SELECT key_sha256 FROM keys WHERE from_config = 1").fetchall()
-        if digest not in declared])
+    db.executemany(
+        "UPDATE keys SET revoked = 1 WHERE key_sha256 = ?",
+        [  # as organizations' (above)
+            (digest,)
+            for (digest,) in db.execute("SELECT key_sha256 FROM keys WHERE from_config = 1").fetchall()
+            if digest not in declared
+        ],
+    )
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
                              max_concurrent, organization_id, from_config, created_at)
@@ -442,8 +479,10 @@ def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> 
         return found
     merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
     assignments = ", ".join(f"{f} = ?" for f in KEY_FIELDS)
-    db.execute(f"UPDATE keys SET {assignments}, organization_id = ? WHERE id = ?",
-               (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id))
+    db.execute(
+        f"UPDATE keys SET {assignments}, organization_id = ? WHERE id = ?",
+        (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id),
+    )
     reservations.reconcile(db)
     return _select_key(db, "k.id = ?", found.id)
 
@@ -503,8 +542,9 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
         # to the last one it inserted, one after another.
         last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
         totals = {}
-        for key_id, cost in db.execute("SELECT key_id, cost_usd FROM ledger WHERE id > ? AND id <= ?",
-                                       (last - inserted, last)):
+        for key_id, cost in db.execute(
+            "SELECT key_id, cost_usd FROM ledger WHERE id > ? AND id <= ?", (last - inserted, last)
+        ):
             totals[key_id] = totals.get(key_id, Decimal(0)) + Decimal(cost)
     # Each key's spend, and its organization's, raised in the same transaction.
     by_organization: dict[int, Decimal] = {}
@@ -516,22 +556,25 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
     for organization_id, cost in by_organization.items():
         row = db.execute("SELECT spent_usd FROM organizations WHERE id = ?", (organization_id,)).fetchone()
         if row is not None:
-            db.execute("UPDATE organizations SET spent_usd = ? WHERE id = ?", (str(Decimal(row[0]) + cost), organization_id))
+            db.execute(
+                "UPDATE organizations SET spent_usd = ? WHERE id = ?", (str(Decimal(row[0]) + cost), organization_id)
+            )
 
 
 # --- Values as the file keeps them.
+
 
 def _text(moment: datetime | None) -> str | None:
     # Fixed-width UTC ISO text ("2026-11-30T05:52:01.123456Z") sorts, and so compares, as time does.
     if moment is None:
         return None
-    if moment.tzinfo is not timezone.utc:
-        moment = moment.astimezone(timezone.utc)
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # less "+00:00"
 
 
 def _time(text: str | None) -> datetime | None:
-    return None if text is None else datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return None if text is None else datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:
@@ -545,13 +588,36 @@ def _money(amount: Decimal | None) -> str | None:
 
 def _organization(row: tuple) -> OrganizationRecord:
     org_id, name, balance, suspended, spent, from_config, keys = row
-    return OrganizationRecord(org_id, name, None if balance is None else Decimal(balance), bool(suspended),
-                              Decimal(spent), bool(from_config), keys)
+    return OrganizationRecord(
+        org_id,
+        name,
+        None if balance is None else Decimal(balance),
+        bool(suspended),
+        Decimal(spent),
+        bool(from_config),
+        keys,
+    )
 
 
 def _key(row: tuple) -> KeyRecord:
-    (key_id, name, digest, models, limit, rpm, tpm, expires_at, revoked, spent, from_config, max_concurrent,
-     organization, organization_id, balance, suspended) = row
+    (
+        key_id,
+        name,
+        digest,
+        models,
+        limit,
+        rpm,
+        tpm,
+        expires_at,
+        revoked,
+        spent,
+        from_config,
+        max_concurrent,
+        organization,
+        organization_id,
+        balance,
+        suspended,
+    ) = row
     return KeyRecord(
         id=key_id,
         name=name,
@@ -580,5 +646,6 @@ def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:
 
 
 def _ledger_row(values: tuple) -> LedgerRow:
-    return LedgerRow(*values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]),
-                     values[14], values[15])
+    return LedgerRow(
+        *values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]), values[14], values[15]
+    )

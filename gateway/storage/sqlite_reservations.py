@@ -22,8 +22,13 @@ _INSERT = (
 )
 
 
-def hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str], expires_at: dict[float, str],
-         sweep_at: str | None) -> list[Shortfall | None]:
+def hold(
+    db: sqlite3.Connection,
+    holds: Sequence[Hold],
+    releases: Sequence[str],
+    expires_at: dict[float, str],
+    sweep_at: str | None,
+) -> list[Shortfall | None]:
     """`releases` given back, then each hold taken where what is left allows it (records.take).
     `expires_at`: each hold's ttl → its expiry, as the file keeps times; `sweep_at`: the time
     now, to sweep first (see sweep), or None."""
@@ -35,15 +40,23 @@ def hold(db: sqlite3.Connection, holds: Sequence[Hold], releases: Sequence[str],
         row = db.execute(f"SELECT spent_usd, reserved_nano_usd FROM {table} WHERE id = ?", (owner,)).fetchone()
         return total - Decimal(row[0]) - _usd(row[1]) if row else total
 
-    results = take(holds, lambda h: left("keys", h.key_id, h.limit),
-                   lambda h: left("organizations", h.organization_id, h.balance))
+    results = take(
+        holds, lambda h: left("keys", h.key_id, h.limit), lambda h: left("organizations", h.organization_id, h.balance)
+    )
     by_key: dict[int, int] = {}
     by_organization: dict[int, int] = {}
     for taken, refused in zip(holds, results):
         if refused is not None:
             continue
         nano_usd = _nano_usd(taken.amount)
-        values = (taken.request_id, taken.key_id, str(taken.amount), nano_usd, expires_at[taken.ttl], taken.organization_id)
+        values = (
+            taken.request_id,
+            taken.key_id,
+            str(taken.amount),
+            nano_usd,
+            expires_at[taken.ttl],
+            taken.organization_id,
+        )
         if db.execute(_INSERT, values).rowcount:  # a request already holding keeps its reservation, counted once
             by_key[taken.key_id] = by_key.get(taken.key_id, 0) + nano_usd
             by_organization[taken.organization_id] = by_organization.get(taken.organization_id, 0) + nano_usd
@@ -57,8 +70,9 @@ def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:
     by_key: dict[int, int] = {}
     by_organization: dict[int, int] = {}
     for request_id in request_ids:
-        row = db.execute("SELECT key_id, organization_id, amount_nano_usd FROM reservations WHERE request_id = ?",
-                         (request_id,)).fetchone()
+        row = db.execute(
+            "SELECT key_id, organization_id, amount_nano_usd FROM reservations WHERE request_id = ?", (request_id,)
+        ).fetchone()
         if row is not None:
             db.execute("DELETE FROM reservations WHERE request_id = ?", (request_id,))
             key_id, organization_id, nano_usd = row
@@ -71,11 +85,16 @@ def sweep(db: sqlite3.Connection, now: str) -> None:
     """Drops the reservations that expired before `now` (a process that died held them), then
     reconciles the totals, with a warning if one was wrong (a process of an older version on
     the file, say, kept none): scans of every reservation and key, for now and then."""
-    drop(db, [rid for (rid,) in db.execute("SELECT request_id FROM reservations WHERE expires_at <= ?", (now,)).fetchall()])
+    drop(
+        db,
+        [rid for (rid,) in db.execute("SELECT request_id FROM reservations WHERE expires_at <= ?", (now,)).fetchall()],
+    )
     wrong = reconcile(db)
     if wrong:
-        log.warning("what requests under way hold did not add up to their reservations for %d keys or "
-                    "organizations; corrected", wrong)
+        log.warning(
+            "what requests under way hold did not add up to their reservations for %d keys or organizations; corrected",
+            wrong,
+        )
 
 
 def reconcile(db: sqlite3.Connection) -> int:
@@ -83,7 +102,10 @@ def reconcile(db: sqlite3.Connection) -> int:
     balance) to its reservations' sum where it differs; returns how many did. For the sweep,
     and for keys and organizations that may have just been given a limit or a balance."""
     wrong = 0
-    for table, column, limit in (("keys", "key_id", "spend_limit_usd"), ("organizations", "organization_id", "balance_usd")):
+    for table, column, limit in (
+        ("keys", "key_id", "spend_limit_usd"),
+        ("organizations", "organization_id", "balance_usd"),
+    ):
         summed = dict(db.execute(f"SELECT {column}, sum(amount_nano_usd) FROM reservations GROUP BY {column}"))
         kept = db.execute(f"SELECT id, reserved_nano_usd FROM {table} WHERE {limit} IS NOT NULL").fetchall()
         updates = [(summed.get(owner, 0), owner) for owner, total in kept if total != summed.get(owner, 0)]
@@ -96,11 +118,14 @@ def _add(db: sqlite3.Connection, by_key: dict[int, int], by_organization: dict[i
     # Kept only where holds read them, for a key with a spend limit and an organization with a
     # balance: no other row is written (a page less to commit). reconcile() sets the total of
     # one given a limit or a balance.
-    db.executemany("UPDATE keys SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ? AND spend_limit_usd IS NOT NULL",
-                   [(nano_usd, key_id) for key_id, nano_usd in by_key.items()])
+    db.executemany(
+        "UPDATE keys SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ? AND spend_limit_usd IS NOT NULL",
+        [(nano_usd, key_id) for key_id, nano_usd in by_key.items()],
+    )
     db.executemany(
         "UPDATE organizations SET reserved_nano_usd = reserved_nano_usd + ? WHERE id = ? AND balance_usd IS NOT NULL",
-        [(nano_usd, organization_id) for organization_id, nano_usd in by_organization.items()])
+        [(nano_usd, organization_id) for organization_id, nano_usd in by_organization.items()],
+    )
 
 
 def _nano_usd(amount: Decimal) -> int:

@@ -51,7 +51,7 @@ def checked(middlewares: Sequence[Callable], handler: Callable | None = None) ->
         if this is None:
             continue
         for key in sorted(this.requires - provided, key=key_name):
-            later = next((s.name for s in stages[index + 1:] if s is not None and key in s.provides), None)
+            later = next((s.name for s in stages[index + 1 :] if s is not None and key in s.provides), None)
             needs = f"{this.name} needs the request's {key_name(key)}"
             if later:
                 raise ChainError(f"{needs}, which {later} provides: put {later} before {this.name}")

@@ -67,10 +67,19 @@ class GatewayError(web.HTTPException):
         """This error in Anthropic's envelope, `request_id` in it as Anthropic's API puts it."""
         status, kind = self.anthropic_status_and_type()
         headers = {name: value for name, value in self.headers.items() if name.lower() not in _BODY_HEADERS}
-        error = GatewayError(status, self.message, type=self.type, code=self.code, param=self.param,
-                             headers=headers, anthropic=(status, kind), refusal=self.refusal)
-        error.body = orjson.dumps({"type": "error", "error": {"type": kind, "message": self.message},
-                                   "request_id": request_id})
+        error = GatewayError(
+            status,
+            self.message,
+            type=self.type,
+            code=self.code,
+            param=self.param,
+            headers=headers,
+            anthropic=(status, kind),
+            refusal=self.refusal,
+        )
+        error.body = orjson.dumps(
+            {"type": "error", "error": {"type": kind, "message": self.message}, "request_id": request_id}
+        )
         return error
 
     def __str__(self) -> str:
@@ -161,8 +170,13 @@ def stream_error(event: Mapping[str, Any]) -> GatewayError:
     error = event.get("error") or {}
     kind = error.get("type") or "api_error"
     status, type_, code = BY_ANTHROPIC_TYPE.get(kind, BY_ANTHROPIC_TYPE["api_error"])
-    return GatewayError(status, str(error.get("message") or "upstream error"), type=type_, code=code,
-                        anthropic=(anthropic_status(kind, status), kind))
+    return GatewayError(
+        status,
+        str(error.get("message") or "upstream error"),
+        type=type_,
+        code=code,
+        anthropic=(anthropic_status(kind, status), kind),
+    )
 
 
 @web.middleware

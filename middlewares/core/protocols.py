@@ -65,8 +65,15 @@ class Spending(Protocol):
     """Spend reservations, held atomically by whatever keeps the keys' spend (the gateway's store)."""
 
     async def reserve(
-        self, request_id: str, key_id: int, amount: Decimal, limit: Decimal | None, ttl: float, *,
-        organization_id: int = 1, balance: Decimal | None = None,
+        self,
+        request_id: str,
+        key_id: int,
+        amount: Decimal,
+        limit: Decimal | None,
+        ttl: float,
+        *,
+        organization_id: int = 1,
+        balance: Decimal | None = None,
     ) -> Shortfall | None:
         """Hold `amount` for the request, in one step, if the key's spend and reservations leave
         that much of `limit` and its organization's spend and reservations that much of

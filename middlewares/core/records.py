@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from fnmatch import fnmatchcase
 from typing import Literal, NamedTuple
@@ -45,7 +45,7 @@ class KeyRecord:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
 
     def expired(self, now: datetime | None = None) -> bool:
-        return self.expires_at is not None and self.expires_at <= (now or datetime.now(timezone.utc))
+        return self.expires_at is not None and self.expires_at <= (now or datetime.now(UTC))
 
 
 class Shortfall(NamedTuple):

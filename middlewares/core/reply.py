@@ -141,7 +141,7 @@ def _with_model(event: dict[str, Any], model: str) -> bytes:
         found = _MODEL_MEMBER.search(raw)
         # It is the message's own member when it holds the message's name.
         if found is not None and orjson.loads(found[1]) == event["message"].get("model"):
-            return raw[: found.start(1)] + orjson.dumps(model) + raw[found.end(1):]
+            return raw[: found.start(1)] + orjson.dumps(model) + raw[found.end(1) :]
     return _sse({**event, "message": {**event["message"], "model": model}})
 
 
@@ -166,7 +166,9 @@ class EventStreamReply(web.StreamResponse):
     # headers can wait for it and share its write, as aiohttp's own Response does.
     _send_headers_immediately = False
 
-    def __init__(self, events: EventSource, *, streams: StreamRegistry | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self, events: EventSource, *, streams: StreamRegistry | None = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(headers=headers)
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"

@@ -72,8 +72,9 @@ class Usage:
             cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
             output_tokens=output,
             reasoning_tokens=min(reasoning, output),
-            cache_write_1h_tokens=min((usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0,
-                                      cache_write),
+            cache_write_1h_tokens=min(
+                (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0, cache_write
+            ),
             estimated=estimated,
         )
 
@@ -195,15 +196,17 @@ class StreamUsage:
 # The blocks whose deltas carry what the model wrote.
 _TEXT_BLOCKS = frozenset({"text", "thinking", "tool_use", "server_tool_use", "mcp_tool_use"})
 # A text delta's bytes that are not its text, as Anthropic writes it: for a delta not read.
-_ENVELOPE = len(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
-                b'"delta":{"type":"text_delta","text":""}}\n\n')
+_ENVELOPE = len(
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":""}}\n\n'
+)
 
 
 def _envelope_of(event: bytes) -> int:
     """The bytes of one relayed delta event that are not its text (its one string besides the
     type), however the upstream spaces and orders its JSON."""
     try:
-        delta = orjson.loads(event[event.index(b"data:") + 5:])["delta"]
+        delta = orjson.loads(event[event.index(b"data:") + 5 :])["delta"]
         text = next(value for name, value in delta.items() if name != "type" and isinstance(value, str))
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration):
         return _ENVELOPE

@@ -64,9 +64,14 @@ def images_middleware(
     shape of the request: "openai" (a chat completion) or "anthropic" (a Messages request);
     `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps.
     `on_download(outcome)` hears of each download that ends: "ok", or an `ImageError`'s outcome."""
-    for name, value in (("max_image_bytes", max_image_bytes), ("max_urls", max_urls),
-                        ("max_total_bytes", max_total_bytes), ("concurrent_downloads", concurrent_downloads),
-                        ("downloads_per_key", downloads_per_key), ("connections_per_host", connections_per_host)):
+    for name, value in (
+        ("max_image_bytes", max_image_bytes),
+        ("max_urls", max_urls),
+        ("max_total_bytes", max_total_bytes),
+        ("concurrent_downloads", concurrent_downloads),
+        ("downloads_per_key", downloads_per_key),
+        ("connections_per_host", connections_per_host),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"images_middleware: {name} must be a positive integer")
     if not timeout > 0:
@@ -176,13 +181,19 @@ def _anthropic_sources(body: dict[str, Any]) -> Iterator[Download]:
         for j, block in enumerate(content if isinstance(content, list) else ()):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind in MEDIA_BLOCKS:  # most blocks are text: only these are looked into
-                if download := _url_source(block, kind, lambda: f"messages[{i}].content[{j}]"):
+                # (the path is made at once, within this iteration, and only for an error)
+                if download := _url_source(block, kind, lambda: f"messages[{i}].content[{j}]"):  # noqa: B023
                     yield download
             elif kind == "tool_result" and isinstance(block.get("content"), list):
                 for k, inner in enumerate(block["content"]):
                     inner_kind = inner.get("type") if isinstance(inner, dict) else None
-                    if inner_kind in MEDIA_BLOCKS and (download := _url_source(
-                            inner, inner_kind, lambda: f"messages[{i}].content[{j}].content[{k}]")):
+                    if inner_kind in MEDIA_BLOCKS and (
+                        download := _url_source(
+                            inner,
+                            inner_kind,
+                            lambda: f"messages[{i}].content[{j}].content[{k}]",  # noqa: B023
+                        )
+                    ):
                         yield download
 
 
@@ -204,8 +215,13 @@ def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> N
 _SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources}
 
 
-async def _inline(parts: list[Download], fetcher: ImageFetcher, concurrent: int, key_gate: asyncio.Semaphore,
-                  on_download: Callable[[str], None]) -> None:
+async def _inline(
+    parts: list[Download],
+    fetcher: ImageFetcher,
+    concurrent: int,
+    key_gate: asyncio.Semaphore,
+    on_download: Callable[[str], None],
+) -> None:
     limits = fetcher.limits
     downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
     waiting: list[tuple[Download, asyncio.Task]] = []

@@ -19,9 +19,16 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # IANA's special-purpose blocks that Python's is_global calls global before 3.11.10 and 3.12.4
 # (protocol assignments, documentation, local-use NAT64), so that no interpreter lets them by.
-_SPECIAL = tuple(ipaddress.ip_network(block) for block in (
-    "192.0.0.0/24", "192.88.99.0/24", "2001::/23", "3fff::/20", "64:ff9b:1::/48",
-))
+_SPECIAL = tuple(
+    ipaddress.ip_network(block)
+    for block in (
+        "192.0.0.0/24",
+        "192.88.99.0/24",
+        "2001::/23",
+        "3fff::/20",
+        "64:ff9b:1::/48",
+    )
+)
 _NUMERIC_HOST = re.compile(r"[0-9a-fA-FxX.]+")
 
 
@@ -39,8 +46,13 @@ def is_public(ip: IPAddress) -> bool:
             return False
         if ip.is_site_local:  # fec0::/10: deprecated, yet still routed inside some networks
             return False
-    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified or ip.is_loopback
-                                 or any(ip in block for block in _SPECIAL))
+    return ip.is_global and not (
+        ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+        or ip.is_loopback
+        or any(ip in block for block in _SPECIAL)
+    )
 
 
 def literal_address(host: str) -> IPAddress | None:

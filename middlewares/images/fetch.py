@@ -90,7 +90,9 @@ class ImageFetcher:
             async with asyncio.timeout(self.limits.timeout):
                 return await self._follow(URL(url), budget, pdf)
         except TimeoutError:
-            raise ImageError(f"could not download the {what} (timed out after {self.limits.timeout:g} s)", "timeout") from None
+            raise ImageError(
+                f"could not download the {what} (timed out after {self.limits.timeout:g} s)", "timeout"
+            ) from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             # aiohttp's connector wraps what the resolver raised
             if isinstance(exc, PrivateAddress) or isinstance(getattr(exc, "os_error", None), PrivateAddress):

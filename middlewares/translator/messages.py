@@ -55,9 +55,7 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
             blocks = [_tool_result(message, path)]
             role = "user"
         else:
-            raise invalid_request(
-                f"{path}.role: expected one of system, developer, user, assistant, tool", "messages"
-            )
+            raise invalid_request(f"{path}.role: expected one of system, developer, user, assistant, tool", "messages")
         spoke = True
         _append(turns, role, blocks)
     if not spoke:
@@ -117,9 +115,7 @@ def _user_blocks(content: Any, path: str) -> list[dict[str, Any]]:
         elif kind == "file":
             blocks.append(cached(_document(part, part_path), part, part_path))
         else:
-            raise invalid_request(
-                f"{part_path}.type: expected text, image_url or file, not {kind!r}", "messages"
-            )
+            raise invalid_request(f"{part_path}.type: expected text, image_url or file, not {kind!r}", "messages")
     return blocks
 
 
@@ -237,7 +233,6 @@ def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str 
         )
     block["cache_control"] = marker
     return block
-
 
 
 def _text(text: str) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.translator.messages import cached, convert_messages, upstream_identifier
 
 
-
 def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any], dict[str, str]]:
     """The upstream request for `body`, and the tool names it renamed (upstream → client).
 
@@ -66,6 +65,7 @@ def _stop_sequences(stop: Any) -> list[str]:
 
 
 # --- Tools.
+
 
 def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> dict[str, str]:
     tools = body.get("tools")
@@ -128,13 +128,12 @@ def _tool_choice(choice: Any, model: ModelSpec, names: set[str]) -> dict[str, An
             "tool_choice",
         )
     if not model.forced_tool_choice:
-        raise invalid_request(
-            'tool_choice: this model cannot be forced to call a tool; use "auto"', "tool_choice"
-        )
+        raise invalid_request('tool_choice: this model cannot be forced to call a tool; use "auto"', "tool_choice")
     return forced
 
 
 # --- Reasoning and sampling.
+
 
 def _reasoning(
     value: Any, model: ModelSpec, request: dict[str, Any], forced_tool: bool, messages: list[dict[str, Any]]
@@ -149,8 +148,7 @@ def _reasoning(
         if not think:
             return False  # "no thinking" needs no effort level on a model without one
         raise invalid_request(
-            f"reasoning_effort: {value!r} is not available for this model; use one of "
-            + ", ".join(model.efforts),
+            f"reasoning_effort: {value!r} is not available for this model; use one of " + ", ".join(model.efforts),
             "reasoning_effort",
         )
     request["output_config"] = {"effort": effort}
@@ -189,6 +187,7 @@ def _is_number(value: Any) -> bool:
 
 
 # --- Output format.
+
 
 def _response_format(value: Any, request: dict[str, Any]) -> None:
     if value is None:
