@@ -21,7 +21,7 @@ from pathlib import Path
 import asyncpg
 from aiohttp import web
 
-from gateway import admin
+from gateway import admin, version
 from gateway.app import READINESS, build_app
 from gateway.config import (
     LOG_FORMATS,
@@ -63,6 +63,7 @@ DEFAULT_MODEL = Model(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ezat-gateway", description=__doc__)
+    parser.add_argument("--version", action=_PrintVersion, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     config_option = argparse.ArgumentParser(add_help=False)
     config_option.add_argument(
@@ -121,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ezat-gateway {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+class _PrintVersion(argparse.Action):
+    """`--version`: argparse's own action needs the text up front, and reading the package's
+    metadata is work every other command would pay for."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog} {version()}")  # on stdout, as argparse's own version action prints
+        parser.exit()
 
 
 _port = admin.whole_number(1, 65535)
