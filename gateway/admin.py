@@ -8,11 +8,14 @@ import csv
 import hashlib
 import io
 import secrets
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
@@ -151,9 +154,32 @@ def _since(text: str) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-async def run(args: argparse.Namespace, storage_url: str) -> int:
+# The commands that may make a new SQLite file: a first key or organization may come before the
+# gateway's first start. The others only read or change what a database holds: on a file that is
+# not there they would make an empty one (in whatever folder they run in) and report nothing.
+MAKES_A_DATABASE = {("keys", "create"), ("orgs", "create")}
+
+
+async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> int:
+    """Runs the command on the store at `storage_url`. `named_by` says where the URL came from:
+    "--storage" (typed on this command line, so not repeated back), "--config" (the file's
+    [storage]) or "" (the demo's default); the last two are announced on stderr, since a relative
+    SQLite path depends on the folder the command runs in."""
+    path = _sqlite_path(storage_url)
+    missing = path is not None and not path.exists()
+    hint = _where_hint(storage_url, named_by)
+    if missing and (args.command, getattr(args, "action", None)) not in MAKES_A_DATABASE:
+        command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
+        hint = hint or "the gateway makes it when it first starts"
+        print(f"ezat-gateway {command}: no database at {path}, and this command makes none; {hint}", file=sys.stderr)
+        return 1
+    if named_by != "--storage":
+        print(f"using the database at {describe_storage(storage_url)}", file=sys.stderr)
     store = open_store(storage_url)
     await store.open()
+    if missing:
+        made = f"{path.name} did not exist: created an empty one in {path.parent}"
+        print(f"{made}; {hint}" if hint else made, file=sys.stderr)
     try:
         if args.command == "usage":
             keys = await store.list_keys()
@@ -206,6 +232,38 @@ async def run(args: argparse.Namespace, storage_url: str) -> int:
         return 0
     finally:
         await store.close()
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The absolute path of a SQLite URL's file (a relative one is the working directory's);
+    None for PostgreSQL, and for SQLite's in-memory database, which is no file."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return None
+    return Path(url.removeprefix("sqlite:///")).absolute()
+
+
+def describe_storage(url: str) -> str:
+    """Which database `url` is, for people: a SQLite file's absolute path, or a PostgreSQL URL
+    without its password (in the URL or as a query parameter)."""
+    if url.startswith("sqlite:///"):
+        path = _sqlite_path(url)
+        return f"{path} (SQLite)" if path else "an in-memory SQLite database (gone when the command ends)"
+    parts = urlsplit(url)
+    user, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{user.partition(':')[0]}{at}{hosts}"
+    query = urlencode([(name, value) for name, value in parse_qsl(parts.query) if name != "password"])
+    return f"{urlunsplit(parts._replace(netloc=netloc, query=query))} (PostgreSQL)"
+
+
+def _where_hint(url: str, named_by: str) -> str:
+    """What to do about a SQLite file that was not where the command looked: the demo's default
+    and a relative path are the working directory's, so a command run from another folder
+    misses the gateway's file."""
+    if named_by == "":
+        return "run it from the folder where the gateway runs, or pass --config FILE or --storage URL"
+    if not Path(url.removeprefix("sqlite:///")).is_absolute():
+        return "a relative sqlite:/// path is the working directory's: run it from the folder where the gateway runs, or make the path absolute"
+    return ""
 
 
 async def _orgs(store, args: argparse.Namespace) -> int:

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             if problem := storage_url_problem(storage):
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
-            return asyncio.run(admin.run(args, storage))
+            named_by = "--storage" if args.storage else "--config" if args.config else ""
+            return asyncio.run(admin.run(args, storage, named_by=named_by))
         serve(args.config, Overrides(args.host, args.port, args.workers, log_format))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)

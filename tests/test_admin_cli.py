@@ -74,10 +74,17 @@ def backend(request, tmp_path, upstream):
     return path, ["--storage", url], url
 
 
+# The line on stderr naming the database a command opened from its config (or the demo's):
+# tests/test_cli_first_hour.py checks it.
+USING_THE_DATABASE = re.compile(r"^using the database at .*\n")
+
+
 async def ezat(backend, *args: str) -> tuple[int, str]:
-    """Runs `ezat-gateway <args> --config <file> [--storage url]`; (exit status, stdout and stderr)."""
+    """Runs `ezat-gateway <args> --config <file> [--storage url]`; (exit status, stdout and stderr,
+    without the line naming the database, which --storage does not print)."""
     path, storage, _ = backend
-    return await run_command(*args, "--config", str(path), *storage, cwd=path.parent)
+    status, output = await run_command(*args, "--config", str(path), *storage, cwd=path.parent)
+    return status, USING_THE_DATABASE.sub("", output, count=1)
 
 
 async def serve(start_gateway, backend):
@@ -247,6 +254,7 @@ async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backen
 
 
 async def test_usage_of_an_unknown_key_or_since_never_is_said_plainly(backend):
+    await create_ci_key(backend)  # a database with a key, not the one asked for
     assert await ezat(backend, "usage", "--key", "nobody") == (1, "no key named or numbered 'nobody'\n")
     status, output = await ezat(backend, "usage", "--since", "never")
     assert status == 2
@@ -255,6 +263,7 @@ async def test_usage_of_an_unknown_key_or_since_never_is_said_plainly(backend):
 
 @pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
 async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key):
+    await create_ci_key(backend)  # a database with a key, not the one asked for
     status, output = await ezat(backend, "keys", "revoke", key)
     assert (status, output) == (1, f"no key named or numbered {key!r}\n")
 
@@ -321,8 +330,10 @@ async def test_keys_and_usage_read_only_the_storage_table(tmp_path, upstream):
     status, output = await run_command("check-config", str(path), env={"EZAT_TEST_DB": str(db)})
     assert (status, output) == (1, "deployments[0].api_key: environment variable SOME_UNSET_VAR is not set\n")
 
-    def admin(*args):
-        return run_command(*args, "--config", str(path), env={"EZAT_TEST_DB": str(db)}, cwd=tmp_path)
+    async def admin(*args):
+        status, output = await run_command(*args, "--config", str(path), env={"EZAT_TEST_DB": str(db)}, cwd=tmp_path)
+        assert output.startswith(f"using the database at {db} (SQLite)\n")  # the file [storage] names, interpolated
+        return status, USING_THE_DATABASE.sub("", output, count=1)
 
     status, output = await admin("keys", "create", "--name", "ci")
     assert status == 0, output

@@ -213,12 +213,15 @@ async def test_the_demo_and_a_config_in_one_directory_keep_each_others_keys(tmp_
             await served.stop()
 
     # `keys` without a config file manages the demo's keys; with one, its [storage]'s.
+    # (Each says first which database it opened.)
     status, listed = await run_command("keys", "list", cwd=tmp_path)
     assert status == 0, listed
-    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["local"]
+    assert listed.splitlines()[0] == f"using the database at {tmp_path / 'ezat-demo.db'} (SQLite)"
+    assert [line.split()[1] for line in listed.splitlines()[2:]] == ["local"]
     status, listed = await run_command("keys", "list", "--config", str(gateway.config), cwd=tmp_path)
     assert status == 0, listed
-    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["laptop"]
+    assert listed.splitlines()[0] == f"using the database at {tmp_path / 'ezat-gateway.db'} (SQLite)"
+    assert [line.split()[1] for line in listed.splitlines()[2:]] == ["laptop"]
     assert "True" not in listed.split()  # neither revoked
     assert (tmp_path / "ezat-demo.db").exists() and (tmp_path / "ezat-gateway.db").exists()
 

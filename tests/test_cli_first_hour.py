@@ -11,9 +11,25 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from tests.support import clean_environment, run_command
+import pytest
+
+from tests.support import COMMAND, clean_environment, run_command
 
 ROOT = Path(__file__).parent.parent
+
+
+async def ezat(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Runs `ezat-gateway ARGS` to its end: (exit status, stdout, stderr), kept apart."""
+    process = await asyncio.create_subprocess_exec(
+        COMMAND,
+        *args,
+        env=clean_environment(**(env or {})),
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 20)
+    return process.returncode, out.decode(), err.decode()
 
 
 def declared_version() -> str:
@@ -54,3 +70,78 @@ async def test_version_from_a_source_tree_that_is_not_installed(tmp_path):
     )
     output, _ = await asyncio.wait_for(process.communicate(), 20)
     assert (process.returncode, output.decode()) == (0, f"ezat-gateway {declared_version()}\n")
+
+
+# --- Which database the store commands open
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("keys", "list"), ("orgs", "list"), ("usage",), ("keys", "revoke", "alice"), ("orgs", "suspend", "acme")],
+)
+async def test_a_command_that_reads_or_changes_makes_no_database_in_a_folder_without_one(tmp_path, command):
+    status, out, err = await ezat(*command, cwd=tmp_path)
+    assert (status, out) == (1, "")
+    assert err == (
+        f"ezat-gateway {' '.join(command[:2])}: no database at "
+        f"{tmp_path / 'ezat-demo.db'}, and this command makes none; "
+        "run it from the folder where the gateway runs, or pass --config FILE or --storage URL\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+async def test_a_relative_path_of_the_configs_is_the_working_directorys(tmp_path):
+    config = tmp_path / "gateway.toml"
+    config.write_text('[storage]\nurl = "sqlite:///gateway.db"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    status, out, err = await ezat("usage", "--config", str(config), cwd=elsewhere)
+    assert (status, out) == (1, "")
+    assert err == (
+        f"ezat-gateway usage: no database at {elsewhere / 'gateway.db'}, and this command makes none; "
+        "a relative sqlite:/// path is the working directory's: run it from the folder where the gateway runs, "
+        "or make the path absolute\n"
+    )
+    status, out, err = await ezat("keys", "list", "--storage", f"sqlite:///{tmp_path / 'nowhere.db'}", cwd=elsewhere)
+    assert (status, out) == (1, "")
+    assert err.endswith(", and this command makes none; the gateway makes it when it first starts\n")
+    assert list(elsewhere.iterdir()) == []
+
+
+async def test_keys_create_makes_the_database_and_says_so_then_each_command_names_it(tmp_path):
+    db = tmp_path / "ezat-demo.db"
+    status, out, err = await ezat("keys", "create", "--name", "alice", cwd=tmp_path)
+    assert status == 0, err
+    assert out.startswith("created key 1 (alice); it is shown only this once:\n")
+    assert err.splitlines() == [
+        f"using the database at {db} (SQLite)",
+        f"ezat-demo.db did not exist: created an empty one in {tmp_path}; "
+        "run it from the folder where the gateway runs, or pass --config FILE or --storage URL",
+    ]
+    assert db.exists()
+
+    status, out, err = await ezat("keys", "list", cwd=tmp_path)
+    assert status == 0, err
+    assert err == f"using the database at {db} (SQLite)\n"  # and no word of making it
+    assert [line.split()[1] for line in out.splitlines()[1:]] == ["alice"]
+
+    # Named on the command line, it is not repeated back; made, it is still said.
+    made = tmp_path / "made.db"
+    status, out, err = await ezat("orgs", "create", "acme", "--storage", f"sqlite:///{made}", cwd=tmp_path)
+    assert (status, err) == (0, f"made.db did not exist: created an empty one in {tmp_path}\n")
+    status, out, err = await ezat("orgs", "list", "--storage", f"sqlite:///{made}", cwd=tmp_path)
+    assert (status, err) == (0, "")
+    assert "acme" in out
+
+
+async def test_a_postgresql_database_is_named_without_its_password(tmp_path):
+    config = tmp_path / "gateway.toml"
+    # Port 1: nothing answers, but the command names the database before it connects.
+    config.write_text(
+        '[storage]\nurl = "postgresql://admin:hunter2@127.0.0.1:1/ledger?sslmode=disable&password=hunter2"\n'
+    )
+    status, out, err = await ezat("usage", "--config", str(config), cwd=tmp_path)
+    assert (status, out) == (1, "")
+    using, failed = err.splitlines()
+    assert using == "using the database at postgresql://admin@127.0.0.1:1/ledger?sslmode=disable (PostgreSQL)"
+    assert failed.startswith("ezat-gateway usage: ") and "hunter2" not in err
