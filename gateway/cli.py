@@ -36,6 +36,7 @@ from gateway.config import (
     expired_keys,
     load_config,
     load_storage_config,
+    placeholder_digests,
     shared_upstream_models,
     storage_url_problem,
 )
@@ -148,11 +149,20 @@ def check_config(path: str) -> int:
         for problem in exc.problems:
             print(problem)
         return 1
-    print(f"{path}: ok ({len(config.deployments)} deployments, {len(config.models)} models, {len(config.keys)} keys)")
+    counts = ", ".join(
+        _how_many(len(entries), noun)
+        for entries, noun in ((config.deployments, "deployment"), (config.models, "model"), (config.keys, "key"))
+    )
+    print(f"{path}: ok ({counts})")
     # Valid, so not a failure, but worth a look.
-    for warning in [*expired_keys(config), *shared_upstream_models(config)]:
+    for warning in [*placeholder_digests(config), *expired_keys(config), *shared_upstream_models(config)]:
         print(warning)
     return 0
+
+
+def _how_many(count: int, noun: str) -> str:
+    """ "1 key", "0 keys", "2 keys"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 @dataclass(frozen=True)

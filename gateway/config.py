@@ -361,6 +361,22 @@ def expired_keys(config: Config, now: datetime | None = None) -> list[str]:
     return lines
 
 
+def placeholder_digests(config: Config) -> list[str]:
+    """One line for each key, not revoked, whose key_sha256 is one character repeated (the example
+    config's zeros): valid hex, but a placeholder left in place, which no key's digest is, so
+    every request meant for that entry gets 401."""
+    lines = []
+    for i, key in enumerate(config.keys):
+        if len(set(key.key_sha256)) == 1 and not key.revoked:
+            name = f" ({key.name})" if key.name else ""
+            lines.append(
+                f'keys[{i}]{name}: key_sha256 is a placeholder ("{key.key_sha256[0]}" 64 times), no key\'s digest, '
+                f'so no request can use this entry; put your key\'s there (printf %s "$THE_KEY" | sha256sum), '
+                f'or use key = "${{ENV_VAR}}"'
+            )
+    return lines
+
+
 def shared_upstream_models(config: Config) -> list[str]:
     """One line for each upstream_model name that several models share and no model's id or alias
     is: a valid config (two models may send the same upstream model), but a client sending that

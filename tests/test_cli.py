@@ -56,7 +56,7 @@ async def test_check_config_accepts_a_good_file(tmp_path):
     path.write_text(GOOD_CONFIG.format(port=8080, upstream_port=8081))
     status, output = await run_command("check-config", str(path), env={"UPSTREAM_SECRET": "s"})
     assert status == 0
-    assert "ok (1 deployments, 1 models, 1 keys)" in output
+    assert output == f"{path}: ok (1 deployment, 1 model, 1 key)\n"
 
 
 async def test_check_config_lists_every_problem_with_its_path(tmp_path):
@@ -255,7 +255,7 @@ expires_at = 2999-01-01T00:00:00Z
     status, output = await run_command("check-config", str(path), env={"UPSTREAM_SECRET": "s"})
     assert status == 0  # a warning: the file is valid
     assert output.splitlines() == [
-        f"{path}: ok (1 deployments, 1 models, 5 keys)",
+        f"{path}: ok (1 deployment, 1 model, 5 keys)",
         "keys[1] (alice): expired at 2025-01-01T00:00:00+00:00; requests with it get 401",
         "keys[2]: expired at 2025-06-30T10:00:00+00:00; requests with it get 401",
     ]

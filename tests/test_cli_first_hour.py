@@ -145,3 +145,73 @@ async def test_a_postgresql_database_is_named_without_its_password(tmp_path):
     using, failed = err.splitlines()
     assert using == "using the database at postgresql://admin@127.0.0.1:1/ledger?sslmode=disable (PostgreSQL)"
     assert failed.startswith("ezat-gateway usage: ") and "hunter2" not in err
+
+
+# --- check-config: placeholders and counts
+
+ONE_DEPLOYMENT = """
+[[deployments]]
+name = "a"
+base_url = "https://api.anthropic.com"
+api_key = "sk-ant-example"
+"""
+
+
+async def test_check_config_warns_of_a_placeholder_digest_not_of_a_real_one(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        ONE_DEPLOYMENT
+        + f"""
+[[keys]]
+name = "laptop"
+key_sha256 = "{"0" * 64}"
+
+[[keys]]
+key_sha256 = "{"F" * 64}"                # read as lowercase, a placeholder all the same
+
+[[keys]]
+name = "retired"
+key_sha256 = "{"a" * 64}"
+revoked = true                             # refused anyway: nothing to warn of
+
+[[keys]]
+name = "real"
+key_sha256 = "{"0" * 63}1"                 # not one character repeated
+
+[[keys]]
+key = "sk-a-plaintext-key"
+"""
+    )
+    status, output = await run_command("check-config", str(path), cwd=tmp_path)
+    advice = 'put your key\'s there (printf %s "$THE_KEY" | sha256sum), or use key = "${ENV_VAR}"'
+    assert (status, output.splitlines()) == (
+        0,  # a warning: the file is valid
+        [
+            f"{path}: ok (1 deployment, 0 models, 5 keys)",
+            'keys[0] (laptop): key_sha256 is a placeholder ("0" 64 times), no key\'s digest, so no request can use '
+            f"this entry; {advice}",
+            f'keys[1]: key_sha256 is a placeholder ("f" 64 times), no key\'s digest, so no request can use this entry; '
+            f"{advice}",
+        ],
+    )
+
+
+async def test_check_config_counts_in_the_singular_for_one(tmp_path):
+    path = tmp_path / "gateway.toml"
+    model = '\n[[models]]\nid = "m{n}"\nupstream_model = "u{n}"\ndeployments = ["a"]\nfree = true\n'
+    path.write_text(ONE_DEPLOYMENT + model.format(n=1) + '\n[[keys]]\nkey = "sk-one"\n')
+    assert await run_command("check-config", str(path), cwd=tmp_path) == (
+        0,
+        f"{path}: ok (1 deployment, 1 model, 1 key)\n",
+    )
+    path.write_text(
+        ONE_DEPLOYMENT
+        + ONE_DEPLOYMENT.replace('"a"', '"b"')
+        + model.format(n=1)
+        + model.format(n=2)
+        + '\n[[keys]]\nkey = "sk-one"\n\n[[keys]]\nkey = "sk-two"\n'
+    )
+    assert await run_command("check-config", str(path), cwd=tmp_path) == (
+        0,
+        f"{path}: ok (2 deployments, 2 models, 2 keys)\n",
+    )

@@ -776,7 +776,7 @@ async def test_check_config_warns_of_an_upstream_model_name_that_names_no_model(
     assert (status, output.splitlines()) == (
         0,
         [  # a warning: the file is valid
-            f"{path}: ok (1 deployments, 2 models, 0 keys)",
+            f"{path}: ok (1 deployment, 2 models, 0 keys)",
             'models[0].upstream_model: "claude-haiku-4-5" is also models[1]\'s; requests for it get 404'
             " (an alias of that name on one of them picks it)",
         ],
@@ -791,7 +791,7 @@ async def test_check_config_warns_of_an_upstream_model_name_that_names_no_model(
     )
     assert await run_command("check-config", str(path), cwd=tmp_path) == (
         0,
-        f"{path}: ok (1 deployments, 2 models, 0 keys)\n",
+        f"{path}: ok (1 deployment, 2 models, 0 keys)\n",
     )
 
 

@@ -20,11 +20,20 @@ EXAMPLE = ROOT / "gateway.example.toml"
 REFERENCE = ROOT / "docs" / "configuration.md"
 
 
-async def test_the_example_config_passes_check_config(tmp_path):
+async def test_the_example_config_passes_check_config_with_a_word_on_its_placeholder(tmp_path):
     status, output = await run_command(
         "check-config", str(EXAMPLE), env={"ANTHROPIC_API_KEY": "sk-ant-example"}, cwd=tmp_path
     )
-    assert (status, output) == (0, f"{EXAMPLE}: ok (1 deployments, 1 models, 1 keys)\n")
+    # Valid, and so status 0; but its key's digest is a placeholder no key matches, and one copying
+    # the file must hear of it before a client gets 401.
+    assert (status, output.splitlines()) == (
+        0,
+        [
+            f"{EXAMPLE}: ok (1 deployment, 1 model, 1 key)",
+            'keys[0] (laptop): key_sha256 is a placeholder ("0" 64 times), no key\'s digest, so no request can use '
+            'this entry; put your key\'s there (printf %s "$THE_KEY" | sha256sum), or use key = "${ENV_VAR}"',
+        ],
+    )
 
 
 async def test_the_example_config_takes_the_upstream_key_from_the_environment(tmp_path):
