@@ -16,6 +16,14 @@ from systems import BENCH, PYTHON, CpuClock, System, machine_ticks, memory_kib, 
 LOADGEN = BENCH / "loadgen.py"
 WRK_SCRIPT = BENCH / "wrk_post.lua"
 SETTLE = 0.2  # seconds after the client ends before reading /proc, so connection teardown counts
+# A round of a cell lasts long enough for about this many answers: the four paced streams that
+# 2 s hold at concurrency 1 are too few for their CPU per request to be more than noise.
+ANSWERS_PER_ROUND = 20
+
+
+def round_seconds(duration: float, scenario: Scenario, concurrency: int) -> float:
+    """A round's length: `duration`, or longer where the scenario's answers take long."""
+    return max(duration, ANSWERS_PER_ROUND * scenario.seconds / concurrency)
 
 
 def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: float) -> dict:

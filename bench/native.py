@@ -4,19 +4,22 @@ The native route runs the gateway's chain without the refusals and the translato
 upstream as the client sent it, the reply comes back as the upstream sent it. Three systems,
 driven in turns with wrk (non-streaming) and the asyncio client (streams) at each concurrency:
 the floor (bench/passthrough.py), the gateway's native route and, for reference, its OpenAI route,
-all with the same upstream work. Prints each one's CPU per request and its ratio to the floor,
-with the rounds' range; target: the native route within 1.3× the floor. Writes every run to
-bench/results/native-<timestamp>.json.
+all with the same upstream work (`--routes` drives one route alone). A round lasts long enough
+for about 20 answers (paced streams at concurrency 1: 10 s). Prints each route's CPU per request
+and its ratio to the floor, with the rounds' range; target: the native route within 1.3× the
+floor. Writes every run to bench/results/native-<timestamp>.json.
 
-`--baseline REV` measures another revision's native route in the same run, before and after on
-the same machine: REV is checked out in a detached git worktree in a temporary directory (removed
+`--baseline REV` measures another revision's gateway in the same run, before and after on the
+same machine: REV is checked out in a detached git worktree in a temporary directory (removed
 and pruned at the end), and its gateway, started as the current one but with `python -m gateway`
-from the worktree, first on PYTHONPATH, is a fourth system, baseline-native. The run checks that
-this environment imports `gateway` and `middlewares` from the worktree, and records the revision,
-its commit, the worktree and those files in the JSON file's meta.
+from the worktree, first on PYTHONPATH, is driven on each route too (baseline-native,
+baseline-openai), the gateways trading places every other round; each route's row gains the
+current gateway ÷ the baseline, with the rounds' range. The run checks that this environment
+imports `gateway` and `middlewares` from the worktree, and records the revision, its commit, the
+worktree and those files in the JSON file's meta.
 
     python bench/native.py [--rounds 4] [--duration 2] [--concurrency 1,64] [--scenarios nonstream,stream50]
-                           [--no-limits] [--baseline REV]
+                           [--routes native,openai] [--no-limits] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 
-from drive import check, driver, in_turns
+from drive import check, driver, in_turns, round_seconds
 from environment import ensure_wrk, log, machine
 from scenarios import SCENARIOS, anthropic_request, openai_request
 from systems import BENCH, PYTHON, ROOT, floor_system, gateway_system, mock_system, source_env
@@ -40,6 +43,7 @@ from systems import BENCH, PYTHON, ROOT, floor_system, gateway_system, mock_syst
 TARGET = 1.3  # native ÷ floor, CPU per request
 RESULTS = BENCH / "results"
 ENCODERS = {"anthropic": anthropic_request, "openai": openai_request}
+ROUTES = ("native", "openai")  # the gateway's: Anthropic's Messages API, Chat Completions
 
 
 def run(argv: list[str], **options) -> str:
@@ -81,46 +85,61 @@ def worktree(rev: str):
 
 
 def compare(
-    rounds: int, duration: float, levels: list[int], names: list[str], limits: bool, baseline: dict | None = None
+    rounds: int,
+    duration: float,
+    levels: list[int],
+    names: list[str],
+    limits: bool,
+    routes: list[str],
+    baseline: dict | None = None,
 ) -> tuple[str, dict]:
-    """The table and the JSON result; with `baseline` (from `worktree`), its gateway's native
-    route is measured too, as baseline-native."""
+    """The table and the JSON result. Each route of `routes` (native: Anthropic's Messages API;
+    openai: Chat Completions) is driven against the floor; with `baseline` (from `worktree`),
+    that revision's gateway is driven beside the current one on each route (baseline-<route>),
+    and the systems after the floor trade places every other round, so that neither of a pair
+    always runs first."""
     wrk = ensure_wrk()
     workdir = Path(tempfile.mkdtemp(prefix="ezat-native-"))
     scenarios = [SCENARIOS[name] for name in names]
     models = [s.model for s in scenarios]
     mock = mock_system().start(workdir)
     upstream = f"http://127.0.0.1:{mock.port}"
-    systems = [
-        floor_system(upstream),
-        gateway_system(upstream, workdir, models, name="gateway-native", native=True, limits=limits),
-        gateway_system(upstream, workdir, models, name="gateway-openai", limits=limits),
-    ]
-    if baseline:
-        systems.insert(
-            1,
-            gateway_system(
-                upstream,
-                workdir,
-                models,
-                name="baseline-native",
-                native=True,
-                limits=limits,
-                source=Path(baseline["worktree"]),
-            ),
+    systems = [floor_system(upstream)]
+    for route in routes:
+        if baseline:
+            source = Path(baseline["worktree"])
+            systems.append(
+                gateway_system(
+                    upstream,
+                    workdir,
+                    models,
+                    name=f"baseline-{route}",
+                    native=route == "native",
+                    limits=limits,
+                    source=source,
+                )
+            )
+        systems.append(
+            gateway_system(upstream, workdir, models, name=f"gateway-{route}", native=route == "native", limits=limits)
         )
     started = [mock]
     result = {
         "meta": machine(wrk)
-        | {"rounds": rounds, "duration_s": duration, "concurrency": levels, "limits": limits, "baseline": baseline},
+        | {
+            "rounds": rounds,
+            "duration_s": duration,
+            "concurrency": levels,
+            "limits": limits,
+            "routes": routes,
+            "baseline": baseline,
+        },
         "cells": [],
     }
-    head = (
-        ["scenario", "conc.", "floor CPU µs/req"]
-        + (["baseline", "baseline ÷ floor"] if baseline else [])
-        + ["native", "native ÷ floor", "rounds' range", "OpenAI route ÷ floor", f"native ≤ {TARGET}×"]
-    )
-    lines = ["| " + " | ".join(head) + " |", "| --- " + "| ---: " * (len(head) - 2) + "| --- |"]
+    head = ["scenario", "conc.", "route", "floor CPU µs/req", "gateway", "gateway ÷ floor", "rounds' range"]
+    if baseline:
+        head += ["baseline", "baseline ÷ floor", "gateway ÷ baseline", "rounds' range"]
+    head.append(f"native ≤ {TARGET}×")
+    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | --- " + "| ---: " * (len(head) - 4) + "| --- |"]
     options = SimpleNamespace(client="auto")  # wrk for plain answers, the asyncio client for streams
     try:
         for system in systems:
@@ -137,38 +156,56 @@ def compare(
                 def drive(system, seconds):
                     return driver(options, wrk, system, scenario, bodies[system.name], concurrency, seconds)
 
-                runs = in_turns(systems, mock, drive, rounds, duration, f"{scenario.name} c={concurrency}")
+                seconds = round_seconds(duration, scenario, concurrency)
+                label = f"{scenario.name} c={concurrency}"
+                runs = in_turns(systems, mock, drive, rounds, seconds, label, swap=baseline is not None)
                 cpu = {name: median(r["cpu_us"] for r in rs) for name, rs in runs.items()}
-                ratio = cpu["gateway-native"] / cpu["floor"]
-                pairs = [a["cpu_us"] / b["cpu_us"] for a, b in zip(runs["gateway-native"], runs["floor"])]
-                met = ratio <= TARGET
                 cell = {
                     "scenario": scenario.name,
                     "concurrency": concurrency,
+                    "duration_s": seconds,
                     "runs": runs,
                     "cpu_us": cpu,
-                    "ratio": ratio,
-                    "round_ratios": pairs,
-                    "met": met,
+                    "routes": {},
                 }
-                row = [scenario.name, str(concurrency), f"{cpu['floor']:,.0f}"]
-                if baseline:
-                    cell["baseline_ratio"] = cpu["baseline-native"] / cpu["floor"]
-                    row += [f"{cpu['baseline-native']:,.0f}", f"{cell['baseline_ratio']:.2f}×"]
-                row += [
-                    f"{cpu['gateway-native']:,.0f}",
-                    f"**{ratio:.2f}×**",
-                    f"{min(pairs):.2f}–{max(pairs):.2f}",
-                    f"{cpu['gateway-openai'] / cpu['floor']:.2f}×",
-                    "yes" if met else "**no**",
-                ]
-                lines.append("| " + " | ".join(row) + " |")
+                for route in routes:
+                    name = f"gateway-{route}"
+                    figures = {"ratio": cpu[name] / cpu["floor"], "round_ratios": per_round(runs[name], runs["floor"])}
+                    row = [scenario.name, str(concurrency), route, f"{cpu['floor']:,.0f}", f"{cpu[name]:,.0f}"]
+                    row += [f"**{figures['ratio']:.2f}×**", spread(figures["round_ratios"])]
+                    if baseline:
+                        other = f"baseline-{route}"
+                        figures["baseline_ratio"] = cpu[other] / cpu["floor"]
+                        figures["against_baseline"] = cpu[name] / cpu[other]
+                        figures["against_baseline_rounds"] = per_round(runs[name], runs[other])
+                        row += [f"{cpu[other]:,.0f}", f"{figures['baseline_ratio']:.2f}×"]
+                        row += [
+                            f"**{figures['against_baseline']:.3f}×**",
+                            spread(figures["against_baseline_rounds"], 3),
+                        ]
+                    verdict = "–"
+                    if route == "native":
+                        figures["met"] = figures["ratio"] <= TARGET
+                        verdict = "yes" if figures["met"] else "**no**"
+                        cell.update(figures)  # at the top too, where runs before --routes had them
+                    row.append(verdict)
+                    lines.append("| " + " | ".join(row) + " |")
+                    cell["routes"][route] = figures
                 result["cells"].append(cell)
     finally:
         for system in reversed(started):
             system.stop()
     shutil.rmtree(workdir, ignore_errors=True)
     return "\n".join(lines), result
+
+
+def per_round(runs: list[dict], others: list[dict]) -> list[float]:
+    """Each round's CPU per request of `runs` ÷ that round's of `others`."""
+    return [run["cpu_us"] / other["cpu_us"] for run, other in zip(runs, others)]
+
+
+def spread(ratios: list[float], digits: int = 2) -> str:
+    return f"{min(ratios):.{digits}f}–{max(ratios):.{digits}f}"
 
 
 if __name__ == "__main__":
@@ -178,6 +215,11 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--scenarios", default="nonstream,stream50")
     parser.add_argument(
+        "--routes",
+        default=",".join(ROUTES),
+        help="the gateway's routes to drive against the floor: native (Messages), openai (Chat Completions), or both",
+    )
+    parser.add_argument(
         "--no-limits",
         action="store_true",
         help="the gateways' key without a spend limit, rpm or tpm (they have them, too high to bite, by default)",
@@ -185,9 +227,12 @@ if __name__ == "__main__":
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="a git revision whose native route is measured too, from a temporary worktree (baseline-native)",
+        help="a git revision whose gateway is measured too on each route, from a temporary worktree (baseline-<route>)",
     )
     args = parser.parse_args()
+    routes = args.routes.split(",")
+    if not routes or any(route not in ROUTES for route in routes):
+        parser.error(f"--routes: one or both of {', '.join(ROUTES)}")
     with worktree(args.baseline) if args.baseline else nullcontext() as baseline:
         table, result = compare(
             args.rounds,
@@ -195,6 +240,7 @@ if __name__ == "__main__":
             [int(c) for c in args.concurrency.split(",")],
             args.scenarios.split(","),
             not args.no_limits,
+            routes,
             baseline,
         )
     print(table)

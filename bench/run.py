@@ -31,7 +31,7 @@ from statistics import median
 from urllib.parse import urlsplit
 
 import report
-from drive import check, drive_asyncio, driver, measure
+from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, round_seconds
 from environment import ensure_py_spy, ensure_wrk, log, machine
 from scenarios import SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request, upstream_differences
 from systems import BENCH, PYTHON, floor_system, gateway_config, gateway_system, machine_ticks, mock_system
@@ -54,15 +54,6 @@ def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, st
     return bodies
 
 
-# A round of a cell lasts long enough for about this many answers: the four paced streams that
-# 2 s hold at concurrency 1 are too few for their CPU per request to be more than noise.
-ANSWERS_PER_ROUND = 20
-
-
-def round_seconds(args, scenario: Scenario, concurrency: int) -> float:
-    return max(args.duration, ANSWERS_PER_ROUND * scenario.seconds / concurrency)
-
-
 def _longer_rounds(cells: list[dict], duration: float) -> str:
     longer = [c for c in cells if c["duration_s"] > duration]
     return ", ".join(f"{c['scenario']} c={c['concurrency']}: {c['duration_s']:g} s" for c in longer)
@@ -73,7 +64,7 @@ def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
     total = len(args.cells) * args.rounds * len(systems)
     done = 0
     for scenario, concurrency in args.cells:
-        duration = round_seconds(args, scenario, concurrency)
+        duration = round_seconds(args.duration, scenario, concurrency)
         cell = {
             "scenario": scenario.name,
             "concurrency": concurrency,
