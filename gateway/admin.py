@@ -227,7 +227,18 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
             # The next start would undo the change: the file is this key's source of truth.
             print(f"key {args.key!r} is declared in the config file: change it there (revoked = true to revoke it)")
             return 1
+        was_revoked = key.revoked
         key = await store.update_key(key.id, **fields)
+        # The change is kept (it holds once the key is made usable again), but requests with the
+        # key still get 401: an update must not read as if it had made the key work.
+        if args.action == "revoke" and was_revoked:
+            print(f"key {args.key!r} was revoked already", file=sys.stderr)
+        elif args.action == "update" and key.revoked:
+            print(
+                f"key {args.key!r} is revoked: the change is kept, but its requests still get 401 "
+                "(--unrevoke makes it usable again)",
+                file=sys.stderr,
+            )
         print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
         return 0
     finally:

@@ -182,8 +182,24 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
     assert revoked.value.body["code"] == "invalid_api_key"
     await ask(gateway, CONFIG_KEY)  # the other key is untouched
 
-    status, output = await ezat(backend, "keys", "update", "ci", "--unrevoke")
+    # A revoked key's settings may still change, but the command says it stays refused.
+    status, output = await ezat(backend, "keys", "update", "ci", "--rpm", "7")
     assert status == 0, output
+    note, header, line = output.splitlines()
+    assert (
+        note
+        == "key 'ci' is revoked: the change is kept, but its requests still get 401 (--unrevoke makes it usable again)"
+    )
+    assert header.split()[:2] == ["id", "name"] and "True" in line.split()
+    assert ((await stored_keys(url))["ci"].rpm, (await stored_keys(url))["ci"].revoked) == (7, True)
+    with pytest.raises(openai.AuthenticationError):
+        await ask(gateway, secret)
+    status, output = await ezat(backend, "keys", "revoke", "ci")
+    assert (status, output.splitlines()[0]) == (0, "key 'ci' was revoked already")
+
+    status, output = await ezat(backend, "keys", "update", "ci", "--unrevoke", "--rpm", "0")
+    assert status == 0, output
+    assert output.split()[:2] == ["id", "name"]  # usable again: only the table
     await ask(gateway, secret)
 
     for command in (["keys", "revoke", "nobody"], ["keys", "update", "nobody", "--rpm", "3"]):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import COMMAND, clean_environment, run_command
+from tests.support import COMMAND, clean_environment, read_store, run_command
 
 ROOT = Path(__file__).parent.parent
 
@@ -215,3 +215,21 @@ async def test_check_config_counts_in_the_singular_for_one(tmp_path):
         0,
         f"{path}: ok (2 deployments, 2 models, 2 keys)\n",
     )
+
+
+# --- keys update on a revoked key
+
+
+async def test_keys_update_on_a_revoked_key_changes_it_and_says_it_stays_revoked(tmp_path):
+    storage = ("--storage", f"sqlite:///{tmp_path / 'gateway.db'}")
+    assert (await ezat("keys", "create", "--name", "alice", *storage, cwd=tmp_path))[0] == 0
+    status, _, err = await ezat("keys", "revoke", "alice", *storage, cwd=tmp_path)
+    assert (status, err) == (0, "")
+    status, out, err = await ezat("keys", "update", "alice", "--tpm", "500", *storage, cwd=tmp_path)
+    assert (status, err) == (
+        0,
+        "key 'alice' is revoked: the change is kept, but its requests still get 401 (--unrevoke makes it usable again)\n",
+    )
+    assert out == (await ezat("keys", "list", *storage, cwd=tmp_path))[1]  # the key as it is now
+    _, (key,) = await read_store(storage[1])
+    assert (key.tpm, key.revoked) == (500, True)
