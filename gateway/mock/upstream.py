@@ -6,6 +6,10 @@ requests the way the real API does (so tests can prove the gateway never
 forwards OpenAI-only fields), replies with a scripted ``Scenario`` per request
 and streams Anthropic's exact SSE event sequence.
 
+With no scenario queued it answers as a model would without a script: a tool call when the
+request's ``tool_choice`` forces one or its last user message names one of its tools (arguments
+made from the tool's ``input_schema``), otherwise an echo of that message.
+
 ``MockUpstream(fast=True)`` is the benchmarks' upstream: no validation, no
 recording, and replies sent from bytes encoded once, chosen by the request's
 ``model`` (see ``FAST_MODELS``), so that the mock costs as little as it can.
@@ -133,6 +137,94 @@ def _text_of(content) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
+def called_tool(body: dict) -> dict | None:
+    """The tool an unscripted reply calls: the one `tool_choice` forces (`any`: the first tool), or
+    with `auto` or none given, the tool whose name comes first in the last user message's text, as
+    a whole word. A user turn that answers a tool call calls none by name, so an agent's loop ends
+    (a forced choice still calls one, as it would upstream); `none` never calls one."""
+    tools = [tool for tool in body.get("tools") or [] if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
+    if not tools:
+        return None
+    choice = body.get("tool_choice") or {"type": "auto"}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "any":
+        return tools[0]
+    if kind == "tool":
+        return next((tool for tool in tools if tool["name"] == choice.get("name")), None)
+    if kind != "auto":
+        return None
+    last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
+    if last_user is None:
+        return None
+    content = last_user["content"]
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+        return None
+    text = _text_of(content)
+    named = []
+    for tool in tools:
+        # A whole word: a tool named `now` is not called by "know".
+        found = re.search(rf"(?<![\w-]){re.escape(tool['name'])}(?![\w-])", text)
+        if found:
+            named.append((found.start(), tool))
+    return min(named, key=lambda pair: pair[0])[1] if named else None
+
+
+_MAX_SCHEMA_DEPTH = 16  # a recursive $ref stops here
+
+
+def example_input(schema: object) -> dict:
+    """A tool call's arguments made from its JSON Schema: every required property and no other;
+    {} for a schema that is missing or not an object's."""
+    value = _example(schema, schema, 0) if isinstance(schema, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _example(schema: object, root: dict, depth: int) -> object:
+    """A value `schema` accepts: its `const`, its first `enum` value, or one made from its type."""
+    if not isinstance(schema, dict) or depth > _MAX_SCHEMA_DEPTH:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: object = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return _example(target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for combined in ("anyOf", "oneOf", "allOf"):
+        options = schema.get(combined)
+        if isinstance(options, list) and options:
+            # Optional[X] is anyOf X or null: X is the one worth showing.
+            usable = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")] or options
+            return _example(usable[0], root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:  # a type left implicit by what the schema describes
+        kind = "object" if "properties" in schema else "array" if "items" in schema else None
+    if kind == "string":
+        return "mock"
+    if kind in ("integer", "number"):
+        if isinstance(schema.get("minimum"), (int, float)):
+            return schema["minimum"]
+        maximum = schema.get("maximum")
+        return min(1, maximum) if isinstance(maximum, (int, float)) else 1
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        items = schema.get("items")
+        return [_example(items, root, depth + 1)] if isinstance(items, dict) else []
+    if kind == "object":
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = schema.get("required")
+        names = [name for name in required if isinstance(name, str)] if isinstance(required, list) else []
+        return {name: _example(properties.get(name), root, depth + 1) for name in names}
+    return None
+
+
 class MockUpstream:
     """Scenarios are for /v1/messages only: count_tokens never consumes one, so a gateway that
     counts before it sends leaves the queue to the messages it was meant for. count_tokens fails
@@ -148,6 +240,7 @@ class MockUpstream:
         self.url: str | None = None  # set by start()
         self._msg_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
+        self._tool_ids = itertools.count(1)
         self._seen_disconnects = 0
         self._disconnected = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -265,8 +358,8 @@ class MockUpstream:
         if isinstance(body, web.Response):
             return body
 
-        # Only valid requests consume a scenario.
-        sc = self._queue.popleft() if self._queue else Scenario()
+        # Only valid requests consume a scenario; without one, the request decides the reply.
+        sc = self._queue.popleft() if self._queue else Scenario(blocks=self._unscripted_blocks(body))
         try:
             if sc.delay:
                 await asyncio.sleep(sc.delay)
@@ -321,6 +414,23 @@ class MockUpstream:
         except ConnectionError:
             pass  # the client went away; the benchmark counts it
         return resp
+
+    def _unscripted_blocks(self, body: dict) -> list[dict] | None:
+        """A tool call when the request asks for one (see `called_tool`), else None: the echo."""
+        tool = called_tool(body)
+        if tool is None:
+            return None
+        call = {
+            "type": "tool_use",
+            "id": f"toolu_mock_{next(self._tool_ids):06d}",
+            "name": tool["name"],
+            "input": example_input(tool.get("input_schema")),
+        }
+        if (body.get("thinking") or {}).get("type") in ("enabled", "adaptive"):
+            # The real API thinks before a call; and the turn, sent back, must start with its thinking.
+            thinking = f"The user asked for {tool['name']}; call it."
+            return [{"type": "thinking", "thinking": thinking, "signature": "mock-signature"}, call]
+        return [call]
 
     def _note_disconnect(self) -> None:
         self.disconnects += 1
