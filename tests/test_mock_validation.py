@@ -246,3 +246,30 @@ async def test_a_system_message_needs_the_mid_conversation_system_beta(client):
     with pytest.raises(anthropic.BadRequestError) as caught:
         await create(client, messages=messages)
     assert 'Unexpected role "system"' in caught.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("model", "most"),
+    [
+        ("claude-sonnet-4-5-20250929", 64_000),
+        ("claude-haiku-4-5", 64_000),
+        ("claude-opus-4-1-20250805", 32_000),
+        ("claude-opus-4-6", 128_000),
+        ("claude-3-5-haiku-20241022", 8_192),
+        ("m", 128_000),  # a name the mock does not know: the largest any model allows
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
+async def test_max_tokens_above_the_models_maximum_is_refused_as_the_real_api_does(client, model, most, stream):
+    for asked in (999_999, most + 1):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            # (a timeout: without one the SDK refuses so large a max_tokens unstreamed itself)
+            await client.messages.create(model=model, max_tokens=asked, messages=[USER], stream=stream, timeout=30)
+        assert caught.value.status_code == 400
+        assert caught.value.body["type"] == "error"
+        assert caught.value.body["error"] == {
+            "type": "invalid_request_error",
+            "message": f"max_tokens: {asked} > {most}, which is the maximum allowed number of output tokens for {model}",
+        }
+    reply = await client.messages.create(model=model, max_tokens=most, messages=[USER], timeout=30)
+    assert reply.stop_reason == "end_turn"

@@ -1,8 +1,8 @@
 """What the mock upstream rejects, as Anthropic's Messages API does (400 invalid_request_error).
 
 These rules are the ones a gateway gets wrong (unknown fields, roles, empty text, tool ids and
-names, media types, thinking budgets, cache breakpoints, beta names): a gateway test that passes
-against the mock has not sent anything the real API would refuse.
+names, media types, output limits, thinking budgets, cache breakpoints, beta names): a gateway
+test that passes against the mock has not sent anything the real API would refuse.
 """
 
 from __future__ import annotations
@@ -50,6 +50,23 @@ COUNT_TOKENS_FIELDS = frozenset(
 )
 MAX_BREAKPOINTS = 4
 
+# The most output tokens a model may be asked for, by the start of its name (the first match wins,
+# so a family's newer members come before it). The real API's figures for its models; a name it
+# does not know (the tests' and the demo's) gets the largest any of them allows, so every limit a
+# gateway might pass on is accepted, and only an impossible one (max_tokens: 999999) is refused.
+MAX_OUTPUT_TOKENS: tuple[tuple[str, int], ...] = (
+    ("claude-opus-4-7", 128_000),
+    ("claude-opus-4-6", 128_000),
+    ("claude-opus-4-5", 64_000),
+    ("claude-opus-4", 32_000),  # claude-opus-4-1, claude-opus-4-0, claude-opus-4-20250514
+    ("claude-sonnet-4", 64_000),
+    ("claude-haiku-4", 64_000),
+    ("claude-3-7-sonnet", 64_000),
+    ("claude-3-5-", 8_192),
+    ("claude-3-", 4_096),
+)
+DEFAULT_MAX_OUTPUT_TOKENS = 128_000
+
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _ID = re.compile(r"[a-zA-Z0-9_-]+")
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
@@ -59,6 +76,11 @@ _BETA = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*-(?:\d{4}-\d{2}-\d{2}|\d{8})")
 
 class Invalid(Exception):
     """A request the real API would reject with 400 invalid_request_error."""
+
+
+def max_output_tokens(model: str) -> int:
+    """The most `max_tokens` may be for `model` (see MAX_OUTPUT_TOKENS)."""
+    return next((most for prefix, most in MAX_OUTPUT_TOKENS if model.startswith(prefix)), DEFAULT_MAX_OUTPUT_TOKENS)
 
 
 def validate_betas(header: str) -> frozenset[str]:
@@ -100,6 +122,11 @@ def validate(body: object, fields: frozenset[str] = ALLOWED_FIELDS, betas: froze
         raise Invalid("max_tokens: Input should be a valid integer")
     if max_tokens < 0:  # 0 only warms the prompt cache
         raise Invalid("max_tokens: Input should be greater than or equal to 0")
+    most = max_output_tokens(body["model"])
+    if max_tokens > most:
+        raise Invalid(
+            f"max_tokens: {max_tokens} > {most}, which is the maximum allowed number of output tokens for {body['model']}"
+        )
     messages = body["messages"]
     if not isinstance(messages, list):
         raise Invalid("messages: Input should be a valid list")
