@@ -399,6 +399,7 @@ async def test_fallback_model_answers_when_the_asked_one_cannot(start_gateway, m
 async def test_a_fallback_model_gets_only_the_effort_and_sampling_it_supports(start_gateway, mocks, stream):
     mocks[0].enqueue(Scenario(status=500))
     mocks[1].enqueue(Scenario(status=529))
+    mocks[2].enqueue(Scenario())  # scripted: the echo, not the call a forced tool_choice gets unscripted
     config = routed_config(mocks)
     asked, fallback = config.models
     gateway = await start_gateway(
