@@ -44,7 +44,7 @@ from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import MULTIPROCESS_DIR
 from gateway.ops.tracing import Tracing, TracingUnavailable
 from gateway.runtime import run, tune_garbage_collector, until_stopped
-from gateway.server import LISTEN_BACKLOG, app_runner
+from gateway.server import LISTEN_BACKLOG, CannotListen, app_runner, bound_sockets
 
 log = logging.getLogger("ezat")
 
@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "mock-upstream":
             from gateway.mock.upstream import run
 
-            run(args.host, args.port)
+            try:
+                run(args.host, args.port)  # it says it listens only once it does
+            except OSError as error:  # the only thing it does that the system may refuse
+                raise CannotListen(args.host, args.port, error) from None
             return 0
         if args.command in ("keys", "orgs", "usage"):
             # Only [storage]: listing keys must not need the upstream's secret in the environment.
@@ -111,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--storage: {problem}", file=sys.stderr)  # not the URL: it may hold a password
                 return 2
             named_by = "--storage" if args.storage else "--config" if args.config else ""
-            return asyncio.run(admin.run(args, storage, named_by=named_by))
+            try:
+                return asyncio.run(admin.run(args, storage, named_by=named_by))
+            except SAID_IN_ONE_LINE as exc:  # which database, since the reason rarely says
+                print(
+                    f"ezat-gateway {args.command}: {admin.describe_storage(storage)}: {_reason(exc)}", file=sys.stderr
+                )
+                return 1
         serve(args.config, Overrides(args.host, args.port, args.workers, log_format))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
@@ -120,10 +129,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ezat-gateway serve: {exc}", file=sys.stderr)
         return 1
     # A port taken, a database out of reach or refusing.
-    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        print(f"ezat-gateway {args.command}: {exc}", file=sys.stderr)
+    except (CannotListen, *SAID_IN_ONE_LINE) as exc:
+        print(f"ezat-gateway {args.command}: {_reason(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+# What the system or a database refuses a command: its message is the whole story, not a traceback.
+SAID_IN_ONE_LINE = (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+def _reason(exc: BaseException) -> str:
+    """An error's message for people: an OSError's without Python's "[Errno 13]" in front."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 class _PrintVersion(argparse.Action):
@@ -204,6 +224,10 @@ def serve(config_path: str | None, overrides: Overrides) -> None:
             f"--workers {workers} needs [ratelimit] url (Redis) for keys with rpm, tpm or max_concurrent ({', '.join(limited)}): "
             "each worker's own buckets would let through N times their limits"
         )
+    # Each worker binds the port with SO_REUSEPORT, which another process's socket with it (another
+    # gateway's workers) would let them share: first the port must be free for a socket without it.
+    for sock in bound_sockets(config.server.host, config.server.port):
+        sock.close()
     # The workers' metrics go to one directory, so that a scrape of any of them counts all.
     metrics_dir = tempfile.mkdtemp(prefix="ezat-metrics-") if config.metrics.enabled else None
     before = os.environ.get(MULTIPROCESS_DIR)
@@ -251,16 +275,28 @@ def _rate_limited_keys(config: Config) -> list[str]:
 
 def _worker(config: Config) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into SIGTERM
-    run(serve_forever(config, reuse_port=True))
+    try:
+        run(serve_forever(config, reuse_port=True))
+    except (CannotListen, *SAID_IN_ONE_LINE) as exc:
+        raise SystemExit(f"ezat-gateway serve: {_reason(exc)}") from None  # printed, and the exit status 1
 
 
 async def serve_forever(config: Config | None, overrides: Overrides = Overrides(), *, reuse_port: bool = False) -> None:
     """Serve `config` (None: the embedded defaults, with `overrides`) until SIGTERM or Ctrl-C."""
+    server = (config or overrides.applied(Config())).server
+    # The port before anything else: one already taken is refused before the store is opened or
+    # the demo's mock started, and "listening" is only ever logged by a server that listens.
+    # Connections made while the app starts wait in the queue, rather than being refused.
+    sockets = bound_sockets(server.host, server.port, reuse_port=reuse_port)
+    try:
+        for sock in sockets:
+            sock.listen(LISTEN_BACKLOG)
+    except OSError as error:  # another process bound it too, and listened first
+        raise CannotListen(server.host, server.port, error) from None
     mock = demo_key = None
     if config is None:
         embedded, demo_key, mock = await embedded_config()
         config = overrides.applied(embedded)
-    server = config.server
     configure_logging(config.logging)
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
@@ -268,7 +304,8 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
     runner = app_runner(build_app(config), server)
     await runner.setup()
     tune_garbage_collector()
-    await web.TCPSite(runner, server.host, server.port, reuse_port=reuse_port or None, backlog=LISTEN_BACKLOG).start()
+    for sock in sockets:
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
     log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
     if demo_key:
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
@@ -288,6 +325,7 @@ async def embedded_config():
     """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
     the built-in mock upstream otherwise, its own SQLite file in the working directory, and a local key."""
     mock = None
+    demo_key = os.environ.get("EZAT_API_KEY") or _local_key()  # before the mock says it answers
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if api_key:
         deployment = Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key=api_key)
@@ -298,7 +336,6 @@ async def embedded_config():
         url = await mock.start()
         log.info("no ANTHROPIC_API_KEY: answering with the built-in mock upstream at %s", url)
         deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
-    demo_key = os.environ.get("EZAT_API_KEY") or _local_key()
     key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
     config = Config(storage=DEMO_STORAGE, deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,))
     return config, demo_key, mock

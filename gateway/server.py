@@ -15,7 +15,9 @@ finishes its headers holds its connection that long at most. (aiohttp's default 
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
@@ -35,6 +37,54 @@ NOT_HTTP = GatewayError(400, "The request is not valid HTTP.").body  # the envel
 # once: the connections past it wait for their SYN to be sent again, 1, 3, 7, 15 s… later.
 # 2,048 is what uvicorn and gunicorn listen with.
 LISTEN_BACKLOG = 2048
+
+
+class CannotListen(Exception):
+    """The server's address could not be had: one line for its operator, naming it."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        if error.errno == errno.EADDRINUSE:
+            message = (
+                f"port {port} on {host} is already in use (another process listens there): "
+                "stop it, or choose another port with --port"
+            )
+        elif isinstance(error, socket.gaierror):
+            message = f"cannot listen on {host} port {port}: no such host ({error.strerror})"
+        elif error.errno == errno.EADDRNOTAVAIL:
+            message = f"cannot listen on {host} port {port}: {host} is not an address of this machine"
+        else:
+            message = f"cannot listen on {host} port {port}: {(error.strerror or str(error)).lower()}"
+        super().__init__(message)
+
+
+def bound_sockets(host: str, port: int, *, reuse_port: bool = False) -> list[socket.socket]:
+    """Sockets bound to every address `host` names (as asyncio's create_server binds them), not
+    listening yet, so that `serve` learns of a port already taken before it starts anything, or
+    says it listens; CannotListen if one cannot be had. With `reuse_port`, several processes bind
+    the same port (SO_REUSEPORT); without, any process listening there already refuses it."""
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        raise CannotListen(host, port, error) from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, protocol, _, address in dict.fromkeys(addresses):  # once each, in order
+            sock = socket.socket(family, kind, protocol)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart is not held off by TIME_WAIT
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # its IPv4 twin has its own
+            sock.setblocking(False)
+            sock.bind(address)
+    except OSError as error:
+        for sock in sockets:
+            sock.close()
+        raise CannotListen(host, port, error) from None
+    return sockets
 
 
 def app_runner(app: web.Application, server: ServerConfig = ServerConfig()) -> web.AppRunner:

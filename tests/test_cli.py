@@ -8,7 +8,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -316,17 +315,6 @@ async def test_a_storage_url_postgresql_refuses_is_one_line_not_a_traceback(tmp_
     assert status == 1
     assert output.startswith("ezat-gateway keys: ") and output.count("\n") == 1, output
     assert "hunter2" not in output
-
-
-async def test_a_port_already_taken_is_one_line_not_a_traceback(tmp_path):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        status, output = await run_command("serve", "--port", str(port), cwd=tmp_path)
-    assert status == 1
-    assert "ezat-gateway serve: [Errno 98] error while attempting to bind on address" in output
-    assert "Traceback" not in output
 
 
 async def test_serve_with_workers_reports_a_bad_config_once(tmp_path):

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from tests.support import COMMAND, clean_environment, read_store, run_command
+from tests.support import COMMAND, ServeProcess, clean_environment, free_port, read_store, run_command
 
 ROOT = Path(__file__).parent.parent
 
@@ -233,3 +235,88 @@ async def test_keys_update_on_a_revoked_key_changes_it_and_says_it_stays_revoked
     assert out == (await ezat("keys", "list", *storage, cwd=tmp_path))[1]  # the key as it is now
     _, (key,) = await read_store(storage[1])
     assert (key.tpm, key.revoked) == (500, True)
+
+
+# --- A port already taken
+
+PORT_CONFIG = (
+    ONE_DEPLOYMENT + '\n[server]\nhost = "127.0.0.1"\nport = 8080\n\n[storage]\nurl = "sqlite:///gateway.db"\n'
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("serve",),  # the embedded defaults: the demo
+        ("serve", "--config", "gateway.toml"),
+        ("serve", "--config", "gateway.toml", "--workers", "2"),
+        ("mock-upstream",),
+    ],
+    ids=" ".join,
+)
+async def test_a_port_already_taken_fails_first_in_one_line(tmp_path, command):
+    (tmp_path / "gateway.toml").write_text(PORT_CONFIG)
+    with socket.socket() as taken:  # a plain socket, as any other program's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, output = await run_command(*command, "--port", str(port), cwd=tmp_path)
+    assert (status, output) == (
+        1,
+        f"ezat-gateway {command[0]}: port {port} on 127.0.0.1 is already in use (another process listens there): "
+        "stop it, or choose another port with --port\n",
+    )
+    # Nothing was started before: no database, no demo key, no mock upstream announced.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gateway.toml"]
+
+
+async def test_workers_do_not_share_a_port_with_another_gateways_workers(tmp_path):
+    # SO_REUSEPORT would let a second gateway's workers join the first's port and take half its
+    # connections: the second is refused as on any port already taken.
+    first = ServeProcess(tmp_path, "first", PORT_CONFIG.replace("port = 8080", "port = {port}"))
+    await first.start("--workers", "2")
+    try:
+        status, output = await run_command(
+            "serve", "--config", str(first.config), "--workers", "2", "--port", str(first.port), cwd=tmp_path
+        )
+        assert (status, output) == (
+            1,
+            f"ezat-gateway serve: port {first.port} on 127.0.0.1 is already in use (another process listens there): "
+            "stop it, or choose another port with --port\n",
+        )
+    finally:
+        await first.stop()
+
+
+async def test_a_server_that_says_it_listens_answers_at_once(tmp_path):
+    served = ServeProcess(tmp_path)  # the demo
+    await served.start("--port", str(served.port), wait=False)
+    try:
+        async with asyncio.timeout(15):
+            while "ezat-gateway listening on" not in served.output():
+                assert served.process.returncode is None, served.output()
+                await asyncio.sleep(0.02)
+        async with aiohttp.ClientSession() as http:  # the first try, not a retry
+            async with http.get(served.url + "/healthz") as response:
+                assert response.status == 200
+    finally:
+        await served.stop()
+    assert served.process.returncode == 0
+
+
+async def test_a_demo_that_cannot_keep_its_key_fails_before_it_says_it_answers(tmp_path):
+    (tmp_path / "ezat-gateway.key").mkdir()  # where the demo keeps its key: not a file it can read
+    status, output = await run_command("serve", "--port", str(free_port()), cwd=tmp_path)
+    assert (status, output) == (1, "ezat-gateway serve: Is a directory: ezat-gateway.key\n")
+
+
+# --- Errors in words, not Python's
+
+
+async def test_a_database_that_refuses_is_named_in_the_one_line(tmp_path):
+    (tmp_path / "notes.db").write_text("not a database\n")
+    status, output = await run_command("keys", "list", "--storage", "sqlite:///notes.db", cwd=tmp_path)
+    assert (status, output) == (1, f"ezat-gateway keys: {tmp_path / 'notes.db'} (SQLite): file is not a database\n")
+    status, output = await run_command("keys", "list", "--storage", "postgresql://admin:hunter2@127.0.0.1:1/x")
+    assert status == 1 and output.startswith("ezat-gateway keys: postgresql://admin@127.0.0.1:1/x (PostgreSQL): ")
+    assert "Errno" not in output and "hunter2" not in output and output.count("\n") == 1
