@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 from urllib.parse import urlsplit
 
-from middlewares.core.sizes import MAX_BODY_BYTES, MiB
+from middlewares.bounds import DEFAULT_BOUNDS
+from middlewares.core.sizes import MiB
+from middlewares.images import DEFAULT_LIMITS as IMAGES
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
@@ -132,17 +134,17 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class ImagesConfig:
-    """The image fetcher; the defaults are the API's limits (docs/api.md, "Images and PDFs")."""
+    """The image fetcher; the defaults are the stage's own (middlewares.images.ImageLimits)."""
 
     allow_private_hosts: bool = False  # true only for tests and trusted networks
-    max_image_mb: int = _field(10, check=_positive)
-    max_total_mb: int = _field(MAX_BODY_BYTES // MiB, check=_positive)  # all downloads of one request
-    max_urls: int = _field(20, check=_positive)
-    timeout_seconds: float = _field(15.0, check=_positive_number)
-    max_redirects: int = _field(3, check=_non_negative)
+    max_image_mb: int = _field(IMAGES.image_bytes // MiB, check=_positive)
+    max_total_mb: int = _field(IMAGES.total_bytes // MiB, check=_positive)
+    max_urls: int = _field(IMAGES.urls, check=_positive)
+    timeout_seconds: float = _field(IMAGES.timeout, check=_positive_number)
+    max_redirects: int = _field(IMAGES.redirects, check=_non_negative)
     ports: tuple[int, ...] = _field((), check_each=_port)  # empty: any port (the API sets no limit)
-    downloads_per_key: int = _field(16, check=_positive)  # at once, over all of a key's requests
-    connections_per_host: int = _field(32, check=_positive)  # the pool's, to any one host
+    downloads_per_key: int = _field(IMAGES.downloads_per_key, check=_positive)
+    connections_per_host: int = _field(IMAGES.connections_per_host, check=_positive)
 
 
 @dataclass(frozen=True)
@@ -150,11 +152,11 @@ class BoundsConfig:
     """The bounds stage: the most of each list one request may hold, and how deep its schemas may
     nest (docs/api.md, "Limits a client sees"), so no later stage works on an oversized request."""
 
-    max_messages: int = _field(100_000, check=_positive)
-    max_content_parts: int = _field(100_000, check=_positive)  # over all the messages
-    max_tools: int = _field(1_000, check=_positive)
-    max_stop: int = _field(100, check=_positive)  # stop sequences
-    max_schema_depth: int = _field(100, check=_positive)  # levels of JSON in a tool's or the output's schema
+    max_messages: int = _field(DEFAULT_BOUNDS.max_messages, check=_positive)
+    max_content_parts: int = _field(DEFAULT_BOUNDS.max_content_parts, check=_positive)
+    max_tools: int = _field(DEFAULT_BOUNDS.max_tools, check=_positive)
+    max_stop: int = _field(DEFAULT_BOUNDS.max_stop, check=_positive)
+    max_schema_depth: int = _field(DEFAULT_BOUNDS.max_schema_depth, check=_positive)
 
 
 @dataclass(frozen=True)

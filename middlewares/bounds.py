@@ -19,16 +19,32 @@ from middlewares.core.chain import stage
 from middlewares.core.context import BODY
 from middlewares.core.errors import invalid_request
 
-__all__ = ["Bounds", "bounds_middleware", "out_of_bounds"]
+__all__ = ["DEFAULT_BOUNDS", "Bounds", "bounds_middleware", "out_of_bounds"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The most of each list one request may hold, and how deep its schemas may nest. The
+    defaults are far above what a real conversation holds, and far below what would hold a
+    later stage up: the stage's defaults, and the gateway's `[bounds]`."""
+
+    max_messages: int = 100_000
+    max_content_parts: int = 100_000  # over all the messages
+    max_tools: int = 1_000
+    max_stop: int = 100  # stop sequences
+    max_schema_depth: int = 100  # levels of JSON in a tool's or the output's schema
+
+
+DEFAULT_BOUNDS = Bounds()
 
 
 def bounds_middleware(
     *,
-    max_messages: int = 100_000,
-    max_content_parts: int = 100_000,
-    max_tools: int = 1_000,
-    max_stop: int = 100,
-    max_schema_depth: int = 100,
+    max_messages: int = DEFAULT_BOUNDS.max_messages,
+    max_content_parts: int = DEFAULT_BOUNDS.max_content_parts,
+    max_tools: int = DEFAULT_BOUNDS.max_tools,
+    max_stop: int = DEFAULT_BOUNDS.max_stop,
+    max_schema_depth: int = DEFAULT_BOUNDS.max_schema_depth,
 ):
     """A request in `request[BODY]` with more messages, content parts (over all messages, and an
     Anthropic `system` list's blocks), tools or stop sequences than these, or a tool's or the
@@ -47,15 +63,6 @@ def bounds_middleware(
         return await handler(request)
 
     return bounds
-
-
-@dataclass(frozen=True)
-class Bounds:
-    max_messages: int
-    max_content_parts: int
-    max_tools: int
-    max_stop: int
-    max_schema_depth: int
 
 
 def out_of_bounds(body: dict[str, Any], bounds: Bounds) -> tuple[str, str] | None:

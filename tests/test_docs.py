@@ -3,13 +3,17 @@ served on loopback, and no document or module points outside the repository."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import tomllib
+import typing
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aioresponses import aioresponses
 
+from gateway.config import Config
 from tests.support import Gateway
 from tests.test_images import PNG, FakedResponse
 
@@ -107,3 +111,34 @@ def test_no_document_or_module_points_outside_the_repository():
         f"{path.relative_to(ROOT)}: {match[0]}" for path in files for match in OUTSIDE.finditer(path.read_text())
     ]
     assert pointing == []
+
+
+def documented_defaults(section: str) -> dict[str, str]:
+    """The `default` column of docs/configuration.md's table for `[section]` (or `[[section]]`)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    start = re.search(rf"^## `\[\[?{section}\]\]?`$", text, re.M)
+    assert start is not None, section
+    end = text.find("\n## ", start.end())
+    return dict(re.findall(r"^\| `(\w+)` \| [^|]* \| ([^|]*) \|", text[start.end() : end], re.M))
+
+
+@pytest.mark.parametrize("section", [field.name for field in dataclasses.fields(Config)])
+def test_each_documented_default_is_the_configs_own(section):
+    # The defaults live in the code (the stages' own, which the config takes); the page says
+    # them again for the reader, and this keeps it saying the same.
+    kind = typing.get_type_hints(Config)[section]
+    cls = typing.get_args(kind)[0] if typing.get_args(kind) else kind  # tuple[Model, ...]: Model
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    compared = 0
+    for key, cell in documented_defaults(section).items():
+        literal = cell.strip()
+        if key not in defaults or not re.fullmatch(r"`[^`]+`", literal):
+            continue  # "required", "none", a default worked out from other keys
+        try:
+            documented = tomllib.loads(f"v = {literal[1:-1]}")["v"]
+        except tomllib.TOMLDecodeError:
+            continue
+        default = defaults[key]
+        assert documented == (list(default) if isinstance(default, tuple) else default), (section, key)
+        compared += 1
+    assert compared or not defaults, f"no default of [{section}] is documented"

@@ -30,23 +30,42 @@ from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
 from middlewares.images.sniff import image_type
 
-__all__ = ["images_middleware"]
+__all__ = ["DEFAULT_LIMITS", "ImageLimits", "images_middleware"]
 
 log = logging.getLogger("ezat.images")
 
 
+class ImageLimits(NamedTuple):
+    """What the stage downloads, at most: the API's own limits for an image, a request's URLs
+    and their bytes, a download's time and redirects; and how many downloads run at once, so
+    that one key's flood of image URLs cannot take every download, nor one slow host every
+    connection. The stage's defaults, and the gateway's `[images]`."""
+
+    image_bytes: int = 10 * MiB
+    urls: int = 20  # distinct URLs a request
+    total_bytes: int = MAX_BODY_BYTES  # all the downloads of one request
+    timeout: float = 15.0  # seconds a download
+    redirects: int = 3
+    concurrent_downloads: int = 8  # of one request
+    downloads_per_key: int = 16  # over all the requests of one key
+    connections_per_host: int = 32  # the pool's, to any one host
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
 def images_middleware(
     *,
-    max_image_bytes: int = 10 * MiB,
-    max_urls: int = 20,
-    max_total_bytes: int = MAX_BODY_BYTES,
-    timeout: float = 15.0,
-    max_redirects: int = 3,
+    max_image_bytes: int = DEFAULT_LIMITS.image_bytes,
+    max_urls: int = DEFAULT_LIMITS.urls,
+    max_total_bytes: int = DEFAULT_LIMITS.total_bytes,
+    timeout: float = DEFAULT_LIMITS.timeout,
+    max_redirects: int = DEFAULT_LIMITS.redirects,
     ports: Sequence[int] = (),
     allow_private_hosts: bool = False,
-    concurrent_downloads: int = 8,
-    downloads_per_key: int = 16,
-    connections_per_host: int = 32,
+    concurrent_downloads: int = DEFAULT_LIMITS.concurrent_downloads,
+    downloads_per_key: int = DEFAULT_LIMITS.downloads_per_key,
+    connections_per_host: int = DEFAULT_LIMITS.connections_per_host,
     resolver=None,
     api: str = "openai",
     on_download: Callable[[str], None] = lambda outcome: None,
@@ -54,12 +73,10 @@ def images_middleware(
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
 
-    Defaults are the API's limits: 10 MB an image, 20 distinct URLs and 32 MB a request, 15 s
-    and 3 redirects a download, any port, public addresses only (`allow_private_hosts` lifts
-    that, for trusted networks and tests). `concurrent_downloads` of one request run at once,
-    `downloads_per_key` of all the requests of one key (`request[API_KEY]`, when a stage before
-    sets it), and the pool opens `connections_per_host` to one host: one key's flood of image
-    URLs cannot take every download, nor one slow host every connection.
+    The limits' defaults are `DEFAULT_LIMITS` (ImageLimits says what each bounds); any port and
+    public addresses only (`allow_private_hosts` lifts that, for trusted networks and tests).
+    `downloads_per_key` counts the requests of one key by `request[API_KEY]`, when a stage
+    before sets it (else all requests share it).
     `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests. `api` is the
     shape of the request: "openai" (a chat completion) or "anthropic" (a Messages request);
     `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps.
