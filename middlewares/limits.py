@@ -18,7 +18,7 @@ from middlewares.core.chain import stage
 from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE, request_id
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending
-from middlewares.core.records import KeyRecord
+from middlewares.core.records import KeyRecord, Shortfall
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens
 
@@ -76,48 +76,28 @@ def limits_middleware(
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
     async def limits(request: web.Request, handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
-        if key.organization_suspended:
-            raise GatewayError(
-                403,
-                f"This key's organization `{key.organization}` is suspended.",
-                type="permission_error",
-                refusal="auth",
-            )
-        name = body.get("model")
-        if not isinstance(name, str) or not name:
-            raise invalid_request("model: required", "model")
-        model = find_model(name)
-        if model is None:
-            raise model_not_found(name)
+        _check_organization(key)
+        model = _asked_model(body, find_model)
         request[MODEL] = model  # known from here on, refused or not (the app's logs and metrics name it)
         fallbacks = _fallbacks(body.get("models"), model, find_model)
         models = (model, *fallbacks)
-        for allowed in models:
-            if not key.allows(allowed.id):
-                raise GatewayError(
-                    403, f"This key may not use the model `{allowed.id}`.", type="permission_error", refusal="model"
-                )
+        _check_models_allowed(key, models)
+        # What admitting it would reserve: its tokens against the key's tpm, its worst-case cost
+        # against the key's spend limit and its organization's balance (nothing with reserve=False).
         spends = reserve and spending is not None
         limit = key.spend_limit_usd if spends else None
         balance = key.organization_balance_usd if spends else None
         tokens = reserve and limiter is not None and bool(key.tpm)
-        input_tokens = output_tokens = 0
-        if tokens or limit is not None or balance is not None:  # estimated only where a limit needs it
-            input_tokens, output_tokens = _token_estimate(body, request[BODY_BYTES], model, capped)
+        input_tokens, output_tokens = (
+            _token_estimate(body, request[BODY_BYTES], model, capped)
+            if tokens or limit is not None or balance is not None  # estimated only where a limit needs it
+            else _NO_ESTIMATE
+        )
         rid = request_id(request)
         reservation = Reservation(limiter, key, rid, input_tokens + output_tokens if tokens else 0)
         if limiter is not None:
             # A request that reserves nothing is held to the key's rpm alone, not its tpm.
-            wait = await limiter.admit(key, reservation.tokens if reserve else None)
-            if wait:
-                raise GatewayError(
-                    429,
-                    "Too many requests for this key; wait and try again.",
-                    type="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers=retry_after(wait),
-                    refusal=getattr(wait, "limit", None) or ("rpm" if key.rpm else "tpm"),
-                )
+            _check_rate(key, await limiter.admit(key, reservation.tokens if reserve else None))
         # From here on the request holds something: whatever ends it (a refusal below, the
         # store failing, a cancellation, an error in a later stage) gives back what it holds.
         try:
@@ -125,37 +105,13 @@ def limits_middleware(
                 # Marked first: a request cancelled while its place is taken gives it back
                 # (leave is a no-op for a request that holds none).
                 reservation.running = True
-                wait = await limiter.enter(key, rid)
-                if wait:
-                    raise GatewayError(
-                        429,
-                        f"This key already runs {key.max_concurrent} requests, the most it may at once; "
-                        "wait for one to finish.",
-                        type="rate_limit_error",
-                        code="rate_limit_exceeded",
-                        headers=retry_after(wait),
-                        refusal="concurrency",
-                    )
+                _check_concurrency(key, await limiter.enter(key, rid))
             if limit is not None or balance is not None:
                 cost = _worst_cost(models, input_tokens, output_tokens)
                 short = await spending.reserve(
                     rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
                 )
-                if short is not None:  # nothing was held
-                    input_cost = _worst_cost(models, input_tokens, 0)
-                    if short.of == "organization":
-                        raise _over_limit(
-                            f"This key's organization `{key.organization}`",
-                            "balance",
-                            "has used up its balance of",
-                            balance,
-                            short.left,
-                            cost,
-                            input_cost,
-                        )
-                    raise _over_limit(
-                        "This key", "spend limit", "has reached its spend limit of", limit, short.left, cost, input_cost
-                    )
+                _check_spend(key, short, models, input_tokens, cost)
                 reservation.spending = spending
             request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
@@ -165,6 +121,31 @@ def limits_middleware(
             raise
 
     return limits
+
+
+# The steps of admission, in the order the stage takes them. Each refuses by raising; those after
+# an await are handed its answer, so a step costs a call, never a coroutine of its own.
+
+_NO_ESTIMATE = (0, 0)  # (input, output) tokens, where no limit needs an estimate
+
+
+def _check_organization(key: KeyRecord) -> None:
+    """A suspended organization's keys are refused before anything else is looked at."""
+    if key.organization_suspended:
+        raise GatewayError(
+            403, f"This key's organization `{key.organization}` is suspended.", type="permission_error", refusal="auth"
+        )
+
+
+def _asked_model(body: dict[str, Any], find_model: FindModel) -> ModelSpec:
+    """The model the request names, resolved once for every later stage."""
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise invalid_request("model: required", "model")
+    model = find_model(name)
+    if model is None:
+        raise model_not_found(name)
+    return model
 
 
 def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[ModelSpec, ...]:
@@ -181,6 +162,70 @@ def _fallbacks(models: Any, asked: ModelSpec, find_model: FindModel) -> tuple[Mo
         if model.id != asked.id:
             resolved.setdefault(model.id, model)
     return tuple(resolved.values())
+
+
+def _check_models_allowed(key: KeyRecord, models: tuple[ModelSpec, ...]) -> None:
+    """The key may use every model that may answer: the asked one and each fallback."""
+    for model in models:
+        if not key.allows(model.id):
+            raise GatewayError(
+                403, f"This key may not use the model `{model.id}`.", type="permission_error", refusal="model"
+            )
+
+
+def _check_rate(key: KeyRecord, wait: float) -> None:
+    """`wait`, the limiter's answer to admitting the request: a 429 to wait that long, if any."""
+    if wait:
+        raise GatewayError(
+            429,
+            "Too many requests for this key; wait and try again.",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers=retry_after(wait),
+            refusal=getattr(wait, "limit", None) or ("rpm" if key.rpm else "tpm"),
+        )
+
+
+def _check_concurrency(key: KeyRecord, wait: float) -> None:
+    """`wait`, the limiter's answer to entering the key's running requests: a 429 if it is full."""
+    if wait:
+        raise GatewayError(
+            429,
+            f"This key already runs {key.max_concurrent} requests, the most it may at once; wait for one to finish.",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers=retry_after(wait),
+            refusal="concurrency",
+        )
+
+
+def _check_spend(
+    key: KeyRecord, short: Shortfall | None, models: tuple[ModelSpec, ...], input_tokens: int, cost: Decimal
+) -> None:
+    """`short`, the spend reservation's answer (None: `cost` is held): a 402 saying whose limit,
+    the key's spend limit or its organization's balance, has less left than `cost`."""
+    if short is None:
+        return
+    input_cost = _worst_cost(models, input_tokens, 0)
+    if short.of == "organization":
+        raise _over_limit(
+            f"This key's organization `{key.organization}`",
+            "balance",
+            "has used up its balance of",
+            key.organization_balance_usd,
+            short.left,
+            cost,
+            input_cost,
+        )
+    raise _over_limit(
+        "This key",
+        "spend limit",
+        "has reached its spend limit of",
+        key.spend_limit_usd,
+        short.left,
+        cost,
+        input_cost,
+    )
 
 
 def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec, capped: bool) -> tuple[int, int]:
