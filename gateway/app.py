@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial, update_wrapper
+from typing import NamedTuple
 
 from aiohttp import web
 
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
-from gateway.ops.metrics import NO_METRICS, Metrics, metrics_handler
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
 from gateway.ops.observe import observe_middleware
 from gateway.ops.readiness import Readiness
 from gateway.ops.tracing import Tracing
 from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
-from gateway.ratelimit import rate_limiter
+from gateway.ratelimit import RateLimiter, rate_limiter
 from gateway.server import server_header
 from gateway.spending import SpendReservations
 from gateway.storage import Store, open_store
@@ -55,6 +57,48 @@ def build_app(
     tracing: Tracing | None = None,
 ) -> web.Application:
     """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one)."""
+    # What every route shares, and the stages the chains share.
+    services = make_services(config, ping_interval=ping_interval, tracing=tracing)
+    ttl = reservation_ttl(config, non_streaming_deadline)
+    stages = make_stages(config, services, key_cache_seconds=key_cache_seconds, reservation_ttl=ttl)
+    # The three API routes: each one's chain, its order checked, around its handler.
+    proxy = partial(
+        proxy_handler,
+        config,
+        services.upstream,
+        attempts=services.attempts,
+        non_streaming_deadline=non_streaming_deadline,
+        streams=services.streams,
+    )
+    count = count_tokens_handler(services.upstream, attempts=services.attempts, deadline=non_streaming_deadline)
+    chat_completions = api_route("chat_completions", chain(openai_chain(stages), proxy()))
+    messages = api_route("messages", chain(messages_chain(stages), proxy(native=True)))
+    count_tokens = api_route("count_tokens", chain(count_tokens_chain(stages), count))
+    # The app around them: its services' lifetimes, then every route.
+    app = application(config, services, stages)
+    add_routes(app, config, services, stages, chat_completions, messages, count_tokens)
+    return app
+
+
+class Services(NamedTuple):
+    """What every route shares, made once for the app: its metrics and traces, the upstream's
+    connection pool, the store and what writes to it, the rate limiter, the open streams and the
+    deployments' health."""
+
+    metrics: Metrics | NoMetrics
+    tracing: Tracing | None
+    upstream: UpstreamClient
+    store: Store
+    ledger: Ledger
+    spending: SpendReservations
+    limiter: RateLimiter
+    streams: OpenStreams
+    attempts: Attempts
+    readiness: Readiness
+
+
+def make_services(config: Config, *, ping_interval: float, tracing: Tracing | None) -> Services:
+    """The app's services, from the config; none is opened before the app starts."""
     metrics = Metrics() if config.metrics.enabled else NO_METRICS
     tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
@@ -62,7 +106,36 @@ def build_app(
     ledger = Ledger(store, metrics=metrics)
     spending = SpendReservations(store)
     limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
-    auth = auth_middleware(find_key=store.find_key, cache_seconds=key_cache_seconds)
+    return Services(
+        metrics=metrics,
+        tracing=tracing,
+        upstream=upstream,
+        store=store,
+        ledger=ledger,
+        spending=spending,
+        limiter=limiter,
+        streams=OpenStreams(ping_interval, config.server.write_timeout_seconds, metrics),
+        attempts=Attempts(config, metrics=metrics, tracing=tracing),  # every route's: the deployments are the same
+        readiness=Readiness(store, limiter),
+    )
+
+
+class Stages(NamedTuple):
+    """The stages the chains share, made once: one images stage means one download pool for
+    the app, whichever API's shape it reads. `limits` makes a limits stage for an API."""
+
+    auth: Callable
+    size_limit: Callable
+    bounds: Callable
+    limits: Callable[..., Callable]
+    images: Callable
+    anthropic_images: Callable
+    native: Callable
+    billing: Callable
+
+
+def make_stages(config: Config, services: Services, *, key_cache_seconds: float, reservation_ttl: float) -> Stages:
+    """The shared stages, each set up from its part of the config."""
     settings = config.images
     images = images_middleware(
         max_image_bytes=settings.max_image_mb * MiB,
@@ -74,69 +147,74 @@ def build_app(
         allow_private_hosts=settings.allow_private_hosts,
         downloads_per_key=settings.downloads_per_key,
         connections_per_host=settings.connections_per_host,
-        on_download=metrics.image_download,
+        on_download=services.metrics.image_download,
+    )
+    return Stages(
+        auth=auth_middleware(find_key=services.store.find_key, cache_seconds=key_cache_seconds),
+        size_limit=size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
+        bounds=bounds_middleware(**dataclasses.asdict(config.bounds)),  # [bounds]' keys are the stage's
+        limits=partial(
+            limits_middleware,
+            find_model=config.model,
+            spending=services.spending,
+            limiter=services.limiter,
+            reservation_ttl=reservation_ttl,
+        ),
+        images=images,
+        anthropic_images=images.for_api("anthropic"),
+        native=native_middleware(),
+        billing=billing_middleware(record=services.ledger.record),
     )
 
-    size_limit = size_limit_middleware(body_timeout=config.server.body_timeout_seconds)
-    bounds = bounds_middleware(**dataclasses.asdict(config.bounds))  # [bounds]' keys are the stage's
-    limits_for = partial(
-        limits_middleware,
-        find_model=config.model,
-        spending=spending,
-        limiter=limiter,
-        reservation_ttl=reservation_ttl(config, non_streaming_deadline),
-    )
-    billing = billing_middleware(record=ledger.record)
-    openai_chain = [
-        auth,
-        size_limit,
-        bounds,
+
+# The three chains, each in order, the first stage outermost.
+
+
+def openai_chain(stages: Stages) -> list[Callable]:
+    """Chat Completions: OpenAI's request translated to Anthropic's, and the reply back."""
+    return [
+        stages.auth,
+        stages.size_limit,
+        stages.bounds,
         refusals_middleware(),
-        limits_for(),
-        images,
+        stages.limits(),
+        stages.images,
         cache_breakpoints_middleware(),
         translator_middleware(),
-        billing,
+        stages.billing,
     ]
-    # Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md).
-    anthropic_images = images.for_api("anthropic")
-    native = native_middleware()
-    messages_chain = [
-        auth,
-        size_limit,
-        bounds,
-        limits_for(api="anthropic"),
-        anthropic_images,
+
+
+def messages_chain(stages: Stages) -> list[Callable]:
+    """Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md)."""
+    return [
+        stages.auth,
+        stages.size_limit,
+        stages.bounds,
+        stages.limits(api="anthropic"),
+        stages.anthropic_images,
         cache_breakpoints_middleware(api="anthropic"),
-        native,
-        billing,
+        stages.native,
+        stages.billing,
     ]
-    count_tokens_chain = [
-        auth,
-        size_limit,
-        bounds,
-        limits_for(api="anthropic", reserve=False),
-        anthropic_images,
-        native,
+
+
+def count_tokens_chain(stages: Stages) -> list[Callable]:
+    """Anthropic's count_tokens: admission that reserves nothing (a count costs nothing), and no billing."""
+    return [
+        stages.auth,
+        stages.size_limit,
+        stages.bounds,
+        stages.limits(api="anthropic", reserve=False),
+        stages.anthropic_images,
+        stages.native,
     ]
-    streams = OpenStreams(ping_interval, config.server.write_timeout_seconds, metrics)
-    attempts = Attempts(config, metrics=metrics, tracing=tracing)  # one for every route: the deployments are the same
-    proxy = partial(
-        proxy_handler,
-        config,
-        upstream,
-        attempts=attempts,
-        non_streaming_deadline=non_streaming_deadline,
-        streams=streams,
-    )
-    healthz, list_models, one_model, model_catalog = catalog_handlers(config)
-    chat_completions = api_route("chat_completions", chain(openai_chain, proxy()))
-    messages = api_route("messages", chain(messages_chain, proxy(native=True)))
-    count = count_tokens_handler(upstream, attempts=attempts, deadline=non_streaming_deadline)
-    count_tokens = api_route("count_tokens", chain(count_tokens_chain, count))
-    list_models = api_route("models", chain([auth], list_models))
-    one_model = api_route("models", chain([auth], one_model))
-    readiness = Readiness(store, limiter)
+
+
+def application(config: Config, services: Services, stages: Stages) -> web.Application:
+    """The app with its two outer middlewares, its services opened on startup and closed on
+    shutdown, and the headers on every answer."""
+    store, ledger, spending, limiter = services.store, services.ledger, services.spending, services.limiter
 
     async def storage(app: web.Application):
         await store.open()
@@ -154,23 +232,43 @@ def build_app(
         # is, and so is not billed; at the deadline, aiohttp would cut it with neither. (Ending
         # a stream right at the deadline races aiohttp's own timeout: InvalidStateError.)
         timeout = config.server.shutdown_timeout_seconds
-        streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
+        services.streams.end_all_after(timeout - min(1.0, timeout / 5), SHUTTING_DOWN)
 
     app = web.Application(
-        middlewares=[observe_middleware(metrics=metrics, tracing=tracing), errors_as_the_client_speaks]
+        middlewares=[
+            observe_middleware(metrics=services.metrics, tracing=services.tracing),
+            errors_as_the_client_speaks,
+        ]
     )
     app[STORE] = store
-    app[READINESS] = readiness
+    app[READINESS] = services.readiness
     app.cleanup_ctx.append(storage)
-    app.cleanup_ctx.append(upstream.lifespan)
-    app.cleanup_ctx.append(images.cleanup_ctx)
-    app.cleanup_ctx.append(streams.lifespan)
-    if tracing is not None:
-        app.cleanup_ctx.append(tracing.lifespan)
+    app.cleanup_ctx.append(services.upstream.lifespan)
+    app.cleanup_ctx.append(stages.images.cleanup_ctx)
+    app.cleanup_ctx.append(services.streams.lifespan)
+    if services.tracing is not None:
+        app.cleanup_ctx.append(services.tracing.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)
-    app.on_shutdown.append(readiness.on_shutdown)
+    app.on_shutdown.append(services.readiness.on_shutdown)
+    return app
+
+
+def add_routes(
+    app: web.Application,
+    config: Config,
+    services: Services,
+    stages: Stages,
+    chat_completions: Callable,
+    messages: Callable,
+    count_tokens: Callable,
+) -> None:
+    """Every route, under each prefix its clients use: the three API routes, the models (behind
+    auth), the catalog, the probes and the metrics."""
+    healthz, list_models, one_model, model_catalog = catalog_handlers(config)
+    list_models = api_route("models", chain([stages.auth], list_models))
+    one_model = api_route("models", chain([stages.auth], one_model))
     for prefix in ("", "/openai"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
     for prefix in ("", "/anthropic"):
@@ -181,10 +279,9 @@ def build_app(
         app.router.add_get(prefix + "/v1/models/{model:.+}", one_model)  # ids hold a slash
     app.router.add_get("/api/models", model_catalog)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readiness.readyz)
+    app.router.add_get("/readyz", services.readiness.readyz)
     if config.metrics.enabled:
-        app.router.add_get("/metrics", metrics_handler(metrics, config.metrics.token))
-    return app
+        app.router.add_get("/metrics", metrics_handler(services.metrics, config.metrics.token))
 
 
 def reservation_ttl(config: Config, non_streaming_deadline: float) -> float:
