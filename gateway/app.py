@@ -1,4 +1,5 @@
-"""The application: the chain of stages, in order, around the proxy handler."""
+"""The application: its services, the three chains of stages (each in order, around its handler) and
+its routes."""
 
 from __future__ import annotations
 
@@ -312,8 +313,8 @@ def api_route(name: str, handler):
 
 @web.middleware
 async def errors_as_the_client_speaks(request: web.Request, handler) -> web.StreamResponse:
-    """The outermost guard: every error, aiohttp's own (404, 405) and anything unexpected too, in
-    the envelope of the API the request speaks, Anthropic's or OpenAI's."""
+    """The guard just inside `observe`: every error, aiohttp's own (404, 405) and anything
+    unexpected too, in the envelope of the API the request speaks, Anthropic's or OpenAI's."""
     envelope = anthropic_error_envelope if speaks_anthropic(request) else error_envelope
     return await envelope(request, handler)
 

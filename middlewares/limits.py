@@ -64,9 +64,10 @@ def limits_middleware(
     requests or spend is reserved.
 
     `request[SETTLE](usage)`, which billing calls once the row is recorded (the row's commit ends
-    the spend reservation), settles the tokens to those used; `SETTLE(None)` gives back both, for
-    a request that is not billed. A request that fails before its reply leaves this stage is
-    settled so here."""
+    the spend reservation), settles the tokens to those used and gives back the request's place
+    among the key's running requests; `SETTLE(None)` gives back all it holds (its tokens, its
+    place and its spend reservation), for a request that is not billed. A request that fails
+    before its reply leaves this stage is settled so here."""
     if not callable(find_model):
         raise TypeError("limits_middleware: find_model must be a callable")
     if api not in ("openai", "anthropic"):

@@ -38,9 +38,10 @@ class OrganizationRecord(NamedTuple):
 
 
 def take(holds, key_left, org_left) -> list[Shortfall | None]:
-    """Each hold taken in turn where what is left allows it: `key_left(key_id)` and
-    `org_left(organization_id)` give, once each, what is left of a key's limit or an
-    organization's balance before these holds. A refused hold takes nothing from either."""
+    """Each hold taken in turn where what is left allows it. `key_left(hold)` gives what is left
+    of `hold.limit` for its key before these holds, and `org_left(hold)` what is left of
+    `hold.balance` for its organization; each is called once per key (or organization), with
+    its first hold that has a limit (or a balance). A refused hold takes nothing from either."""
     keys: dict[int, Decimal] = {}
     orgs: dict[int, Decimal] = {}
     results: list[Shortfall | None] = []
