@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-# Loop turns a group waits for company when the last one was shared. Measured on SQLite at 64
-# concurrent requests: twice the rows a transaction, a tenth less CPU a request.
+# Loop turns a group waits for company when the last one was shared: requests finishing together
+# then share a transaction rather than each taking the writer as it comes free, which costs every
+# request less (bench/RESULTS.md).
 LINGER_TURNS = 2
 # An arrival is alone when the one before it came (or was committed) at least this long before:
 # not one of a burst of requests, which had better share a transaction. Long enough that a busy

@@ -1,9 +1,10 @@
 """Spend reservations in groups (gateway/group_commit.py): what requests ask to hold while one
 group is being written go together in the next, so many concurrent admissions cost one
-transaction, as the ledger's rows do (a transaction on the SQLite file costs a few hundred µs;
-64 at once, one). A request alone is written at once, by the request itself where the store can
-do that without waiting. Releases wait for the next group: a reservation released a little late
-only holds back, for a moment, what the key may spend."""
+transaction, as the ledger's rows do (each transaction is a commit, and on SQLite a turn of the
+file's one writer: admissions that arrive together need not wait for one each). A request alone
+is written at once, by the request itself where the store can do that without waiting. Releases
+wait for the next group: a reservation released a little late only holds back, for a moment,
+what the key may spend."""
 
 from __future__ import annotations
 
