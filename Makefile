@@ -24,6 +24,7 @@ demo: $(READY)
 	$(BIN)/ezat-gateway serve$(if $(PORT), --port $(PORT))
 
 test: $(READY)
+	@echo "make test: the whole suite takes about 5 minutes on 2 cores (its first run installs the Node.js clients too)"
 	$(BIN)/pytest -q -rs $(PYTEST_ARGS)
 
 # ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -113,12 +114,12 @@ NODE_SDK = "openai@7.59.0"
 
 
 @pytest.fixture(scope="session")
-def node_sdk() -> Path:
+def node_sdk(pytestconfig) -> Path:
     """A directory whose node_modules holds NODE_SDK, installed once into the virtualenv (make
     clean removes it). Without Node.js or the npm registry these tests skip, except in CI
     (EZAT_REQUIRE_SERVICES=1), where they fail."""
     where = Path(sys.prefix) / "node-sdk"
-    _npm_install(NODE_SDK, where, where / "node_modules" / "openai" / "package.json")
+    _npm_install(pytestconfig, NODE_SDK, where, where / "node_modules" / "openai" / "package.json")
     return where
 
 
@@ -128,15 +129,15 @@ CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
 
 
 @pytest.fixture(scope="session")
-def claude_code() -> Path:
+def claude_code(pytestconfig) -> Path:
     """The `claude` binary of CLAUDE_CODE, installed once into the virtualenv as NODE_SDK is."""
     where = Path(sys.prefix) / "claude-code"
     binary = where / "node_modules" / ".bin" / "claude"
-    _npm_install(CLAUDE_CODE, where, binary)
+    _npm_install(pytestconfig, CLAUDE_CODE, where, binary)
     return binary
 
 
-def _npm_install(package: str, where: Path, installed: Path) -> None:
+def _npm_install(config: pytest.Config, package: str, where: Path, installed: Path) -> None:
     """`npm install` `package` under `where`, unless `installed` is there already; skips the
     test without Node.js or the npm registry, or fails it in CI (EZAT_REQUIRE_SERVICES=1)."""
     if installed.exists():
@@ -144,6 +145,7 @@ def _npm_install(package: str, where: Path, installed: Path) -> None:
     try:
         if shutil.which("node") is None or shutil.which("npm") is None:
             raise FileNotFoundError("node and npm are not both installed")
+        _announce(config, f"installing {package} with npm into {where} (once; later runs reuse it)")
         subprocess.run(
             ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", package],
             check=True,
@@ -154,6 +156,20 @@ def _npm_install(package: str, where: Path, installed: Path) -> None:
         if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
             pytest.fail(f"Node.js and {package} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
         pytest.skip(f"Node.js with {package} is not available here ({exc!r}); CI runs these tests")
+
+
+def _announce(config: pytest.Config, line: str) -> None:
+    """Writes `line` to the terminal while the test's output is captured: an npm install takes
+    minutes, and a run that says nothing meanwhile looks stuck."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if reporter is not None:
+            if reporter._tw.width_of_current_line:  # after a run of progress dots (-q), on a line of its own
+                reporter.write("\n")
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
 
 @pytest.fixture(params=["memory", "redis"])
