@@ -3,8 +3,9 @@ sent inline, data URLs checked, PDFs as document blocks, and the SSRF guard.
 
 Everything goes through the real interface: the official openai SDK, the real gateway on
 loopback, the mock upstream as a real server and a real loopback image server started here that
-counts connections and requests per path. Each test checks what the client got and what the
-upstream received (nothing, for a refusal).
+counts connections and requests per path (and, for connections that fail, one that misbehaves on
+purpose). Each test checks what the client got and what the upstream received (nothing, for a
+refusal).
 
 Network safety: these tests may only ever connect to loopback. The autouse `loopback_only`
 fixture enforces it below the code under test: every socket connect to a non-loopback address
@@ -22,8 +23,11 @@ import base64
 import dataclasses
 import ipaddress
 import re
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 import time
 import zlib
 from collections import Counter
@@ -524,6 +528,125 @@ async def test_a_download_past_the_timeout_is_refused(start_client, upstream, se
     elapsed = time.monotonic() - started
     assert message == "messages[0].content[1].image_url.url: could not download the image (timed out after 0.5 s)"
     assert 0.4 < elapsed < 3
+
+
+# --- Connections that fail: said in words, never an exception's class name ----------------------
+
+
+class BrokenServer:
+    """A loopback server that misbehaves as `answer` says, for each connection: reads the
+    request's head, then closes with nothing, closes mid-answer, resets the connection, says
+    its body is gzip when it is not, or answers with what is not HTTP; `no-tls` answers an HTTPS
+    client's handshake with plain HTTP."""
+
+    HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
+
+    def __init__(self, answer: str, tls: ssl.SSLContext | None = None) -> None:
+        self.answer, self.tls = answer, tls
+        self.connections = 0
+
+    async def __aenter__(self) -> BrokenServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            if self.answer == "no-tls":
+                writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            else:
+                await reader.readuntil(b"\r\n\r\n")
+            if self.answer == "cut-short":
+                writer.write(self.HEAD + b"Content-Length: 100000\r\n\r\n" + PNG)
+            elif self.answer == "cut-short-chunked":
+                writer.write(self.HEAD + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % 100_000 + PNG)
+            elif self.answer == "bad-gzip":
+                writer.write(self.HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(PNG) + PNG)
+            elif self.answer == "not-http":
+                writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+            elif self.answer == "reset":
+                # A zero linger time: closing sends a reset, not the orderly end of the stream.
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        writer.close()
+
+
+async def test_a_host_name_that_does_not_resolve_is_said_so(start_client, upstream):
+    """`.invalid` never resolves (RFC 2606); the safety net answers every lookup of a name with
+    "not known" anyway, so no query leaves the machine. With the address check on, as by default,
+    and off."""
+    for allow_private_hosts in (False, True):
+        client = await start_client(allow_private_hosts=allow_private_hosts, ports=())
+        message = await refused(client, upstream, False, look(image_url("http://images.example.invalid/cat.png")))
+        assert message == (
+            "messages[0].content[1].image_url.url: could not download the image (the host name could not be resolved)"
+        )
+
+
+@STREAM
+async def test_a_port_where_nothing_listens_is_said_so(open_client, upstream, stream):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # bound, never listened on: a connection to it is refused
+    message = await refused(open_client, upstream, stream, look(image_url(f"http://127.0.0.1:{port}/cat.png")))
+    assert message == "messages[0].content[1].image_url.url: could not download the image (the connection was refused)"
+
+
+@pytest.mark.parametrize(
+    "answer, reason",
+    [
+        ("cut-short", "the connection closed before the whole image arrived"),
+        ("cut-short-chunked", "the connection closed before the whole image arrived"),
+        ("nothing", "the server closed the connection before answering"),
+        ("reset", "the connection was reset"),
+        ("not-http", "the server's answer was not valid HTTP"),
+        ("bad-gzip", "the image's Content-Encoding could not be decoded"),
+    ],
+)
+async def test_a_server_that_breaks_the_connection_is_said_so(open_client, upstream, answer, reason):
+    async with BrokenServer(answer) as broken:
+        url = f"http://127.0.0.1:{broken.port}/cat.png"
+        message = await refused(open_client, upstream, False, look(image_url(url)))
+    assert message == f"messages[0].content[1].image_url.url: could not download the image ({reason})"
+    assert broken.connections >= 1
+
+
+async def test_a_tls_handshake_that_fails_is_said_so(open_client, upstream):
+    async with BrokenServer("no-tls") as plain:
+        message = await refused(open_client, upstream, False, look(image_url(f"https://127.0.0.1:{plain.port}/a.png")))
+    assert message == "messages[0].content[1].image_url.url: could not download the image (the TLS handshake failed)"
+
+
+async def test_a_certificate_that_cannot_be_verified_is_said_so(open_client, upstream, tmp_path):
+    """A self-signed certificate, made here for the test: the gateway trusts only real CAs."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    async with BrokenServer("nothing", tls=tls) as server:
+        message = await refused(open_client, upstream, False, look(image_url(f"https://127.0.0.1:{server.port}/a.png")))
+    assert message == (
+        "messages[0].content[1].image_url.url: could not download the image "
+        "(the server's TLS certificate could not be verified)"
+    )
 
 
 @STREAM

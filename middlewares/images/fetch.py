@@ -4,10 +4,14 @@ time and redirects, every hop checked, and the whole body never buffered past th
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
+import ssl
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from yarl import URL
 
 from middlewares.core.media import PDF
@@ -97,7 +101,7 @@ class ImageFetcher:
             # aiohttp's connector wraps what the resolver raised
             if isinstance(exc, PrivateAddress) or isinstance(getattr(exc, "os_error", None), PrivateAddress):
                 raise ImageError("the host is not a public address", "refused") from None
-            raise ImageError(f"could not download the {what} ({type(exc).__name__})") from None
+            raise ImageError(f"could not download the {what} ({_failure(exc, what)})") from None
 
     async def _follow(self, url: URL, budget: Budget, pdf: bool) -> tuple[str, bytes]:
         what = "document" if pdf else "image"
@@ -145,3 +149,40 @@ class ImageFetcher:
         if media_type is None:
             raise ImageError("the file is not a JPEG, PNG, GIF or WebP image", "not_an_image")
         return media_type, data
+
+
+_UNREACHABLE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH})
+_RESET = frozenset({errno.ECONNRESET, errno.EPIPE})
+# aiohttp names a failed lookup from 3.10.10 on; before, it is a connector error from getaddrinfo.
+_LOOKUP_FAILED = getattr(aiohttp, "ClientConnectorDNSError", socket.gaierror)
+
+
+def _failure(exc: BaseException, what: str) -> str:
+    """What went wrong with a download, in words a client can act on: never an exception's class
+    name, which says nothing to someone who does not read aiohttp's source."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "the server's TLS certificate could not be verified"
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError | aiohttp.ServerFingerprintMismatch):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        cause = exc.os_error
+        if isinstance(exc, _LOOKUP_FAILED) or isinstance(cause, socket.gaierror):
+            return "the host name could not be resolved"
+        if isinstance(cause, ConnectionRefusedError):
+            return "the connection was refused"
+        if cause.errno in _UNREACHABLE:
+            return "the host could not be reached"
+        return "the connection to the host failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection before answering"
+    if isinstance(exc, ConnectionResetError) or (isinstance(exc, OSError) and exc.errno in _RESET):
+        return "the connection was reset"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        if isinstance(exc.__cause__, ContentEncodingError):
+            return f"the {what}'s Content-Encoding could not be decoded"
+        return f"the connection closed before the whole {what} arrived"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "the server's answer was not valid HTTP"
+    if isinstance(exc, ValueError):  # aiohttp's InvalidURL is one
+        return "the URL is not valid"
+    return "the connection failed"
