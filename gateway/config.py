@@ -182,7 +182,7 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class TracingConfig:
-    """OpenTelemetry traces, sent over OTLP/HTTP (`pip install 'ezat-gateway[otel]'`)."""
+    """OpenTelemetry traces, sent over OTLP/HTTP (the `otel` extra)."""
 
     endpoint: str = _field("", check=lambda v: v and _http_url(v), clean=lambda url: url.rstrip("/"))
     service_name: str = _field("ezat-gateway", check=_non_empty)

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces, optional (`pip install 'ezat-gateway[otel]'`, `[tracing] endpoint`): a
+"""OpenTelemetry traces, optional (the `otel` extra, `[tracing] endpoint`): a
 SERVER span for each API request and a CLIENT span `chat {model}` for each upstream attempt, with
 the GenAI semantic conventions' attributes, sent over OTLP/HTTP. The upstream gets `traceparent`.
 
@@ -48,7 +48,10 @@ class Tracing:
         except ModuleNotFoundError:  # not even its parent package
             found = False
         if not found:
-            raise TracingUnavailable("[tracing] endpoint needs OpenTelemetry's SDK: pip install 'ezat-gateway[otel]'")
+            raise TracingUnavailable(
+                "[tracing] endpoint needs OpenTelemetry's SDK and OTLP exporter (the otel extra): "
+                "pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
+            )
 
     @classmethod
     def from_config(cls, config: TracingConfig) -> Tracing | None:
