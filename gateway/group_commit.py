@@ -13,13 +13,13 @@ from typing import Any
 
 # Loop turns a group waits for company when the last one was shared: requests finishing together
 # then share a transaction rather than each taking the writer as it comes free, which costs every
-# request less (bench/RESULTS.md).
+# request less (bench/HISTORY.md).
 LINGER_TURNS = 2
 # An arrival is alone when the one before it came (or was committed) at least this long before:
 # not one of a burst of requests, which had better share a transaction. Long enough that a busy
 # gateway's arrivals, spread by the work between them and by the lone commits themselves, still
 # count as busy: with a window shorter than a request's own CPU, one lone commit each kept them
-# apart (bench/RESULTS.md, 2026-12-03).
+# apart (bench/HISTORY.md, 2026-12-03).
 ALONE_AFTER = 0.001
 # The most one group takes (ledger rows, spend holds): a burst of thousands is written in several
 # transactions, none long on the event loop.

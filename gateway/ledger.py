@@ -44,7 +44,7 @@ class Ledger:
         if self._commit.alone() and not self._pending:
             # Nothing to share a transaction with: written here and now, which spares a task, a
             # future and the event-loop turns between them, a cost a lone request would pay in full
-            # (bench/RESULTS.md). The store does it only where nothing can wait or be cancelled.
+            # (bench/HISTORY.md). The store does it only where nothing can wait or be cancelled.
             started = time.monotonic()
             try:
                 written = self._store.write_ledger_now([row])

@@ -37,7 +37,7 @@ def tune_garbage_collector() -> None:
 
     Requests allocate many short-lived dicts (parsed JSON above all), nearly none in cycles;
     at Python's default threshold the cyclic collector runs every 700 allocations and costs more
-    than parsing the JSON itself (measured: bench/RESULTS.md). Collect young objects far less
+    than parsing the JSON itself (measured: bench/HISTORY.md). Collect young objects far less
     often, and leave what start-up made (modules, the app) out of every collection."""
     gc.collect()
     gc.freeze()

@@ -88,8 +88,8 @@ async def test_a_message_goes_upstream_as_sent_with_the_model_mapped(start_gatew
 
 
 async def test_a_burst_of_text_deltas_reaches_an_anthropic_client_exactly(gateway, upstream, claude):
-    # The deltas of one read are joined before they are parsed, on this route too: text whose
-    # escapes and raw look could confuse that, in 3-character deltas, then a tool call.
+    # The deltas of one read are relayed as the upstream sent them: text whose escapes and raw
+    # look could confuse a reader, in 3-character deltas, then a tool call.
     from tests.test_streaming import AWKWARD
 
     upstream.enqueue(

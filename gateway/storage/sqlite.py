@@ -62,7 +62,7 @@ from gateway.storage.schema import (
 log = logging.getLogger("ezat.storage")
 # Writes on the event loop between two checkpoints of the WAL into the file: a few pages each
 # (the row, its indexes, the key's spend; more for batches of many rows), so the WAL, which reads
-# search and a checkpoint copies, stays short (its size under steady writes: bench/RESULTS.md).
+# search and a checkpoint copies, stays short (its size under steady writes: bench/HISTORY.md).
 CHECKPOINT_EVERY = 1000
 # A checkpoint's passes while writes go on: each copies what arrived during the last, until one
 # copies fewer than FEW_FRAMES pages; then one more with writes held off.
