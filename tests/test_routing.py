@@ -801,17 +801,18 @@ def workers_of(served: Served) -> dict[int, str]:
 
 
 async def both_workers_listening(served: Served, within: float) -> tuple[dict[int, str], list[set[str]]]:
-    """Wait until two workers each hold their own listening socket on the port."""
+    """Wait until two workers each hold their own listening socket on the port, and serve on it
+    (a worker listens before its app starts, so that a taken port fails first: it says when it serves)."""
     began = time.monotonic()
     while True:
         workers = workers_of(served)
         listening = listening_sockets(served.port)
         held = [sockets_of(pid) & listening for pid in workers]
-        if len(workers) == 2 and all(len(h) == 1 for h in held):
+        output = served.output()
+        serving = all(f"listening on http://127.0.0.1:{served.port} (pid {pid})" in output for pid in workers)
+        if len(workers) == 2 and all(len(h) == 1 for h in held) and serving:
             return workers, held
-        assert time.monotonic() - began < within, (
-            f"workers {workers}, listening {listening}, held {held}\n{served.output()}"
-        )
+        assert time.monotonic() - began < within, f"workers {workers}, listening {listening}, held {held}\n{output}"
         await asyncio.sleep(0.05)
 
 
