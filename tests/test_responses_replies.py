@@ -1,0 +1,342 @@
+"""Responses API replies: an Anthropic message becomes a `response` object, its event stream the
+Responses event protocol. Every object and event is checked against the `openai` package's own
+types; a stream's last event holds the same response a whole reply would."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from gateway.mock.upstream import MockUpstream, Scenario
+from middlewares.core.errors import error_event
+from middlewares.core.usage import StreamUsage, Usage
+from middlewares.responses.reply import to_response
+from middlewares.responses.stream import ResponsesEncoder
+from middlewares.responses.turn import ResponseTurn
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+USAGE = {"input_tokens": 10, "cache_read_input_tokens": 300, "cache_creation_input_tokens": 40, "output_tokens": 25}
+SEALED: list[list[dict[str, Any]]] = []  # what each turn's seal was given
+
+
+def seal(blocks: list[dict[str, Any]]) -> str:
+    """The blocks as written (a stream's must come out as the whole message's were)."""
+    SEALED.append([dict(block) for block in blocks])
+    return json.dumps(blocks, sort_keys=True)
+
+
+def turn(**fields: Any) -> ResponseTurn:
+    return ResponseTurn(
+        response_id="resp_0641a3f2c1b7e9d04a2f1c3b",
+        model="anthropic/claude-sonnet-5-5",
+        created_at=1796151711,
+        **fields,
+    )
+
+
+def message(blocks: list[dict[str, Any]], stop_reason: str | None = None, **usage: int) -> dict[str, Any]:
+    """An Anthropic message as the upstream sends it."""
+    calls = any(block["type"] == "tool_use" for block in blocks)
+    return {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": blocks,
+        "stop_reason": stop_reason or ("tool_use" if calls else "end_turn"),
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": {**USAGE, **usage},
+    }
+
+
+def whole(answer: dict[str, Any], reply_turn: ResponseTurn) -> dict[str, Any]:
+    reply = to_response(answer, Usage.from_message(answer), reply_turn)
+    Response.model_validate(reply)
+    return reply
+
+
+def streamed(answer: dict[str, Any], reply_turn: ResponseTurn, *, per_batch: int = 1, **scenario: Any) -> list[dict]:
+    """The answer streamed as the upstream sends it, `per_batch` events a batch, through the
+    encoder; its events, each checked against the openai types, with their SSE names."""
+    events = MockUpstream._events(answer, Scenario(chunk_size=5, **scenario))
+    return encode(events, reply_turn, per_batch=per_batch)
+
+
+def encode(events: list[dict[str, Any]], reply_turn: ResponseTurn, *, per_batch: int = 1) -> list[dict]:
+    usage = StreamUsage()
+    encoder = ResponsesEncoder(reply_turn, usage)
+    sent = b""
+    for at in range(0, len(events), per_batch):
+        batch = events[at : at + per_batch]
+        usage.count(batch)
+        sent += encoder.encode(batch)
+        if encoder.finished:
+            break
+    assert encoder.finished
+    assert encoder.encode([{"type": "message_stop"}]) == b""  # nothing after the end
+    parsed = []
+    for frame in sent.decode().split("\n\n")[:-1]:
+        if frame == ": ping":
+            continue
+        name, data = frame.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == "event: " + event["type"]
+        EVENT.validate_python(event)
+        parsed.append(event)
+    assert [event["sequence_number"] for event in parsed] == list(range(len(parsed)))
+    return parsed
+
+
+def same_response(streamed_response: dict[str, Any], reply: dict[str, Any]) -> None:
+    """Equal but for the moment each was completed."""
+    assert {**streamed_response, "completed_at": None} == {**reply, "completed_at": None}
+
+
+TEXT = "Paris is the capital of France."
+THINKING = {"type": "thinking", "thinking": "The user asks about France; Paris.", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque=="}
+CALL = {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris", "days": 3}}
+
+ANSWERS = {
+    "text": message([{"type": "text", "text": TEXT}]),
+    "call": message([{"type": "text", "text": "Let me look."}, CALL]),
+    "thinking": message([THINKING, REDACTED, {"type": "text", "text": TEXT}]),
+    "interleaved": message([THINKING, CALL, dict(THINKING, signature="sig-2"), {"type": "text", "text": TEXT}]),
+    "cut": message([{"type": "text", "text": TEXT}], "max_tokens"),
+    "refused": message([{"type": "text", "text": "I can't"}], "refusal"),
+    "empty": message([], "max_tokens"),
+    "no arguments": message([dict(CALL, input={})]),
+}
+
+
+# --- a whole reply
+
+
+def test_a_text_answer_is_a_completed_response_with_its_usage():
+    reply = whole(ANSWERS["text"], turn())
+    response = Response.model_validate(reply)
+
+    assert (response.id, response.object, response.status, response.model) == (
+        "resp_0641a3f2c1b7e9d04a2f1c3b",
+        "response",
+        "completed",
+        "anthropic/claude-sonnet-5-5",
+    )
+    assert response.output_text == TEXT
+    [item] = response.output
+    assert (item.type, item.role, item.status, item.id) == ("message", "assistant", "completed", item.id)
+    assert item.id.startswith("msg_")
+    assert response.incomplete_details is None and response.error is None
+    usage = response.usage
+    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens) == (350, 300, 25)
+    assert (usage.input_tokens_details.cache_write_tokens, usage.total_tokens) == (40, 375)
+    assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_the_requests_settings_are_echoed_over_openais_defaults():
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}]
+    reply = whole(ANSWERS["text"], turn(echo={"instructions": "Be brief.", "tools": tools, "temperature": 0.2}))
+    response = Response.model_validate(reply)
+
+    assert (response.instructions, response.temperature, response.tools[0].name) == ("Be brief.", 0.2, "get_weather")
+    assert (response.tool_choice, response.parallel_tool_calls, response.top_p) == ("auto", True, 1.0)
+    assert (response.truncation, response.text.format.type, response.store) == ("disabled", "text", True)
+
+
+def test_a_tool_call_is_a_function_call_with_its_arguments_as_json():
+    reply = whole(ANSWERS["call"], turn(renamed={"get_weather": "weather.get"}))
+    message_item, call = Response.model_validate(reply).output
+
+    assert message_item.content[0].text == "Let me look."
+    assert (call.type, call.call_id, call.name, call.status) == (
+        "function_call",
+        "toolu_01",
+        "weather.get",
+        "completed",
+    )
+    assert json.loads(call.arguments) == {"city": "Paris", "days": 3}
+    assert call.id.startswith("fc_") and reply["status"] == "completed"
+
+
+def test_a_custom_tools_call_carries_its_string_and_a_namespaced_call_its_namespace():
+    answer = message(
+        [
+            {"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {"input": "*** Begin Patch\n"}},
+            {"type": "tool_use", "id": "toolu_03", "name": "crm__lookup", "input": {"id": 7}},
+        ]
+    )
+    reply_turn = turn(
+        custom_tools=frozenset({"apply_patch"}), renamed={"crm__lookup": "lookup"}, namespaces={"crm__lookup": "crm"}
+    )
+    custom, namespaced = Response.model_validate(whole(answer, reply_turn)).output
+
+    assert (custom.type, custom.call_id, custom.name, custom.input) == (
+        "custom_tool_call",
+        "toolu_02",
+        "apply_patch",
+        "*** Begin Patch\n",
+    )
+    assert (namespaced.type, namespaced.name, namespaced.namespace) == ("function_call", "lookup", "crm")
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"), [("cut", "max_output_tokens"), ("refused", "content_filter"), ("empty", "max_output_tokens")]
+)
+def test_an_answer_cut_short_is_incomplete_and_says_why(answer, reason):
+    response = Response.model_validate(whole(ANSWERS[answer], turn()))
+
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", reason)
+    assert all(item.status == "incomplete" for item in response.output[-1:])
+
+
+def test_thinking_is_a_reasoning_item_sealed_and_summarised_when_asked():
+    SEALED.clear()
+    response = Response.model_validate(whole(ANSWERS["thinking"], turn(summary=True, seal=seal)))
+    reasoning, answer = response.output
+
+    assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_")
+    assert [part.text for part in reasoning.summary] == [THINKING["thinking"]]
+    assert json.loads(reasoning.encrypted_content) == [THINKING, REDACTED]
+    assert SEALED == [[THINKING, REDACTED]]  # the blocks as the upstream wrote them, signature and all
+    assert response.output_text == TEXT
+
+
+def test_thinking_is_neither_summarised_nor_sealed_unless_asked():
+    [reasoning, _] = Response.model_validate(whole(ANSWERS["thinking"], turn())).output
+    assert (reasoning.summary, reasoning.encrypted_content) == ([], None)
+
+
+def test_thinking_between_tool_calls_is_a_reasoning_item_before_each():
+    SEALED.clear()
+    response = Response.model_validate(whole(ANSWERS["interleaved"], turn(seal=seal)))
+
+    assert [item.type for item in response.output] == ["reasoning", "function_call", "reasoning", "message"]
+    assert [blocks[0]["signature"] for blocks in SEALED] == ["sig-1", "sig-2"]
+    assert len({item.id for item in response.output}) == 4
+
+
+# --- a stream
+
+
+@pytest.mark.parametrize("per_batch", [1, 5, 1000], ids=["event-by-event", "batches", "one-batch"])
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_a_streams_last_event_holds_the_response_a_whole_reply_would(name, per_batch):
+    answer = ANSWERS[name]
+    reply_turn = turn(summary=True, seal=seal, echo={"instructions": "Be brief."})
+    events = streamed(answer, reply_turn, per_batch=per_batch)
+
+    kinds = [event["type"] for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+    last = "response.completed" if answer["stop_reason"] in ("end_turn", "tool_use") else "response.incomplete"
+    assert kinds[-1] == last and kinds.count(last) == 1
+    same_response(events[-1]["response"], whole(answer, reply_turn))
+    # Each item's done event holds the item the response ends with, at its index.
+    done = [event for event in events if event["type"] == "response.output_item.done"]
+    assert [event["item"] for event in done] == events[-1]["response"]["output"]
+    assert [event["output_index"] for event in done] == list(range(len(done)))
+
+
+def test_text_streams_as_deltas_between_its_items_events():
+    events = streamed(ANSWERS["text"], turn())
+
+    kinds = [event["type"] for event in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(event["delta"] for event in deltas) == TEXT
+    item_id = events[2]["item"]["id"]
+    assert {(event["item_id"], event["output_index"], event["content_index"]) for event in deltas} == {(item_id, 0, 0)}
+    assert events[-1]["response"]["usage"]["output_tokens"] == 25
+
+
+def test_a_batchs_text_deltas_leave_as_one_event():
+    events = streamed(ANSWERS["text"], turn(), per_batch=1000)
+    [delta] = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert delta["delta"] == TEXT
+
+
+def test_a_calls_arguments_stream_and_end_whole():
+    events = streamed(ANSWERS["call"], turn())
+
+    added = [event for event in events if event["type"] == "response.output_item.added"][1]
+    assert (added["item"]["type"], added["item"]["status"], added["item"]["arguments"]) == (
+        "function_call",
+        "in_progress",
+        "",
+    )
+    deltas = [event["delta"] for event in events if event["type"] == "response.function_call_arguments.delta"]
+    [done] = [event for event in events if event["type"] == "response.function_call_arguments.done"]
+    assert "".join(deltas) == done["arguments"] and json.loads(done["arguments"]) == CALL["input"]
+
+
+def test_a_call_without_arguments_ends_with_an_empty_object():
+    events = streamed(ANSWERS["no arguments"], turn())
+    [done] = [event for event in events if event["type"] == "response.function_call_arguments.done"]
+    assert done["arguments"] == "{}"
+
+
+def test_a_custom_tools_input_streams_decoded():
+    answer = message([{"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {"input": 'a "b"\n'}}])
+    events = streamed(answer, turn(custom_tools=frozenset({"apply_patch"})))
+
+    deltas = [event["delta"] for event in events if event["type"] == "response.custom_tool_call_input.delta"]
+    [done] = [event for event in events if event["type"] == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == done["input"] == 'a "b"\n'
+    assert events[-1]["response"]["output"][0]["input"] == 'a "b"\n'
+
+
+def test_thinking_streams_as_a_summary_only_when_asked():
+    summarised = streamed(ANSWERS["thinking"], turn(summary=True))
+    kinds = [event["type"] for event in summarised]
+    assert kinds[2:5] == [
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+    ]
+    [done] = [event for event in summarised if event["type"] == "response.reasoning_summary_text.done"]
+    assert done["text"] == THINKING["thinking"]
+
+    plain = [event["type"] for event in streamed(ANSWERS["thinking"], turn())]
+    assert not [kind for kind in plain if "reasoning_summary" in kind]
+    assert plain.count("response.output_item.done") == 2
+
+
+def test_upstream_pings_become_comments():
+    usage = StreamUsage()
+    encoder = ResponsesEncoder(turn(), usage)
+    assert encoder.ping == b": ping\n\n"
+    events = MockUpstream._events(ANSWERS["text"], Scenario(pings=1))
+    assert b"\n\n: ping\n\n" in encoder.encode(events[:3])
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "server_error"),
+        ({"type": "error", "error": {"type": "rate_limit_error", "message": "Slow down"}}, "rate_limit_exceeded"),
+        (error_event("The upstream stream ended early."), "server_error"),
+    ],
+    ids=["upstream", "rate limit", "gateway"],
+)
+def test_a_failure_after_the_start_ends_the_stream_as_response_failed(error, code):
+    head = MockUpstream._events(ANSWERS["text"], Scenario(chunk_size=5))[:5]  # some text, no end
+    events = encode([*head, error], turn())
+
+    failed = events[-1]
+    assert failed["type"] == "response.failed"
+    response = Response.model_validate(failed["response"])
+    assert (response.status, response.error.code, response.error.message) == ("failed", code, error["error"]["message"])
+    assert response.output_text == TEXT[:10]  # what the client had, and no more
+    assert response.usage is None  # not billed
+    assert "response.completed" not in [event["type"] for event in events]
