@@ -1,0 +1,72 @@
+"""Reasoning sealed for the client to keep: an answer's thinking and redacted_thinking blocks, as
+Claude sent them (each with its signature or data), as one opaque string, a reasoning item's
+`encrypted_content`. When a later request sends the item back, the blocks go upstream again in
+place, so thinking survives tool calls without the gateway keeping any state.
+
+The blocks are encrypted and authenticated with AES-GCM under a key of the gateway's: the
+client can neither read nor alter them, and a string sealed by another gateway (or under a
+rotated key) does not open. The format: VERSION, then base64url without padding of a random
+96-bit nonce followed by the ciphertext of the blocks' JSON (its tag at the end)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from typing import Any
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+# Another format gets another prefix; a string without this one is not opened.
+VERSION = "ezat1."
+# Bound into every seal as associated data: a ciphertext made under the same key for another
+# purpose does not open as reasoning, nor reasoning as something else.
+PURPOSE = b"ezat-gateway reasoning blocks v1"
+KEY_BYTES = 32  # AES-256
+NONCE_BYTES = 12  # GCM's 96-bit nonce, random per seal
+TAG_BYTES = 16
+SEALED_TYPES = frozenset({"thinking", "redacted_thinking"})
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def seal(blocks: list[dict[str, Any]], key: bytes) -> str:
+    """The blocks as one opaque string; each must be a thinking or redacted_thinking block."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"the reasoning key must be {KEY_BYTES} bytes")
+    for block in blocks:
+        if not isinstance(block, dict) or block.get("type") not in SEALED_TYPES:
+            raise ValueError("only thinking and redacted_thinking blocks are sealed")
+    nonce = os.urandom(NONCE_BYTES)
+    sealed = AESGCM(key).encrypt(nonce, orjson.dumps(blocks), PURPOSE)
+    return VERSION + base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
+
+
+def open_sealed(text: object, key: bytes) -> list[dict[str, Any]] | None:
+    """The blocks `seal` sealed in `text`, or None for anything that does not open under `key`:
+    another gateway's or a rotated key, a string altered or cut, another version, not base64,
+    not a string at all. Never raises: what a client sends back is not trusted."""
+    if not isinstance(text, str) or not text.startswith(VERSION) or len(key) != KEY_BYTES:
+        return None
+    encoded = text[len(VERSION) :]
+    if not _BASE64URL.fullmatch(encoded):
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    except (binascii.Error, ValueError):  # a length no encoding has
+        return None
+    if len(raw) < NONCE_BYTES + TAG_BYTES:
+        return None
+    try:
+        plain = AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], PURPOSE)
+        blocks = orjson.loads(plain)
+    except (InvalidTag, orjson.JSONDecodeError):
+        return None
+    # Authentic, so ours; checked all the same, since the caller puts these blocks upstream.
+    if not isinstance(blocks, list) or not all(
+        isinstance(block, dict) and block.get("type") in SEALED_TYPES for block in blocks
+    ):
+        return None
+    return blocks
