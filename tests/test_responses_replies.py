@@ -286,14 +286,57 @@ def test_a_call_without_arguments_ends_with_an_empty_object():
     assert done["arguments"] == "{}"
 
 
-def test_a_custom_tools_input_streams_decoded():
-    answer = message([{"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {"input": 'a "b"\n'}}])
-    events = streamed(answer, turn(custom_tools=frozenset({"apply_patch"})))
+PATCH = '*** Begin Patch\n*** Update File: "caf\u00e9.py"\n+print("\\t\U0001f600")\n*** End Patch'
 
-    deltas = [event["delta"] for event in events if event["type"] == "response.custom_tool_call_input.delta"]
-    [done] = [event for event in events if event["type"] == "response.custom_tool_call_input.done"]
-    assert "".join(deltas) == done["input"] == 'a "b"\n'
-    assert events[-1]["response"]["output"][0]["input"] == 'a "b"\n'
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 7, 13])
+def test_a_custom_tools_input_streams_decoded_however_its_json_is_cut(chunk_size):
+    """Escapes (a surrogate pair's among them) cut anywhere reach the client whole."""
+    answer = message([{"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {"input": PATCH}}])
+    json_text = json.dumps(answer["content"][0]["input"])  # escaped as Claude writes it: \uXXXX for é and 😀
+    assert "\\ud83d\\ude00" in json_text
+    events = MockUpstream._events(answer, Scenario(chunk_size=chunk_size))
+    for event in events:  # the JSON as json.dumps writes it, not orjson
+        if event.get("delta", {}).get("type") == "input_json_delta":
+            event["delta"]["partial_json"] = ""
+    at = next(n for n, event in enumerate(events) if event.get("delta", {}).get("type") == "input_json_delta")
+    pieces = [json_text[i : i + chunk_size] for i in range(0, len(json_text), chunk_size)]
+    events[at + 1 : at + 1] = [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": piece}}
+        for piece in pieces
+    ]
+    sent = encode(events, turn(custom_tools=frozenset({"apply_patch"})))
+
+    deltas = [event["delta"] for event in sent if event["type"] == "response.custom_tool_call_input.delta"]
+    [done] = [event for event in sent if event["type"] == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == done["input"] == PATCH
+    assert len(deltas) > 1
+    assert sent[-1]["response"]["output"][0]["input"] == PATCH
+
+
+def test_a_custom_tools_input_cut_by_the_output_limit_is_what_came():
+    answer = message([{"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {}}], "max_tokens")
+    events = [event for event in MockUpstream._events(answer, Scenario()) if event["type"] != "content_block_delta"]
+    at = next(n for n, event in enumerate(events) if event["type"] == "content_block_stop")
+    events[at:at] = [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": piece}}
+        for piece in ['{"input": "*** Begin', " Patch\\n*** Upd"]
+    ]
+    sent = encode(events, turn(custom_tools=frozenset({"apply_patch"})))
+
+    deltas = [event["delta"] for event in sent if event["type"] == "response.custom_tool_call_input.delta"]
+    [done] = [event for event in sent if event["type"] == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == done["input"] == "*** Begin Patch\n*** Upd"
+    assert sent[-1]["type"] == "response.incomplete"
+    assert sent[-1]["response"]["output"][0]["input"] == "*** Begin Patch\n*** Upd"
+
+
+def test_a_custom_tools_input_of_another_shape_comes_whole_at_its_end():
+    answer = message([{"type": "tool_use", "id": "toolu_02", "name": "apply_patch", "input": {"other": 1}}])
+    sent = streamed(answer, turn(custom_tools=frozenset({"apply_patch"})))
+    deltas = [event["delta"] for event in sent if event["type"] == "response.custom_tool_call_input.delta"]
+    [done] = [event for event in sent if event["type"] == "response.custom_tool_call_input.done"]
+    assert deltas == [done["input"]] == ['{"other":1}']
 
 
 def test_thinking_streams_as_a_summary_only_when_asked():

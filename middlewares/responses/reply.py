@@ -159,13 +159,16 @@ def tool_call_item(
 
 
 def custom_input(arguments: str) -> str:
-    """A custom tool's input: the string Claude put in its one property (anything else it put
-    there, as JSON; nothing, "")."""
+    """A custom tool's input: the string Claude put in its one property. Anything else it wrote
+    goes as its JSON, for the client to see what came; nothing at all is ""."""
     try:
         value = orjson.loads(arguments or "{}")
     except orjson.JSONDecodeError:
         return arguments  # cut short (the output limit): what came is all there is
-    value = value.get(CUSTOM_INPUT, "") if isinstance(value, dict) else value
+    if isinstance(value, dict) and CUSTOM_INPUT in value:
+        value = value[CUSTOM_INPUT]
+    elif value == {}:
+        return ""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 

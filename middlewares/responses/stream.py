@@ -14,6 +14,7 @@ string encode; the deltas of one batch leave as one event.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -26,7 +27,6 @@ from middlewares.responses.reply import (
     MESSAGE,
     REASONING,
     THINKING_BLOCKS,
-    custom_input,
     incomplete_reason,
     item_id,
     message_item,
@@ -35,7 +35,7 @@ from middlewares.responses.reply import (
     response_object,
     tool_call_item,
 )
-from middlewares.responses.turn import ResponseTurn
+from middlewares.responses.turn import CUSTOM_INPUT, ResponseTurn
 
 
 @cache
@@ -74,7 +74,7 @@ class _Item:
         self.pieces: list[str] = []  # a message's text, a call's arguments, the open thinking block's text
         self.blocks: list[dict[str, Any]] = []  # a reasoning item's thinking blocks, as the upstream's
         self.call: dict[str, Any] = {}  # a tool call's tool_use block (id, name)
-        self.custom = False  # a custom tool's call: its input goes out whole, decoded, at its end
+        self.custom: _StringValue | None = None  # a custom tool's call: its input, decoded as it comes
         self.summary: list[str] | None = None  # the open summary part's text (reasoning, asked a summary)
         self.summaries = 0  # summary parts so far
         self.delta_head = b""  # a delta event's bytes up to its sequence number's value
@@ -191,7 +191,11 @@ class ResponsesEncoder:
             tail = b',"logprobs":[]}\n\n' if block == "text" else b"}\n\n"
             out.append(item.delta_head + b"%d" % seq + item.delta_at + orjson.dumps(piece) + tail)
         elif block == "tool":
-            item.pieces.append(piece)  # a custom tool's input is a JSON string until it is whole
+            item.pieces.append(piece)
+            text = item.custom.feed(piece)
+            if text:
+                where = {"item_id": item.id, "output_index": item.index, "delta": text}
+                out.append(self._event("response.custom_tool_call_input.delta", where))
         elif block == "thinking":
             item.pieces.append(piece)
             if self._turn.summary:
@@ -223,7 +227,9 @@ class ResponsesEncoder:
         self._close(out)
         call = {"id": block.get("id") or "", "name": block.get("name") or ""}
         item = self._open(tool_call_item(self._turn, len(self._output), call, "", status="in_progress"), out)
-        item.call, item.custom = call, item.kind == "custom_tool_call"
+        item.call = call
+        if item.kind == "custom_tool_call":
+            item.custom = _StringValue()
         item.delta_head, item.delta_at = ARGUMENTS_DELTA, _delta_at({"item_id": item.id, "output_index": item.index})
 
     def _close(self, out: list[bytes]) -> None:
@@ -253,14 +259,17 @@ class ResponsesEncoder:
             return reasoning_item(self._turn, item.index, item.blocks)
         arguments = "".join(item.pieces) or "{}"
         done = tool_call_item(self._turn, item.index, item.call, arguments, status)
-        if out is not None:
-            if item.custom:
-                text = custom_input(arguments)
-                if text:
-                    out.append(self._event("response.custom_tool_call_input.delta", {**location, "delta": text}))
+        if item.custom is not None:
+            text, sent = done["input"], item.custom.sent
+            if not text.startswith(sent):  # JSON cut short (the output limit): what was decoded
+                text = done["input"] = sent
+            if out is not None:
+                rest = text[len(sent) :]
+                if rest:  # what the deltas could not say as it came (JSON of another shape)
+                    out.append(self._event("response.custom_tool_call_input.delta", {**location, "delta": rest}))
                 out.append(self._event("response.custom_tool_call_input.done", {**location, "input": text}))
-            else:
-                out.append(self._event("response.function_call_arguments.done", {**location, "arguments": arguments}))
+        elif out is not None:
+            out.append(self._event("response.function_call_arguments.done", {**location, "arguments": arguments}))
         return done
 
     @staticmethod
@@ -318,6 +327,81 @@ class ResponsesEncoder:
 def _delta_at(location: dict[str, Any]) -> bytes:
     """A delta event's members between its sequence number and its text."""
     return b"," + orjson.dumps(location)[1:-1] + b',"delta":'
+
+
+class _StringValue:
+    """A custom tool's input, decoded as its JSON arrives: Claude writes `{"input": "..."}`, and
+    each piece of the string that is whole (no escape cut in two) can go to the client at once.
+    JSON of another shape is left to the end, decoded whole."""
+
+    __slots__ = ("tail", "started", "ended", "sent")
+
+    def __init__(self) -> None:
+        self.tail = ""  # what has arrived and is not decoded yet
+        self.started = self.ended = False  # the string's opening quote, its closing one, seen
+        self.sent = ""  # the text decoded so far
+
+    def feed(self, piece: str) -> str:
+        """The text `piece` completes (or "")."""
+        if self.ended:
+            return ""
+        tail = self.tail + piece
+        if not self.started:
+            opening = _OPENING.match(tail)
+            if opening is None:
+                # Not yet, or never: another shape is decoded at the end, whole.
+                self.ended = len(tail) > _OPENING_AT_MOST
+                self.tail = tail
+                return ""
+            tail, self.started = tail[opening.end() :], True
+        whole = _whole_prefix(tail)
+        if whole is None:  # no JSON string: decoded at the end
+            self.ended = True
+            return ""
+        cut, self.ended = whole
+        try:
+            text = orjson.loads('"' + tail[:cut] + '"')
+        except orjson.JSONDecodeError:
+            self.ended = True
+            return ""
+        self.tail = tail[cut:]
+        self.sent += text
+        return text
+
+
+_OPENING = re.compile(r'\s*\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
+_OPENING_AT_MOST = 64  # more than any spacing of the opening; beyond it, another shape
+_SPECIAL = re.compile(r'["\\]')
+
+
+def _whole_prefix(text: str) -> tuple[int, bool] | None:
+    """How much of `text`, a JSON string's contents, decodes now (up to an escape cut short, or
+    its closing quote), and whether the string ends there; None if it is not a JSON string."""
+    at = 0
+    while True:
+        found = _SPECIAL.search(text, at)
+        if found is None:
+            return len(text), False
+        at = found.start()
+        if text[at] == '"':
+            return at, True
+        if at + 1 >= len(text):
+            return at, False
+        if text[at + 1] != "u":
+            at += 2
+            continue
+        if at + 6 > len(text):
+            return at, False
+        try:
+            code = int(text[at + 2 : at + 6], 16)
+        except ValueError:
+            return None
+        if 0xD800 <= code < 0xDC00:  # a surrogate pair: both halves, or neither yet
+            if at + 12 > len(text):
+                return at, False
+            at += 12
+        else:
+            at += 6
 
 
 # The deltas that carry what the model wrote (a signature is none of it).
