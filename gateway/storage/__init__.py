@@ -1,4 +1,5 @@
-"""Keys and the usage ledger, in SQLite (one process or machine) or PostgreSQL (replicas)."""
+"""Keys, the usage ledger and stored responses, in SQLite (one process or machine) or PostgreSQL
+(replicas)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from gateway.config import KeyConfig, OrganizationConfig
-from gateway.storage.records import DEFAULT_ORGANIZATION_ID, Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall
+from gateway.storage.records import (
+    DEFAULT_ORGANIZATION_ID,
+    Hold,
+    KeyRecord,
+    LedgerRow,
+    OrganizationRecord,
+    Shortfall,
+    StoredResponse,
+)
 
 __all__ = [
     "DEFAULT_ORGANIZATION_ID",
@@ -18,6 +27,7 @@ __all__ = [
     "OrganizationRecord",
     "Shortfall",
     "Store",
+    "StoredResponse",
     "open_store",
 ]
 
@@ -99,6 +109,19 @@ class Store(Protocol):
 
     async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
         """The ledger's rows, oldest first: one key's (by id), from `since` on."""
+
+    async def put_response(self, stored: StoredResponse) -> None:
+        """Keep a Responses API response until its `expires_at`, once its answer is complete; a
+        response written again replaces itself. Off the ledger's way: on SQLite a connection of
+        its own, on PostgreSQL a pool of its own. Expired ones are deleted by the sweep that a
+        hold starts once a minute."""
+
+    async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
+        """The response, if `key_id` made it and it has not expired or been deleted; else None
+        (another key's is not told apart from one that does not exist)."""
+
+    async def delete_response(self, response_id: str, key_id: int) -> bool:
+        """Deletes the response if get_response would find it; whether it did."""
 
 
 def open_store(url: str) -> Store:

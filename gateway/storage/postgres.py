@@ -1,8 +1,17 @@
 """The PostgreSQL store: one database shared by every replica. Spend is read and added in the
-database itself, so a key's limit holds across replicas."""
+database itself, so a key's limit holds across replicas.
+
+Stored responses (the Responses API's) use a small pool of their own: a burst of them never takes
+the connections that the ledger and spend reservations wait for. Once a minute a replica's hold
+starts a task deleting the expired ones, as holds delete expired reservations."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -12,7 +21,7 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig, OrganizationConfig
-from gateway.storage.records import Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, take
+from gateway.storage.records import Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, StoredResponse, take
 from gateway.storage.schema import (
     KEY_COLUMNS,
     KEY_FIELDS,
@@ -21,13 +30,21 @@ from gateway.storage.schema import (
     LEDGER_SELECT,
     ORGANIZATION_COLUMNS,
     POSTGRES,
+    RESPONSE_COLUMNS,
+    SWEEP_BATCH,
 )
+
+log = logging.getLogger("ezat.storage")
 
 # Any constant works: it only has to be the same for every replica migrating at once.
 _MIGRATION_LOCK = 0x657A6174
 # Seconds a connection may take to open, and a statement to answer, before it counts as failed:
 # a server that stops answering fails requests instead of holding them (and shutdown) forever.
 _TIMEOUT = 10.0
+# Connections of the stored responses' own pool, opened as they are needed.
+RESPONSES_POOL_SIZE = 4
+# Seconds between a replica's sweeps of expired stored responses.
+SWEEP_EVERY = 60.0
 # The ledger's columns in LEDGER_FIELDS' order, as PostgreSQL types for unnest().
 _LEDGER_TYPES = (
     "text",
@@ -62,17 +79,28 @@ class PostgresStore:
         self.url = url
         self._pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
+        self._responses: asyncpg.Pool | None = None  # stored responses' own
+        self._next_sweep = 0.0  # time.monotonic() when a hold next starts a sweep of stored responses
+        self._response_sweep: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         self._pool = await asyncpg.create_pool(
             self.url, min_size=1, max_size=self._pool_size, timeout=_TIMEOUT, command_timeout=_TIMEOUT
         )
+        self._responses = await asyncpg.create_pool(
+            self.url, min_size=0, max_size=RESPONSES_POOL_SIZE, timeout=_TIMEOUT, command_timeout=_TIMEOUT
+        )
         await self._migrate()
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        if self._response_sweep is not None:
+            self._response_sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._response_sweep
+        for pool in (self._pool, self._responses):
+            if pool is not None:
+                await pool.close()
+        self._pool = self._responses = None
 
     async def _migrate(self) -> None:
         async with self._pool.acquire() as db, db.transaction():
@@ -205,6 +233,10 @@ class PostgresStore:
         return Decimal(0) if value is None else value
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
+        if time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + SWEEP_EVERY
+            if self._response_sweep is None or self._response_sweep.done():  # not waited for
+                self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
             if not holds:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
@@ -297,6 +329,57 @@ class PostgresStore:
             # A row's request gives up its reservation as its cost becomes spend, in one commit;
             # last, as hold() takes reservations after keys and organizations.
             await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
+
+    # --- stored responses
+
+    async def put_response(self, stored: StoredResponse) -> None:
+        # A response written again (a retried write) replaces itself; never another key's.
+        await self._responses.execute(
+            f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            " ON CONFLICT (response_id) DO UPDATE SET created_at = excluded.created_at,"
+            " expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items,"
+            " conversation = excluded.conversation WHERE responses.key_id = excluded.key_id",
+            stored.response_id,
+            stored.key_id,
+            stored.created_at,
+            stored.expires_at,
+            *stored.documents(),
+        )
+
+    async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
+        row = await self._responses.fetchrow(
+            f"SELECT {RESPONSE_COLUMNS} FROM responses WHERE response_id = $1 AND key_id = $2 AND expires_at > now()",
+            response_id,
+            key_id,
+        )
+        if row is None:
+            return None
+        response_id, key_id, created_at, expires_at, *documents = row
+        return StoredResponse.from_documents(
+            response_id, key_id, created_at.astimezone(UTC), expires_at.astimezone(UTC), *documents
+        )
+
+    async def delete_response(self, response_id: str, key_id: int) -> bool:
+        # False for one that get_response would not find either (an expired one is the sweep's).
+        status = await self._responses.execute(
+            "DELETE FROM responses WHERE response_id = $1 AND key_id = $2 AND expires_at > now()", response_id, key_id
+        )
+        return status != "DELETE 0"
+
+    async def _sweep_responses(self) -> None:
+        """Deletes the expired responses, SWEEP_BATCH to a transaction; rows another replica's
+        sweep is deleting are skipped, not waited for. The next sweep tries again after a failure."""
+        try:
+            while True:
+                status = await self._responses.execute(
+                    "DELETE FROM responses WHERE response_id IN (SELECT response_id FROM responses"
+                    " WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)",
+                    SWEEP_BATCH,
+                )
+                if int(status.split()[-1]) < SWEEP_BATCH:
+                    return
+        except Exception as exc:
+            log.warning("deleting expired stored responses failed: %r", exc)
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
         return False  # every write is a round trip to the server

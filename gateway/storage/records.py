@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from decimal import Decimal
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import orjson
 
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
-__all__ = ["Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "cost_by_key"]
+__all__ = ["Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "StoredResponse", "cost_by_key"]
 
 DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
 
@@ -35,6 +38,43 @@ class OrganizationRecord(NamedTuple):
     spent_usd: Decimal  # by all its keys, since the organization was made
     from_config: bool  # declared in the config file, which alone may change it
     keys: int  # how many keys belong to it
+
+
+class StoredResponse(NamedTuple):
+    """A Responses API response kept for GET /v1/responses/{id}, its input items, and requests
+    that continue it (previous_response_id); only the key that made it finds it, until it expires."""
+
+    response_id: str  # "resp_…"
+    key_id: int
+    created_at: datetime  # timezone-aware
+    expires_at: datetime
+    response: dict[str, Any]  # the response object as the client got it
+    input_items: list[dict[str, Any]]  # the request's input, as Responses items, as the client sent them
+    # The conversation so far in Anthropic's Messages format: its messages, the answer's
+    # assistant turn last (thinking blocks included), and its system prompt (None: none).
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+
+    def documents(self) -> tuple[str, str, str]:
+        """The JSON texts the stores keep: the response, its input items, and the conversation."""
+        conversation = {"system": self.system, "messages": self.messages}
+        return tuple(orjson.dumps(value).decode() for value in (self.response, self.input_items, conversation))
+
+    @classmethod
+    def from_documents(
+        cls, response_id: str, key_id: int, created_at: datetime, expires_at: datetime, *documents: str
+    ) -> StoredResponse:
+        response, input_items, conversation = (orjson.loads(document) for document in documents)
+        return cls(
+            response_id,
+            key_id,
+            created_at,
+            expires_at,
+            response,
+            input_items,
+            conversation["messages"],
+            conversation["system"],
+        )
 
 
 def take(holds, key_left, org_left) -> list[Shortfall | None]:

@@ -91,6 +91,22 @@ SQLITE = [
     "CREATE INDEX keys_by_organization ON keys (organization_id)",
     # The conversation a request belonged to (LedgerRow.session_name); rows from before have none.
     "ALTER TABLE ledger ADD COLUMN session TEXT",
+    # Responses API responses kept for their key (StoredResponse), as JSON text, until they expire
+    # (the sweep deletes them by expires_at). No foreign key: a write takes no lock on its key's
+    # row, which the ledger updates. A rowid table: its rows are large, and WITHOUT ROWID suits
+    # small ones.
+    """
+    CREATE TABLE responses (
+        response_id  TEXT NOT NULL PRIMARY KEY,
+        key_id       INTEGER NOT NULL,
+        created_at   TEXT NOT NULL,
+        expires_at   TEXT NOT NULL,
+        response     TEXT NOT NULL,
+        input_items  TEXT NOT NULL,
+        conversation TEXT NOT NULL
+    );
+    CREATE INDEX responses_by_expiry ON responses (expires_at);
+    """,
 ]
 
 POSTGRES = [
@@ -167,6 +183,21 @@ POSTGRES = [
     "CREATE INDEX keys_by_organization ON keys (organization_id)",
     # The conversation a request belonged to (LedgerRow.session_name); rows from before have none.
     "ALTER TABLE ledger ADD COLUMN session TEXT",
+    # Responses API responses kept for their key (StoredResponse), as JSON text (TOAST compresses
+    # the large ones), until they expire (the sweep deletes them by expires_at). No foreign key:
+    # a write takes no lock on its key's row, which the ledger updates.
+    """
+    CREATE TABLE responses (
+        response_id  TEXT PRIMARY KEY,
+        key_id       BIGINT NOT NULL,
+        created_at   TIMESTAMPTZ NOT NULL,
+        expires_at   TIMESTAMPTZ NOT NULL,
+        response     TEXT NOT NULL,
+        input_items  TEXT NOT NULL,
+        conversation TEXT NOT NULL
+    );
+    CREATE INDEX responses_by_expiry ON responses (expires_at);
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -185,3 +216,8 @@ ORGANIZATION_COLUMNS = (
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
+# The responses table's columns, in the order both stores write and read them.
+RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
+# Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
+# which other writers interleave with.
+SWEEP_BATCH = 500

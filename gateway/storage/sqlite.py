@@ -15,6 +15,11 @@ for, its fsyncs included) and then starts the WAL again from its beginning, so i
 bounded. Money is kept as exact decimal strings; what requests under way hold, in whole
 billionths of a dollar, totalled on each key's and organization's row (sqlite_reservations.py).
 
+Stored responses (the Responses API's) are written by a connection and thread of their own, one
+short transaction each, so the writer thread's queue, where the ledger's batches wait when the
+file is busy, never holds a response's write; the once-a-minute sweep deletes the expired ones
+in a task of its own, off the hold that starts it.
+
 The files are private: a database the store creates is made 0600 before SQLite opens it, and
 SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode
 (its owner chose it).
@@ -46,6 +51,7 @@ from gateway.storage.records import (
     LedgerRow,
     OrganizationRecord,
     Shortfall,
+    StoredResponse,
     cost_by_key,
 )
 from gateway.storage.schema import (
@@ -56,7 +62,9 @@ from gateway.storage.schema import (
     LEDGER_FIELDS,
     LEDGER_SELECT,
     ORGANIZATION_COLUMNS,
+    RESPONSE_COLUMNS,
     SQLITE,
+    SWEEP_BATCH,
 )
 
 log = logging.getLogger("ezat.storage")
@@ -69,8 +77,12 @@ CHECKPOINT_EVERY = 1000
 CATCH_UP_PASSES = 5
 FEW_FRAMES = 256
 # Seconds between sweeps of the reservations (sqlite_reservations.sweep): what expired (its
-# process died, an hour ago at least) is dropped, and the totals are checked against the rows.
+# process died, an hour ago at least) is dropped, and the totals are checked against the rows;
+# expired stored responses are deleted then too.
 SWEEP_EVERY = 60.0
+# The WAL grows by a page per PAGE_BYTES of a stored response: its write counts as that many
+# writes towards the next checkpoint.
+PAGE_BYTES = 4096
 T = TypeVar("T")
 
 
@@ -134,6 +146,8 @@ class SQLiteStore:
         self._reader = self._writer if path == ":memory:" else Connection(path)
         self._inline: sqlite3.Connection | None = None  # the ledger's, on the event loop
         self._checkpointer = None if path == ":memory:" else Connection(path)
+        self._responses = self._writer if path == ":memory:" else Connection(path)  # stored responses' writes
+        self._response_sweep: asyncio.Task[None] | None = None
         self._holder: sqlite3.Connection | None = None  # the checkpointer's, to hold writes off
         self._holding = threading.Event()  # set while it does: writes go to the writer thread
         self._checkpoint: asyncio.Task[None] | None = None
@@ -150,6 +164,7 @@ class SQLiteStore:
             if self._checkpointer is not None:
                 await self._reader.open()
                 await self._checkpointer.open()
+                await self._responses.open()
                 self._holder = _connect(self.path, "busy_timeout=10000")
                 self._inline = _connect(self.path, "busy_timeout=0", "wal_autocheckpoint=0")
         except BaseException:
@@ -160,6 +175,10 @@ class SQLiteStore:
         checkpointer, self._checkpointer = self._checkpointer, None  # no checkpoint starts from here on
         if self._checkpoint is not None:
             await self._checkpoint
+        if self._response_sweep is not None:
+            self._response_sweep.cancel()  # a batch under way ends on its thread, before its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._response_sweep
         for connection in (self._inline, self._holder):
             if connection is not None:
                 connection.close()
@@ -168,6 +187,7 @@ class SQLiteStore:
         if checkpointer is not None:
             await self._reader.close()
             await checkpointer.close()
+            await self._responses.close()
 
     async def ping(self) -> None:
         await self._reader.call(_fetch_all, "SELECT 1")
@@ -240,8 +260,11 @@ class SQLiteStore:
         now = datetime.now(UTC)
         if time.monotonic() < self._next_sweep:
             return await self._write_now_or_wait(reservations.hold, holds, releases, _expiries(holds, now), None)
-        # Once a minute a hold sweeps the reservations first: scans, on the writer thread.
+        # Once a minute a hold sweeps the reservations first: scans, on the writer thread. The
+        # expired responses are deleted beside it, in a task this hold does not wait for.
         self._next_sweep = time.monotonic() + SWEEP_EVERY
+        if self._response_sweep is None or self._response_sweep.done():
+            self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
         return await self._write_waiting(reservations.hold, holds, releases, _expiries(holds, now), _text(now))
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
@@ -296,10 +319,10 @@ class SQLiteStore:
         self._wrote()
         return True, result
 
-    def _wrote(self) -> None:
+    def _wrote(self, writes: int = 1) -> None:
         """The WAL grew: every CHECKPOINT_EVERY writes it is copied into the file, while writes
         go on (nothing awaits the checkpoint)."""
-        self._since_checkpoint += 1
+        self._since_checkpoint += writes
         if self._since_checkpoint >= CHECKPOINT_EVERY and self._checkpoint is None and self._checkpointer is not None:
             self._since_checkpoint = 0
             self._checkpoint = asyncio.create_task(
@@ -317,6 +340,38 @@ class SQLiteStore:
             log.warning("WAL checkpoint failed: %r", exc)
         finally:
             self._checkpoint = None
+
+    # --- stored responses
+
+    async def put_response(self, stored: StoredResponse) -> None:
+        documents = stored.documents()  # on the event loop: the thread gets text, no live objects
+        values = (stored.response_id, stored.key_id, _text(stored.created_at), _text(stored.expires_at), *documents)
+        await self._responses.call(_transaction, _upsert_response, values)
+        self._wrote(1 + sum(map(len, documents)) // PAGE_BYTES)
+
+    async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
+        return await self._reader.call(_select_response, response_id, key_id, _text(datetime.now(UTC)))
+
+    async def delete_response(self, response_id: str, key_id: int) -> bool:
+        deleted = await self._responses.call(
+            _transaction, _delete_response, response_id, key_id, _text(datetime.now(UTC))
+        )
+        if deleted:
+            self._wrote()
+        return deleted
+
+    async def _sweep_responses(self) -> None:
+        """Deletes the expired responses, SWEEP_BATCH to a transaction; the next sweep tries again
+        after a failure."""
+        try:
+            while True:
+                deleted = await self._responses.call(_delete_expired_responses, _text(datetime.now(UTC)))
+                if deleted:
+                    self._wrote(deleted)
+                if deleted < SWEEP_BATCH:
+                    return
+        except Exception as exc:
+            log.warning("deleting expired stored responses failed: %r", exc)
 
     async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
         query = f"SELECT {LEDGER_SELECT} FROM ledger"
@@ -486,6 +541,54 @@ def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> 
     )
     reservations.reconcile(db)
     return _select_key(db, "k.id = ?", found.id)
+
+
+def _upsert_response(db: sqlite3.Connection, values: tuple) -> None:
+    """A response written again (a retried write) replaces itself; never another key's."""
+    db.execute(
+        f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (response_id) DO UPDATE SET created_at = excluded.created_at,"
+        " expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items,"
+        " conversation = excluded.conversation WHERE responses.key_id = excluded.key_id",
+        values,
+    )
+
+
+def _select_response(db: sqlite3.Connection, response_id: str, key_id: int, now: str) -> StoredResponse | None:
+    row = db.execute(
+        f"SELECT {RESPONSE_COLUMNS} FROM responses WHERE response_id = ? AND key_id = ? AND expires_at > ?",
+        (response_id, key_id, now),
+    ).fetchone()
+    if row is None:
+        return None
+    response_id, key_id, created_at, expires_at, *documents = row
+    return StoredResponse.from_documents(response_id, key_id, _time(created_at), _time(expires_at), *documents)
+
+
+def _delete_response(db: sqlite3.Connection, response_id: str, key_id: int, now: str) -> bool:
+    """False for one that get_response would not find either (an expired one is the sweep's)."""
+    return (
+        db.execute(
+            "DELETE FROM responses WHERE response_id = ? AND key_id = ? AND expires_at > ?", (response_id, key_id, now)
+        ).rowcount
+        > 0
+    )
+
+
+def _delete_expired_responses(db: sqlite3.Connection, now: str) -> int:
+    """Up to SWEEP_BATCH expired responses deleted in one transaction; how many. Where none has
+    expired, the usual case, a read finds so and no write lock is taken from the ledger."""
+    if db.execute("SELECT 1 FROM responses WHERE expires_at <= ? LIMIT 1", (now,)).fetchone() is None:
+        return 0
+    return _transaction(db, _delete_expired_batch, now)
+
+
+def _delete_expired_batch(db: sqlite3.Connection, now: str) -> int:
+    # DELETE … LIMIT needs a compile option SQLite may lack: the batch is picked by a subquery.
+    return db.execute(
+        "DELETE FROM responses WHERE rowid IN (SELECT rowid FROM responses WHERE expires_at <= ? LIMIT ?)",
+        (now, SWEEP_BATCH),
+    ).rowcount
 
 
 def _checkpoint(db: sqlite3.Connection, holder: sqlite3.Connection, holding: threading.Event) -> bool:

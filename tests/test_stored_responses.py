@@ -1,0 +1,234 @@
+"""Stored Responses API responses (Store.put_response, get_response, delete_response), the same on
+SQLite and PostgreSQL, through the store's own interface on a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+import pytest
+
+from gateway.ledger import Ledger
+from gateway.storage import StoredResponse, open_store, schema
+from tests.test_storage import query, row
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path) -> str:
+    """A storage URL for each backend: a SQLite file in tmp_path, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ezat.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def opened():
+    """Opens stores and closes them at the end of the test."""
+    stores = []
+
+    async def open_(url: str):
+        store = open_store(url)
+        await store.open()
+        stores.append(store)
+        return store
+
+    yield open_
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture
+def sweep_at_every_hold(monkeypatch):
+    """The sweep a hold starts once a minute, at every hold, deleting two rows per transaction."""
+    for module in ("gateway.storage.sqlite", "gateway.storage.postgres"):
+        monkeypatch.setattr(f"{module}.SWEEP_EVERY", 0.0)
+        monkeypatch.setattr(f"{module}.SWEEP_BATCH", 2)
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def stored(response_id: str, key_id: int, *, expires_in: timedelta = timedelta(days=30), **fields) -> StoredResponse:
+    created = datetime.now(UTC)
+    values = dict(
+        response_id=response_id,
+        key_id=key_id,
+        created_at=created,
+        expires_at=created + expires_in,
+        response={
+            "id": response_id,
+            "object": "response",
+            "status": "completed",
+            "model": "anthropic/claude-sonnet-5-5",
+            "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "ezat1.abc"},
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "Bonjour, ça va ? ✓", "annotations": []}],
+                },
+            ],
+            "usage": {"input_tokens": 12, "output_tokens": 7, "total_tokens": 19},
+        },
+        input_items=[
+            {"role": "developer", "content": "Answer in French."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
+        ],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Hello"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "French, then.", "signature": "EqQBCkYIBxgC"},
+                    {"type": "text", "text": "Bonjour, ça va ? ✓"},
+                ],
+            },
+        ],
+        system="Answer in French.",
+    )
+    return StoredResponse(**{**values, **fields})
+
+
+async def count(url: str) -> int:
+    [(rows,)] = await query(url, "SELECT count(*) FROM responses")
+    return rows
+
+
+async def test_a_stored_response_reads_back_as_it_was_put(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-responses"), name="responses")
+    first = stored("resp_first", key.id)
+    blocks = stored("resp_blocks", key.id, system=[{"type": "text", "text": "Be brief."}], input_items=[])
+    unprompted = stored("resp_unprompted", key.id, system=None)
+    for response in (first, blocks, unprompted):
+        await store.put_response(response)
+    assert await store.get_response("resp_first", key.id) == first
+    assert await store.get_response("resp_blocks", key.id) == blocks
+    assert await store.get_response("resp_unprompted", key.id) == unprompted
+    assert await store.get_response("resp_never_issued", key.id) is None
+    # Another store on the same database (a replica, or the gateway restarted) finds it too.
+    assert await (await opened(store_url)).get_response("resp_first", key.id) == first
+
+
+async def test_only_the_key_that_made_a_response_finds_or_deletes_it(store_url, opened):
+    store = await opened(store_url)
+    owner = await store.create_key(digest("sk-owner"), name="owner")
+    other = await store.create_key(digest("sk-other"), name="other")
+    mine = stored("resp_mine", owner.id)
+    await store.put_response(mine)
+    assert await store.get_response("resp_mine", other.id) is None
+    assert await store.delete_response("resp_mine", other.id) is False
+    # Nor does another key's write of the same id replace it.
+    await store.put_response(stored("resp_mine", other.id, response={"id": "resp_mine", "forged": True}))
+    assert await store.get_response("resp_mine", owner.id) == mine
+    assert await store.get_response("resp_mine", other.id) is None
+
+
+async def test_a_deleted_response_is_gone(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-delete"), name="delete")
+    await store.put_response(stored("resp_kept", key.id))
+    await store.put_response(stored("resp_deleted", key.id))
+    assert await store.delete_response("resp_deleted", key.id) is True
+    assert await store.get_response("resp_deleted", key.id) is None
+    assert await store.delete_response("resp_deleted", key.id) is False  # deleted already
+    assert await store.delete_response("resp_never_issued", key.id) is False
+    assert (await store.get_response("resp_kept", key.id)).response_id == "resp_kept"
+
+
+async def test_a_response_written_again_replaces_itself(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-again"), name="again")
+    await store.put_response(stored("resp_again", key.id))
+    again = stored("resp_again", key.id, response={"id": "resp_again", "status": "incomplete"}, system=None)
+    await store.put_response(again)
+    assert await store.get_response("resp_again", key.id) == again
+    assert await count(store_url) == 1
+
+
+async def test_an_expired_response_is_not_found_nor_deleted(store_url, opened):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-expired"), name="expired")
+    await store.put_response(stored("resp_expired", key.id, expires_in=timedelta(seconds=-1)))
+    await store.put_response(stored("resp_soon", key.id, expires_in=timedelta(seconds=0.5)))
+    assert await store.get_response("resp_expired", key.id) is None
+    assert await store.delete_response("resp_expired", key.id) is False
+    assert (await store.get_response("resp_soon", key.id)).response_id == "resp_soon"
+    await asyncio.sleep(0.6)
+    assert await store.get_response("resp_soon", key.id) is None
+    assert await count(store_url) == 2  # both left for the sweep
+
+
+async def test_the_sweep_deletes_expired_responses_and_keeps_the_others(store_url, opened, sweep_at_every_hold):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-sweep"), name="sweep")
+    for i in range(5):  # more than a sweep's transaction takes: it takes several
+        await store.put_response(stored(f"resp_old_{i}", key.id, expires_in=timedelta(seconds=-60)))
+    live = stored("resp_live", key.id)
+    await store.put_response(live)
+    assert await count(store_url) == 6
+    await store.hold([], [])  # a hold starts the sweep (once a minute; here, every time) and does not wait for it
+    for _ in range(100):
+        if await count(store_url) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert await query(store_url, "SELECT response_id FROM responses") == [("resp_live",)]
+    assert await store.get_response("resp_live", key.id) == live
+
+
+async def test_responses_and_ledger_rows_written_at_once_are_all_kept(store_url, opened):
+    """A response is written beside its request's ledger row; many at once, both are all kept
+    (on SQLite each on a connection of its own, which wait for each other's locks)."""
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-busy"), name="busy")
+    ledger = Ledger(store)
+    big = [{"role": "user", "content": "x" * 100_000}]  # a long conversation: many pages
+    await asyncio.gather(
+        *(store.put_response(stored(f"resp_{i}", key.id, messages=big)) for i in range(40)),
+        *(ledger.record(row(f"req_{i}", key.id, "0.01")) for i in range(200)),
+    )
+    await ledger.close()
+    assert await count(store_url) == 40
+    assert len(await store.ledger()) == 200
+    assert await store.spent(key.id) == Decimal("2.00")
+    assert (await store.get_response("resp_39", key.id)).messages == big
+
+
+async def test_a_database_from_before_stored_responses_is_migrated_its_data_kept(store_url, opened):
+    scripts = schema.SQLITE if store_url.startswith("sqlite") else schema.POSTGRES
+    before = next(i for i, script in enumerate(scripts) if "CREATE TABLE responses" in script)
+    assert before == len(scripts) - 1  # this test's starting point is the schema just before it
+    if store_url.startswith("sqlite:///"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
+            db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            for number, script in enumerate(scripts[:before], start=1):
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+            db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
+        db.close()
+    else:
+        db = await asyncpg.connect(store_url)
+        try:
+            async with db.transaction():
+                await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                for number, script in enumerate(scripts[:before], start=1):
+                    await db.execute(script)
+                    await db.execute("INSERT INTO schema_version VALUES ($1)", number)
+                await db.execute("INSERT INTO keys (key_sha256, name) VALUES ($1, 'older')", digest("sk-older"))
+        finally:
+            await db.close()
+
+    store = await opened(store_url)
+    assert await query(store_url, "SELECT max(version) FROM schema_version") == [(len(scripts),)]
+    key = await store.find_key(digest("sk-older"))
+    assert key.name == "older"
+    response = stored("resp_after_migration", key.id)
+    await store.put_response(response)
+    assert await store.get_response("resp_after_migration", key.id) == response
