@@ -57,7 +57,7 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
         else:
             raise invalid_request(f"{path}.role: expected one of system, developer, user, assistant, tool", "messages")
         spoke = True
-        _append(turns, role, blocks)
+        append_blocks(turns, role, blocks)
     if not spoke:
         raise invalid_request("messages: must contain at least one user message", "messages")
     if not turns:
@@ -65,7 +65,7 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return system, [{"role": role, "content": results + others} for role, results, others in turns]
 
 
-def _append(turns: list[tuple[str, list, list]], role: str, blocks: list[dict[str, Any]]) -> None:
+def append_blocks(turns: list[tuple[str, list, list]], role: str, blocks: list[dict[str, Any]]) -> None:
     """Messages of one role in a row make one turn. Tool results answer the assistant turn
     before it, so they go before any other block of theirs, whatever the order they came in."""
     if not blocks:
@@ -90,7 +90,7 @@ def _parts(content: list[Any], path: str) -> Iterator[tuple[str, str, dict[str, 
 def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     """Text-only content (system, developer, tool): a string or a list of text parts."""
     if isinstance(content, str):
-        return _text(content)
+        return nonblank_text(content)
     if not isinstance(content, list):
         raise invalid_request(f"{path}: expected a string or a list of text parts", "messages")
     blocks = []
@@ -103,7 +103,7 @@ def _text_blocks(content: Any, path: str) -> list[dict[str, Any]]:
 
 def _user_blocks(content: Any, path: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return _text(content)
+        return nonblank_text(content)
     if not isinstance(content, list):
         raise invalid_request(f"{path}: expected a string or a list of content parts", "messages")
     blocks = []
@@ -127,7 +127,7 @@ def _image(part: dict[str, Any], path: str) -> dict[str, Any]:
     if url.startswith(("http://", "https://")):
         # The images stage inlines these when it is mounted; without it the upstream fetches.
         return {"type": "image", "source": {"type": "url", "url": url}}
-    media_type, data = _data_url(url, f"{path}.image_url.url")
+    media_type, data = data_url(url, f"{path}.image_url.url")
     if media_type not in IMAGE_TYPES:
         raise invalid_request(
             f"{path}.image_url.url: the image type must be image/jpeg, image/png, image/gif or image/webp",
@@ -140,17 +140,17 @@ def _document(part: dict[str, Any], path: str) -> dict[str, Any]:
     file = part.get("file")
     if not isinstance(file, dict):
         raise invalid_request(f"{path}.file: expected an object with file_data", "messages")
-    media_type, data = _data_url(_string(file.get("file_data"), f"{path}.file.file_data"), f"{path}.file.file_data")
+    media_type, data = data_url(_string(file.get("file_data"), f"{path}.file.file_data"), f"{path}.file.file_data")
     if media_type != PDF:
         raise invalid_request(f"{path}.file.file_data: only PDF files (application/pdf) are supported", "messages")
     return {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": data}}
 
 
-def _data_url(url: str, path: str) -> tuple[str, str]:
+def data_url(url: str, path: str, param: str = "messages") -> tuple[str, str]:
     """(media type, base64 data) of a `data:<type>;base64,<data>` URL."""
     parts = split_data_url(url)
     if parts is None or not is_base64(parts[1]):
-        raise invalid_request(f"{path}: expected a base64 data URL (data:<type>;base64,<data>)", "messages")
+        raise invalid_request(f"{path}: expected a base64 data URL (data:<type>;base64,<data>)", param)
     return parts
 
 
@@ -158,7 +158,7 @@ def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]
     content = message.get("content")
     blocks: list[dict[str, Any]] = []
     if isinstance(content, str):
-        blocks.extend(_text(content))
+        blocks.extend(nonblank_text(content))
     elif isinstance(content, list):
         for part_path, kind, part in _parts(content, f"{path}.content"):
             if kind == "text":
@@ -213,7 +213,7 @@ def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _text_part(part: dict[str, Any], path: str) -> list[dict[str, Any]]:
-    return [cached(block, part, path) for block in _text(_string(part.get("text"), f"{path}.text"))]
+    return [cached(block, part, path) for block in nonblank_text(_string(part.get("text"), f"{path}.text"))]
 
 
 def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str = "messages") -> dict[str, Any]:
@@ -235,7 +235,7 @@ def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str 
     return block
 
 
-def _text(text: str) -> list[dict[str, Any]]:
+def nonblank_text(text: str) -> list[dict[str, Any]]:
     # The upstream rejects empty text blocks; whitespace-only text says nothing either.
     return [{"type": "text", "text": text}] if text and not text.isspace() else []
 

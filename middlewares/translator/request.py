@@ -35,7 +35,7 @@ def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any]
     forced = request.get("tool_choice", {}).get("type") in ("any", "tool")
     thinking = _reasoning(body.get("reasoning_effort"), model, request, forced, messages)
     if model.sampling and not thinking:
-        _sampling(body, request)
+        sampling(body, request)
     _response_format(body.get("response_format"), request)
     return request, renamed
 
@@ -84,15 +84,7 @@ def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> d
         upstream_name = upstream_identifier(name)
         if upstream_name != name:
             renamed[upstream_name] = name
-        schema = function.get("parameters")
-        if schema is None:
-            schema = {"type": "object", "properties": {}}
-        elif not isinstance(schema, dict):
-            raise invalid_request(f"tools[{i}].function.parameters: expected a JSON schema object", "tools")
-        elif "type" not in schema:
-            schema = {"type": "object", **schema}
-        elif schema["type"] != "object":  # the upstream takes arguments as an object only
-            raise invalid_request(f'tools[{i}].function.parameters: expected a schema of "type": "object"', "tools")
+        schema = input_schema(function.get("parameters"), f"tools[{i}].function.parameters", "tools")
         definition: dict[str, Any] = {"name": upstream_name, "input_schema": schema}
         description = function.get("description")
         if isinstance(description, str) and description:
@@ -107,6 +99,20 @@ def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> d
     if choice:
         request["tool_choice"] = choice
     return renamed
+
+
+def input_schema(schema: Any, path: str, param: str) -> dict[str, Any]:
+    """A function's parameters as the upstream's input_schema: none is no arguments, and a
+    schema without a type is an object's."""
+    if schema is None:
+        return {"type": "object", "properties": {}}
+    if not isinstance(schema, dict):
+        raise invalid_request(f"{path}: expected a JSON schema object", param)
+    if "type" not in schema:
+        return {"type": "object", **schema}
+    if schema["type"] != "object":  # the upstream takes arguments as an object only
+        raise invalid_request(f'{path}: expected a schema of "type": "object"', param)
+    return schema
 
 
 def _tool_choice(choice: Any, model: ModelSpec, names: set[str]) -> dict[str, Any]:
@@ -169,7 +175,7 @@ def _continues_tool_use(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _sampling(body: dict[str, Any], request: dict[str, Any]) -> None:
+def sampling(body: dict[str, Any], request: dict[str, Any]) -> None:
     temperature, top_p = body.get("temperature"), body.get("top_p")
     if temperature is not None:
         if not _is_number(temperature) or temperature < 0:
@@ -201,7 +207,7 @@ def _response_format(value: Any, request: dict[str, Any]) -> None:
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
         raise invalid_request("response_format.json_schema.schema: expected a JSON schema object", "response_format")
-    _check_closed_objects(schema, "response_format.json_schema.schema")
+    check_closed_objects(schema, "response_format.json_schema.schema")
     request.setdefault("output_config", {})["format"] = {"type": "json_schema", "schema": schema}
 
 
@@ -209,7 +215,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
 
 
-def _check_closed_objects(schema: Any, path: str) -> None:
+def check_closed_objects(schema: Any, path: str, param: str = "response_format") -> None:
     """Every object in the schema must say `"additionalProperties": false` (docs/api.md, "Structured output").
     Depth first, in the order the keys are listed, with an explicit stack: a schema nested a
     thousand levels deep is no RecursionError (a 500) where the bounds stage is not mounted."""
@@ -221,7 +227,7 @@ def _check_closed_objects(schema: Any, path: str) -> None:
         kind = schema.get("type")
         is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
         if is_object and schema.get("additionalProperties") is not False:
-            raise invalid_request(f'{path}: objects need "additionalProperties": false', "response_format")
+            raise invalid_request(f'{path}: objects need "additionalProperties": false', param)
         children = []
         for key in _SUBSCHEMA_MAPS:
             subschemas = schema.get(key)
