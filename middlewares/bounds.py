@@ -4,8 +4,11 @@ stop sequences, and a schema nested a thousand levels deep; every stage after th
 them without a thought for their size (the translator's schema check, the refusals' pass over
 the messages).
 
-It reads the OpenAI field names and the Anthropic ones (`stop_sequences`, `input_schema`,
-`output_config`), so a native Anthropic Messages route can mount it as it is.
+It reads the OpenAI field names, the Anthropic ones (`stop_sequences`, `input_schema`,
+`output_config`) and the Responses API's (`input`'s items count as messages, their content and
+tool outputs as parts; a namespace's tools as tools; `text.format`), so the native Anthropic
+Messages route and the Responses route mount it as it is: no field of one API means something
+else in another.
 """
 
 from __future__ import annotations
@@ -68,14 +71,17 @@ def bounds_middleware(
 def out_of_bounds(body: dict[str, Any], bounds: Bounds) -> tuple[str, str] | None:
     """(message, param) for the first bound a request is over, or None. The lengths first (each
     one len()), then one pass over the messages for their parts, then the schemas."""
-    messages = body.get("messages")
-    messages = messages if isinstance(messages, list) else []
+    messages, listed = body.get("messages"), "messages"
+    if not isinstance(messages, list):
+        messages, listed = body.get("input"), "input"  # the Responses API's items
+        messages = messages if isinstance(messages, list) else []
     tools = body.get("tools")
     tools = tools if isinstance(tools, list) else []
     if len(messages) > bounds.max_messages:
-        return _over("messages", bounds.max_messages, "messages", len(messages))
-    if len(tools) > bounds.max_tools:
-        return _over("tools", bounds.max_tools, "tools", len(tools))
+        return _over(listed, bounds.max_messages, "messages" if listed == "messages" else "items", len(messages))
+    count = len(tools) + sum(len(t["tools"]) for t in tools if isinstance(t, dict) and isinstance(t.get("tools"), list))
+    if count > bounds.max_tools:
+        return _over("tools", bounds.max_tools, "tools", count)
     for field in ("stop", "stop_sequences"):
         stop = body.get(field)
         if isinstance(stop, list) and len(stop) > bounds.max_stop:
@@ -83,11 +89,13 @@ def out_of_bounds(body: dict[str, Any], bounds: Bounds) -> tuple[str, str] | Non
     system = body.get("system")
     parts = len(system) if isinstance(system, list) else 0
     for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            parts += len(content)
+        if isinstance(message, dict):
+            for key in ("content", "output"):  # a Responses tool output's parts are parts too
+                content = message.get(key)
+                if isinstance(content, list):
+                    parts += len(content)
     if parts > bounds.max_content_parts:
-        return _over("messages", bounds.max_content_parts, "content parts", parts)
+        return _over(listed, bounds.max_content_parts, "content parts", parts)
     for path, param, schema in _schemas(body, tools):
         if _nests_deeper(schema, bounds.max_schema_depth):
             return f"{path}: nests more than {bounds.max_schema_depth:,} levels", param
@@ -99,8 +107,8 @@ def _over(field: str, limit: int, what: str, count: int) -> tuple[str, str]:
 
 
 def _schemas(body: dict[str, Any], tools: list[Any]):
-    """(path, param, schema) of every JSON schema in the request: each tool's, OpenAI's and
-    Anthropic's, and the output format's."""
+    """(path, param, schema) of every JSON schema in the request: each tool's, OpenAI's,
+    Anthropic's and the Responses API's, and the output format's."""
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             continue
@@ -108,10 +116,20 @@ def _schemas(body: dict[str, Any], tools: list[Any]):
         if isinstance(function, dict):
             yield f"tools[{i}].function.parameters", "tools", function.get("parameters")
         yield f"tools[{i}].input_schema", "tools", tool.get("input_schema")
+        yield f"tools[{i}].parameters", f"tools[{i}].parameters", tool.get("parameters")  # the Responses API's
+        members = tool.get("tools")  # a Responses namespace's
+        for k, member in enumerate(members if isinstance(members, list) else ()):
+            if isinstance(member, dict):
+                path = f"tools[{i}].tools[{k}].parameters"
+                yield path, path, member.get("parameters")
     response_format = body.get("response_format")
     spec = response_format.get("json_schema") if isinstance(response_format, dict) else None
     if isinstance(spec, dict):
         yield "response_format.json_schema.schema", "response_format", spec.get("schema")
+    text = body.get("text")
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text_format, dict):
+        yield "text.format.schema", "text.format.schema", text_format.get("schema")
     output_config = body.get("output_config")
     output_format = output_config.get("format") if isinstance(output_config, dict) else None
     if isinstance(output_format, dict):

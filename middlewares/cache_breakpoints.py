@@ -8,7 +8,9 @@ tools, OpenRouter style) keeps them and gets none added.
 
 The stage also names the conversation for routing and the ledger: `x-ezat-session`, else
 `prompt_cache_key` (on Anthropic's API, which has no such field, the `X-Claude-Code-Session-Id`
-Claude Code sends on every request of a session); routing falls back on the stable prefix. So
+Claude Code sends on every request of a session; behind the Responses API's translation, the
+`prompt_cache_key` it took out of the body, `request[CONVERSATION]`); routing falls back on the
+stable prefix. So
 requests that can share a cache go to one deployment.
 
 On Anthropic's Messages API (`api="anthropic"`) the same two go on the last block of `system` (or
@@ -23,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import BODY, BODY_BYTES, MODEL, SESSION
+from middlewares.core.context import BODY, BODY_BYTES, CONVERSATION, MODEL, SESSION
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import MEDIA_BLOCKS, THINKING_BLOCKS
 
@@ -166,9 +168,10 @@ def _mark_last_block(blocks: list[Any]) -> bool:
 
 
 def _anthropic_session(request: web.Request, body: dict[str, Any]) -> str | None:
-    # The gateway's own header first: a client that names its conversations means that name.
+    # The gateway's own header first: a client that names its conversations means that name. Then
+    # the name a translation took out of the body (the Responses API's prompt_cache_key).
     headers = request.headers
-    return headers.get("x-ezat-session") or headers.get("x-claude-code-session-id") or None
+    return headers.get("x-ezat-session") or request.get(CONVERSATION) or headers.get("x-claude-code-session-id") or None
 
 
 def _blocks(content: Any) -> list[Any]:

@@ -48,7 +48,8 @@ def limits_middleware(
     - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
       `retry-after`): it takes one request and reserves the request's token estimate, its input
       estimated from its size plus its output limit: a chat completion request's at most the
-      model's `max_output_tokens` (a larger one is the translator's 400), an Anthropic Messages
+      model's `max_output_tokens` (a larger one is the translator's 400), a Responses API
+      request's (`api="responses"`, its `max_output_tokens`) likewise, an Anthropic Messages
       request's (`api="anthropic"`) as asked, since it goes upstream as it is;
     - with `max_concurrent`, `limiter.enter(key, request id)` must find it running fewer (429
       `rate_limit_exceeded`); it leaves when the request is settled;
@@ -70,9 +71,10 @@ def limits_middleware(
     before its reply leaves this stage is settled so here."""
     if not callable(find_model):
         raise TypeError("limits_middleware: find_model must be a callable")
-    if api not in ("openai", "anthropic"):
-        raise ValueError('limits_middleware: api must be "openai" or "anthropic"')
-    capped = api == "openai"
+    if api not in _OUTPUT_LIMITS:
+        raise ValueError('limits_middleware: api must be "openai", "anthropic" or "responses"')
+    capped = api != "anthropic"
+    output_fields = _OUTPUT_LIMITS[api]
 
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
     async def limits(request: web.Request, handler) -> web.StreamResponse:
@@ -90,7 +92,7 @@ def limits_middleware(
         balance = key.organization_balance_usd if spends else None
         tokens = reserve and limiter is not None and bool(key.tpm)
         input_tokens, output_tokens = (
-            _token_estimate(body, request[BODY_BYTES], model, capped)
+            _token_estimate(body, request[BODY_BYTES], model, capped, output_fields)
             if tokens or limit is not None or balance is not None  # estimated only where a limit needs it
             else _NO_ESTIMATE
         )
@@ -229,12 +231,22 @@ def _check_spend(
     )
 
 
-def _token_estimate(body: dict[str, Any], body_bytes: int, model: ModelSpec, capped: bool) -> tuple[int, int]:
+# Per API, the fields that set a request's output limit, the first one present winning.
+_OUTPUT_LIMITS = {
+    "openai": ("max_completion_tokens", "max_tokens"),
+    "anthropic": ("max_completion_tokens", "max_tokens"),  # (a Messages request has only the second)
+    "responses": ("max_output_tokens",),
+}
+
+
+def _token_estimate(
+    body: dict[str, Any], body_bytes: int, model: ModelSpec, capped: bool, fields: tuple[str, ...]
+) -> tuple[int, int]:
     """The most tokens a request can take: its input, estimated from the body's size (JSON
-    syntax makes that an overestimate), and its output limit, at most the model's maximum when
-    `capped`, else as asked."""
+    syntax makes that an overestimate), and its output limit (the first of `fields` it sets), at
+    most the model's maximum when `capped`, else as asked."""
     output = min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
-    for field in ("max_completion_tokens", "max_tokens"):
+    for field in fields:
         limit = body.get(field)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             output = min(limit, model.max_output_tokens) if capped else limit

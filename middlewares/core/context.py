@@ -52,6 +52,10 @@ SETTLE = _key("settle", Callable[[Usage | None], Awaitable[None]])
 # Anthropic's API Claude Code's `X-Claude-Code-Session-Id`), as sent, set by cache_breakpoints;
 # routing keeps a conversation on one deployment, and billing names it in the ledger row.
 SESSION = _key("session", str | None)
+# The conversation's name a translation took out of the body (the Responses API's
+# `prompt_cache_key`), set by the responses stage; cache_breakpoints, which reads the translated
+# body, names the conversation by it when no `x-ezat-session` does.
+CONVERSATION = _key("conversation", str)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
 REQUEST_ID = _key("request_id", str)
 # The model that answered (the asked one, or a fallback), set by the proxy handler.

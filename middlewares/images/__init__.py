@@ -2,7 +2,10 @@
 images only inline; data URLs must hold the image type they name. Every failure is a 400 naming
 the part, e.g. `messages[0].content[2].image_url.url: could not download the image (HTTP 404)`.
 On Anthropic's Messages API (`api="anthropic"`) the same holds for image and PDF document blocks
-whose source is a `url` (in a tool result too): each becomes a base64 source.
+whose source is a `url` (in a tool result too): each becomes a base64 source. On the Responses
+API (`api="responses"`) it holds for the `image_url` of `input_image` parts (in a tool output
+too), and a failure names the part's field as `param`, as that API does, e.g.
+`input[2].content[1].image_url`.
 
 The stage owns one connection pool for its downloads: an app that mounts it adds
 `stage.cleanup_ctx` to its `app.cleanup_ctx`, which opens the pool on startup and closes it on
@@ -78,7 +81,8 @@ def images_middleware(
     `downloads_per_key` counts the requests of one key by `request[API_KEY]`, when a stage
     before sets it (else all requests share it).
     `resolver` (an aiohttp resolver) replaces the system's DNS, e.g. in tests. `api` is the
-    shape of the request: "openai" (a chat completion) or "anthropic" (a Messages request);
+    shape of the request: "openai" (a chat completion), "anthropic" (a Messages request) or
+    "responses" (a Responses API request);
     `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps.
     `on_download(outcome)` hears of each download that ends: "ok", or an `ImageError`'s outcome."""
     for name, value in (
@@ -111,7 +115,7 @@ def images_middleware(
 
     def stage_for(api: str):
         if api not in _SOURCES:
-            raise ValueError('images_middleware: api must be "openai" or "anthropic"')
+            raise ValueError('images_middleware: api must be "openai", "anthropic" or "responses"')
         sources = _SOURCES[api]
 
         @stage("images", requires=(BODY,))
@@ -158,12 +162,14 @@ _HTTP = ("http://", "https://")
 
 
 class Download(NamedTuple):
-    """A URL to download (a PDF's, or an image's) and where its bytes go: `put(media type, data)`."""
+    """A URL to download (a PDF's, or an image's) and where its bytes go: `put(media type, data)`;
+    `param`, what an error's `param` names."""
 
     path: str
     url: str
     pdf: bool
     put: Callable[[str, bytes], None]
+    param: str = "messages"
 
 
 def _image_parts(body: dict[str, Any]) -> Iterator[Download]:
@@ -229,7 +235,35 @@ def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> N
     block["source"] = {"type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode()}
 
 
-_SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources}
+def _responses_images(body: dict[str, Any]) -> Iterator[Download]:
+    """Every image URL of the input_image parts of a Responses API request's input: a message's
+    content or a tool output's; data URLs are checked."""
+    items = body.get("input")
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        if not isinstance(item, dict):
+            continue
+        for field in ("content", "output"):
+            parts = item.get(field)
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if (
+                    isinstance(part, dict)
+                    and part.get("type") == "input_image"
+                    and isinstance(part.get("image_url"), str)
+                ):
+                    url, path = part["image_url"], f"input[{i}].{field}[{j}].image_url"
+                    if url.startswith("data:"):
+                        _check_data_url(url, path, path)
+                    elif not url.startswith(_HTTP):
+                        raise invalid_request(f"{path}: expected an http(s) URL or a base64 data URL", path)
+                    else:
+                        yield Download(path, url, False, partial(_put_image_url, part), path)
+
+
+def _put_image_url(part: dict[str, Any], media_type: str, data: bytes) -> None:
+    part["image_url"] = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+_SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources, "responses": _responses_images}
 
 
 async def _inline(
@@ -260,14 +294,14 @@ async def _inline(
             if which not in downloads:
                 if len(downloads) == limits.urls:
                     # (On Anthropic's route a PDF's URL counts among them.)
-                    raise invalid_request(f"{part.path}: more than {limits.urls} image URLs in one request", "messages")
+                    raise invalid_request(f"{part.path}: more than {limits.urls} image URLs in one request", part.param)
                 downloads[which] = asyncio.create_task(download(*which))
             waiting.append((part, downloads[which]))
         for part, task in waiting:
             try:
                 media_type, data = await task
             except ImageError as exc:
-                raise invalid_request(f"{part.path}: {exc}", "messages") from None
+                raise invalid_request(f"{part.path}: {exc}", part.param) from None
             part.put(media_type, data)
     finally:
         for task in downloads.values():
@@ -275,12 +309,12 @@ async def _inline(
         await asyncio.gather(*downloads.values(), return_exceptions=True)
 
 
-def _check_data_url(url: str, path: str) -> None:
+def _check_data_url(url: str, path: str, param: str = "messages") -> None:
     parts = split_data_url(url)
     if parts is None or parts[0] not in IMAGE_TYPES:
         raise invalid_request(
             f"{path}: expected data:<type>;base64,<data> with type image/jpeg, image/png, image/gif or image/webp",
-            "messages",
+            param,
         )
     declared, data = parts
     try:
@@ -289,4 +323,4 @@ def _check_data_url(url: str, path: str) -> None:
     except (ValueError, binascii.Error):
         head_bytes = b""
     if image_type(head_bytes) != declared:
-        raise invalid_request(f"{path}: the data is not a {declared} image", "messages")
+        raise invalid_request(f"{path}: the data is not a {declared} image", param)
