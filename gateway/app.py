@@ -1,9 +1,10 @@
-"""The application: its services, the three chains of stages (each in order, around its handler) and
+"""The application: its services, the four chains of stages (each in order, around its handler) and
 its routes."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from functools import partial, update_wrapper
 from typing import NamedTuple
@@ -36,6 +37,8 @@ from middlewares.images import images_middleware
 from middlewares.limits import RESERVATION_TTL, limits_middleware
 from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
+from middlewares.responses import responses_middleware, responses_refusals_middleware
+from middlewares.responses.sealing import KEY_BYTES
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 
@@ -62,7 +65,7 @@ def build_app(
     services = make_services(config, ping_interval=ping_interval, tracing=tracing)
     ttl = reservation_ttl(config, non_streaming_deadline)
     stages = make_stages(config, services, key_cache_seconds=key_cache_seconds, reservation_ttl=ttl)
-    # The three API routes: each one's chain, its order checked, around its handler.
+    # The four API routes: each one's chain, its order checked, around its handler.
     proxy = partial(
         proxy_handler,
         config,
@@ -73,11 +76,12 @@ def build_app(
     )
     count = count_tokens_handler(services.upstream, attempts=services.attempts, deadline=non_streaming_deadline)
     chat_completions = api_route("chat_completions", chain(openai_chain(stages), proxy()))
+    responses = api_route("responses", chain(responses_chain(stages), proxy()))
     messages = api_route("messages", chain(messages_chain(stages), proxy(native=True)))
     count_tokens = api_route("count_tokens", chain(count_tokens_chain(stages), count))
     # The app around them: its services' lifetimes, then every route.
     app = application(config, services, stages)
-    add_routes(app, config, services, stages, chat_completions, messages, count_tokens)
+    add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     return app
 
 
@@ -133,6 +137,8 @@ class Stages(NamedTuple):
     anthropic_images: Callable
     native: Callable
     billing: Callable
+    responses_images: Callable
+    reasoning_key: bytes  # seals the thinking a Responses client keeps, and opens it again
 
 
 def make_stages(config: Config, services: Services, *, key_cache_seconds: float, reservation_ttl: float) -> Stages:
@@ -165,10 +171,14 @@ def make_stages(config: Config, services: Services, *, key_cache_seconds: float,
         anthropic_images=images.for_api("anthropic"),
         native=native_middleware(),
         billing=billing_middleware(record=services.ledger.record),
+        responses_images=images.for_api("responses"),
+        # The process's own: a reasoning item sealed by another worker or replica does not open
+        # there, and that request goes without its thinking, as the Responses route says.
+        reasoning_key=os.urandom(KEY_BYTES),
     )
 
 
-# The three chains, each in order, the first stage outermost.
+# The four chains, each in order, the first stage outermost.
 
 
 def openai_chain(stages: Stages) -> list[Callable]:
@@ -182,6 +192,22 @@ def openai_chain(stages: Stages) -> list[Callable]:
         stages.images,
         cache_breakpoints_middleware(),
         translator_middleware(),
+        stages.billing,
+    ]
+
+
+def responses_chain(stages: Stages) -> list[Callable]:
+    """OpenAI's Responses API: the chat route's chain with the Responses API's refusals, images
+    and translation; the breakpoints go on the translated body, Anthropic's."""
+    return [
+        stages.auth,
+        stages.size_limit,
+        stages.bounds,
+        responses_refusals_middleware(),
+        stages.limits(api="responses"),
+        stages.responses_images,
+        responses_middleware(reasoning_key=stages.reasoning_key),
+        cache_breakpoints_middleware(api="anthropic"),
         stages.billing,
     ]
 
@@ -262,16 +288,18 @@ def add_routes(
     services: Services,
     stages: Stages,
     chat_completions: Callable,
+    responses: Callable,
     messages: Callable,
     count_tokens: Callable,
 ) -> None:
-    """Every route, under each prefix its clients use: the three API routes, the models (behind
+    """Every route, under each prefix its clients use: the four API routes, the models (behind
     auth), the catalog, the probes and the metrics."""
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
     list_models = api_route("models", chain([stages.auth], list_models))
     one_model = api_route("models", chain([stages.auth], one_model))
     for prefix in ("", "/openai"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/v1/responses", responses)
     for prefix in ("", "/anthropic"):
         app.router.add_post(prefix + "/v1/messages", messages)
         app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

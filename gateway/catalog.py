@@ -63,7 +63,7 @@ def speaks_anthropic(request: web.Request) -> bool:
     path = request.path
     if path.startswith(("/anthropic/", "/v1/messages")):
         return True
-    if path.startswith(("/openai/", "/v1/chat/")):
+    if path.startswith(("/openai/", "/v1/chat/", "/v1/responses")):
         return False
     return "anthropic-version" in request.headers
 

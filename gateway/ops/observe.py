@@ -23,7 +23,7 @@ from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER
 from middlewares.core.reply import EventStreamReply
 
 # Routes whose answers come from a model: their time to first output is measured.
-GENERATING = frozenset({"chat_completions", "messages"})
+GENERATING = frozenset({"chat_completions", "responses", "messages"})
 CLIENT_CLOSED = 499  # the status a request has whose client left before its answer began
 log = logging.getLogger("ezat.observe")
 
