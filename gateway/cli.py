@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import logging
 import multiprocessing
@@ -25,6 +26,7 @@ from gateway import admin, version
 from gateway.app import READINESS, build_app
 from gateway.config import (
     LOG_FORMATS,
+    REASONING_KEY_BYTES,
     Config,
     ConfigError,
     Deployment,
@@ -32,13 +34,16 @@ from gateway.config import (
     LoggingConfig,
     Model,
     Pricing,
+    ResponsesConfig,
     StorageConfig,
     expired_keys,
     load_config,
     load_storage_config,
     placeholder_digests,
+    reasoning_key_bytes,
     shared_upstream_models,
     storage_url_problem,
+    unshared_reasoning_key,
 )
 from gateway.ops.logs import configure_logging
 from gateway.ops.metrics import MULTIPROCESS_DIR
@@ -49,6 +54,7 @@ from gateway.server import LISTEN_BACKLOG, CannotListen, app_runner, bound_socke
 log = logging.getLogger("ezat")
 
 LOCAL_KEY_FILE = "ezat-gateway.key"
+REASONING_KEY_FILE = "ezat-reasoning.key"  # the demo's [responses] reasoning_key
 LOG_FORMAT_ENV = "EZAT_LOG_FORMAT"  # the log's format when --log-format is not given
 # Not the config's default (ezat-gateway.db): the config file is its keys' source of truth, so a
 # demo and a config sharing one database would each revoke the other's keys on starting.
@@ -175,7 +181,12 @@ def check_config(path: str) -> int:
     )
     print(f"{path}: ok ({counts})")
     # Valid, so not a failure, but worth a look.
-    for warning in [*placeholder_digests(config), *expired_keys(config), *shared_upstream_models(config)]:
+    for warning in [
+        *placeholder_digests(config),
+        *expired_keys(config),
+        *shared_upstream_models(config),
+        *unshared_reasoning_key(config),
+    ]:
         print(warning)
     return 0
 
@@ -323,9 +334,11 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
 
 async def embedded_config():
     """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
-    the built-in mock upstream otherwise, its own SQLite file in the working directory, and a local key."""
+    the built-in mock upstream otherwise, its own SQLite file in the working directory, a local key,
+    and a reasoning key beside them."""
     mock = None
     demo_key = os.environ.get("EZAT_API_KEY") or _local_key()  # before the mock says it answers
+    responses = ResponsesConfig(reasoning_key=_local_reasoning_key())
     api_key = os.environ.get("ANTHROPIC_API_KEY")
     if api_key:
         deployment = Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key=api_key)
@@ -337,7 +350,9 @@ async def embedded_config():
         log.info("no ANTHROPIC_API_KEY: answering with the built-in mock upstream at %s", url)
         deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
     key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
-    config = Config(storage=DEMO_STORAGE, deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,))
+    config = Config(
+        storage=DEMO_STORAGE, responses=responses, deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,)
+    )
     return config, demo_key, mock
 
 
@@ -350,6 +365,22 @@ def _local_key() -> str:
     path.touch(mode=0o600)
     path.write_text(key + "\n")
     return key
+
+
+def _local_reasoning_key() -> str:
+    """The embedded setup's reasoning key, kept beside its database as its local key is, so that
+    reasoning items sealed before a restart still open after it. A file holding no usable key
+    (edited by hand, say) gets a new one: what the old one sealed could not be opened anyway."""
+    path = Path(REASONING_KEY_FILE)
+    if path.exists():
+        text = path.read_text().strip()
+        if reasoning_key_bytes(text) is not None:
+            return text
+        log.warning("%s holds no usable key (32 bytes, base64 or hex): writing a new one", REASONING_KEY_FILE)
+    text = base64.b64encode(secrets.token_bytes(REASONING_KEY_BYTES)).decode()
+    path.touch(mode=0o600)
+    path.write_text(text + "\n")
+    return text
 
 
 def _quickstart(base: str, key: str) -> str:

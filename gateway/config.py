@@ -5,11 +5,14 @@ field metadata adds checks. Every problem is collected, each prefixed with its k
 (`models[1].pricing.input`), so an operator can fix the whole file in one pass.
 """
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import math
 import os
 import re
+import secrets
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -94,11 +97,39 @@ def _http_url(value: str) -> str | None:
     return None
 
 
-def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, fallback=None) -> Any:
+REASONING_KEY_BYTES = 32  # AES-256, which seals reasoning items (middlewares/responses/sealing.py)
+# The key of a config that gives none: this process's own, the same for every config it loads.
+_PROCESS_REASONING_KEY = secrets.token_bytes(REASONING_KEY_BYTES)
+
+
+def reasoning_key_bytes(text: str) -> bytes | None:
+    """The key a `[responses] reasoning_key` gives: 64 hex digits, or base64 (standard or URL-safe,
+    padded or not) of 32 bytes; None for anything else."""
+    text = text.strip()
+    if re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        return bytes.fromhex(text)
+    if not re.fullmatch(r"[A-Za-z0-9+/_-]+={0,2}", text):
+        return None
+    try:
+        unpadded = text.translate(str.maketrans("-_", "+/")).rstrip("=")
+        key = base64.b64decode(unpadded + "=" * (-len(unpadded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return key if len(key) == REASONING_KEY_BYTES else None
+
+
+_reasoning_key = _rule(
+    lambda v: v == "" or reasoning_key_bytes(v) is not None,
+    "expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits (openssl rand -hex 32)",
+)
+
+
+def _field(default: Any = MISSING, *, check=None, check_each=None, clean=None, fallback=None, shown=True) -> Any:
     """A field whose file value is checked (whole or item by item), then cleaned; when the file
-    omits a field with no default, `fallback(values_so_far)` gives its value."""
+    omits a field with no default, `fallback(values_so_far)` gives its value. `shown=False` keeps
+    a secret out of the config's repr (and so out of logs and tracebacks)."""
     metadata = {"check": check, "check_each": check_each, "clean": clean, "fallback": fallback}
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, repr=shown)
 
 
 # --- The config itself.
@@ -130,6 +161,29 @@ class RoutingConfig:
 @dataclass(frozen=True)
 class StorageConfig:
     url: str = _field("sqlite:///ezat-gateway.db", check=storage_url_problem)
+
+
+@dataclass(frozen=True)
+class ResponsesConfig:
+    """The Responses API's state: responses kept for later requests, and the key that seals the
+    reasoning items its answers carry."""
+
+    retention_days: int = _field(30, check=_zero_or_more)  # days a response is kept; 0: none is stored
+    # 32 bytes, as base64 or hex, the same on every replica. Empty: a random key for this process
+    # (its workers get it with the config), which no other process, nor this one restarted, has.
+    reasoning_key: str = _field("", check=_reasoning_key, shown=False)
+
+    def __post_init__(self) -> None:
+        if not self.reasoning_key:
+            key = _PROCESS_REASONING_KEY
+        elif (key := reasoning_key_bytes(self.reasoning_key)) is None:  # a file's is checked before
+            raise ValueError("responses.reasoning_key: " + _reasoning_key(self.reasoning_key))
+        object.__setattr__(self, "_sealing_key", key)  # not a field: no repr, and pickled to the workers
+
+    @property
+    def sealing_key(self) -> bytes:
+        """The AES-256 key reasoning items are sealed with: reasoning_key's, else this process's own."""
+        return self._sealing_key
 
 
 @dataclass(frozen=True)
@@ -273,6 +327,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     logging: LoggingConfig = LoggingConfig()
     tracing: TracingConfig = TracingConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     deployments: tuple[Deployment, ...] = ()
     models: tuple[Model, ...] = ()
     organizations: tuple[OrganizationConfig, ...] = ()
@@ -361,6 +416,21 @@ def expired_keys(config: Config, now: datetime | None = None) -> list[str]:
             name = f" ({key.name})" if key.name else ""
             lines.append(f"keys[{i}]{name}: expired at {key.expires_at.isoformat()}; requests with it get 401")
     return lines
+
+
+def unshared_reasoning_key(config: Config) -> list[str]:
+    """A line when the config sets up replicas (PostgreSQL storage, or rate limits in Redis) and
+    gives no `[responses] reasoning_key`: each replica then seals reasoning items with a key of
+    its own, which the others cannot open. Valid, and harmless to one process but for restarts."""
+    replicas = config.storage.url.startswith(("postgresql://", "postgres://")) or config.ratelimit.url
+    if config.responses.reasoning_key or not replicas:
+        return []
+    return [
+        "responses.reasoning_key: not set, so each replica (and each start) seals reasoning items with a random key "
+        "of its own, and replicas (or restarts) cannot open each other's: a conversation continued elsewhere loses "
+        'its reasoning; give every replica the same key (reasoning_key = "${EZAT_REASONING_KEY}", '
+        "from openssl rand -base64 32)"
+    ]
 
 
 def placeholder_digests(config: Config) -> list[str]:

@@ -1,8 +1,13 @@
+import base64
 import dataclasses
 import hashlib
 import inspect
+import multiprocessing
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +20,7 @@ from gateway.config import (
     KeyConfig,
     Model,
     Pricing,
+    ResponsesConfig,
     ServerConfig,
     StorageConfig,
     expired_keys,
@@ -23,7 +29,8 @@ from gateway.config import (
     parse_config,
     shared_upstream_models,
 )
-from tests.support import run_command
+from middlewares.responses.sealing import open_sealed, seal
+from tests.support import ServeProcess, run_command
 
 EXAMPLE = """
 [server]
@@ -917,3 +924,176 @@ def test_the_deadlines_default_to_what_the_docs_promise():
     assert (deployment.stream_idle_timeout_seconds, deployment.max_stream_duration_seconds) == (60, 1800)
     assert config.images.timeout_seconds == 15
     assert inspect.signature(build_app).parameters["non_streaming_deadline"].default == 590
+
+
+# --- [responses]
+
+REASONING_KEY = bytes(range(32))
+
+
+def test_responses_defaults_keep_a_month_and_seal_with_a_key_of_this_process():
+    responses = parse_config("").responses
+    assert (responses.retention_days, responses.reasoning_key) == (30, "")
+    assert len(responses.sealing_key) == 32
+    assert parse_config("[responses]\nretention_days = 7\n").responses.sealing_key == responses.sealing_key
+    # Another process (a replica, the gateway restarted) has another.
+    elsewhere = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from gateway.config import parse_config; print(parse_config('').responses.sealing_key.hex())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert bytes.fromhex(elsewhere.stdout.strip()) != responses.sealing_key
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        base64.b64encode(REASONING_KEY).decode(),  # openssl rand -base64 32
+        base64.b64encode(REASONING_KEY).decode().rstrip("="),
+        base64.urlsafe_b64encode(REASONING_KEY).decode(),
+        REASONING_KEY.hex(),  # openssl rand -hex 32
+        REASONING_KEY.hex().upper(),
+        REASONING_KEY.hex() + "\n",  # a file read into the variable, newline and all
+    ],
+)
+def test_a_reasoning_key_as_base64_or_hex_from_the_environment(written):
+    config = parse_config(
+        '[responses]\nretention_days = 0\nreasoning_key = "${EZAT_REASONING_KEY}"\n',
+        env={"EZAT_REASONING_KEY": written},
+    )
+    assert config.responses.retention_days == 0
+    assert config.responses.sealing_key == REASONING_KEY
+    # It is the key that seals and opens reasoning items.
+    blocks = [{"type": "thinking", "thinking": "t", "signature": "s"}]
+    assert open_sealed(seal(blocks, config.responses.sealing_key), REASONING_KEY) == blocks
+
+
+def test_the_reasoning_key_is_kept_out_of_the_configs_repr():
+    config = parse_config(f'[responses]\nreasoning_key = "{REASONING_KEY.hex()}"\n')
+    for shown in (repr(config), repr(config.responses), str(config)):
+        assert REASONING_KEY.hex() not in shown and repr(REASONING_KEY) not in shown
+        assert "reasoning_key" not in shown
+
+
+def sealing_key_of(config, answer) -> None:
+    answer.put(config.responses.sealing_key)
+
+
+def test_the_workers_get_their_processs_reasoning_key_with_the_config():
+    # serve hands its config to each worker it spawns: the key made for the serving process holds
+    # in all its workers, though each would make another of its own.
+    config = parse_config("")
+    spawn = multiprocessing.get_context("spawn")
+    answer = spawn.Queue()
+    worker = spawn.Process(target=sealing_key_of, args=(config, answer))
+    worker.start()
+    try:
+        assert answer.get(timeout=30) == config.responses.sealing_key
+    finally:
+        worker.join(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("[responses]\nretention_days = -1", "responses.retention_days: expected 0 or a positive integer"),
+        ('[responses]\nretention_days = "30"', "responses.retention_days: expected an integer"),
+        ("[responses]\nretention_days = 1.5", "responses.retention_days: expected an integer"),
+        ("[responses]\nreasoning_key = 5", "responses.reasoning_key: expected a string"),
+        ("[responses]\nretention = 30", "responses.retention: unknown key"),
+        ('responses = "keep"', "responses: expected a table"),
+    ],
+)
+def test_responses_problems_name_their_key_path(text, problem):
+    assert problems_of(text) == [problem]
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "secret",
+        base64.b64encode(bytes(16)).decode(),  # AES-128's: too short
+        base64.b64encode(bytes(33)).decode(),
+        REASONING_KEY.hex()[:-1],
+        REASONING_KEY.hex() + "0",
+        "zz" * 32,
+        base64.b64encode(REASONING_KEY).decode() + "!",
+    ],
+)
+def test_an_unusable_reasoning_key_is_refused_without_showing_it(written):
+    [problem] = problems_of('[responses]\nreasoning_key = "${KEY}"', env={"KEY": written})
+    assert problem == (
+        "responses.reasoning_key: expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits"
+        " (openssl rand -hex 32)"
+    )
+    assert written not in problem
+
+
+def test_a_reasoning_key_made_in_code_is_checked_too():
+    with pytest.raises(ValueError, match="expected 32 bytes"):
+        ResponsesConfig(reasoning_key="secret")
+    assert ResponsesConfig(reasoning_key=REASONING_KEY.hex()).sealing_key == REASONING_KEY
+
+
+REPLICAS_WARNING = (
+    "responses.reasoning_key: not set, so each replica (and each start) seals reasoning items with a random key of"
+    " its own, and replicas (or restarts) cannot open each other's: a conversation continued elsewhere loses its"
+    ' reasoning; give every replica the same key (reasoning_key = "${EZAT_REASONING_KEY}", from openssl rand'
+    " -base64 32)"
+)
+
+
+@pytest.mark.parametrize(
+    "tables, warned",
+    [
+        ('[storage]\nurl = "postgresql://ezat@db.internal/ezat"\n', True),
+        ('[ratelimit]\nurl = "redis://127.0.0.1:6379/0"\n', True),
+        (f'[storage]\nurl = "postgresql://ezat@db.internal/ezat"\n[responses]\nreasoning_key = "{"ab" * 32}"\n', False),
+        ('[storage]\nurl = "sqlite:///one-process.db"\n', False),  # one process: only a restart changes its key
+    ],
+)
+async def test_check_config_warns_of_replicas_without_a_shared_reasoning_key(tmp_path, tables, warned):
+    path = tmp_path / "gateway.toml"
+    path.write_text(tables + MODEL, encoding="utf-8")
+    status, output = await run_command("check-config", str(path), cwd=tmp_path)
+    assert (status, output.splitlines()) == (
+        0,  # a warning: the file is valid
+        [f"{path}: ok (1 deployment, 1 model, 0 keys)", *([REPLICAS_WARNING] if warned else [])],
+    )
+
+
+async def test_the_demo_keeps_its_reasoning_key_beside_its_database_across_restarts(tmp_path):
+    key_file = tmp_path / "ezat-reasoning.key"
+    served = ServeProcess(tmp_path)  # no config file: the embedded demo
+    try:
+        await served.start("--port", str(served.port))
+    finally:
+        await served.stop()
+    assert served.process.returncode == 0
+    kept = key_file.read_text()
+    assert len(base64.b64decode(kept.strip(), validate=True)) == 32
+    assert key_file.stat().st_mode & 0o077 == 0  # readable by its owner only, as its local key
+
+    restarted = ServeProcess(tmp_path, "restarted")
+    try:
+        await restarted.start("--port", str(restarted.port))
+    finally:
+        await restarted.stop()
+    assert restarted.process.returncode == 0
+    assert key_file.read_text() == kept  # the same key: what it sealed before still opens
+
+    key_file.write_text("not a key\n")  # spoilt by hand: a new one replaces it
+    spoilt = ServeProcess(tmp_path, "spoilt")
+    try:
+        await spoilt.start("--port", str(spoilt.port))
+    finally:
+        await spoilt.stop()
+    assert spoilt.process.returncode == 0
+    assert "ezat-reasoning.key holds no usable key" in spoilt.log.read_text()
+    assert len(base64.b64decode(key_file.read_text().strip(), validate=True)) == 32
