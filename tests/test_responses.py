@@ -503,3 +503,45 @@ async def test_a_stream_ends_with_response_completed_and_the_ledger_names_the_co
         ("header-wins", MODEL, rows[1].request_id),
     ]
     assert rows[0].output_tokens == final.usage.output_tokens
+
+
+async def test_a_failure_after_the_stream_began_is_response_failed_and_not_billed(start_gateway, upstream, tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    gateway = await start_gateway(make_config(upstream.url, storage_url=url))
+    text = [{"type": "text", "text": "A long answer, cut short by the upstream. " * 4}]
+    upstream.enqueue(Scenario(blocks=text, error_after=8, stream_error_message="Overloaded"))
+    async with gateway.client() as client:
+        stream = await client.responses.create(model=MODEL, input="Hi", stream=True)
+        events = [event async for event in stream]
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.message == "Overloaded"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    await gateway.runner.cleanup()
+    rows, _ = await read_store(url)
+    assert rows == []
+
+
+async def test_a_fallback_model_that_answers_is_the_responses_model(start_gateway, upstream):
+    config = make_config(upstream.url)
+    gateway = await start_gateway(config)
+    upstream.enqueue(Scenario(status=529))
+    async with gateway.client() as client:
+        reply = await client.responses.create(model=MODEL, input="Hi", extra_body={"models": ["test/small"]})
+    assert reply.model == "test/small"
+    assert [r.body["model"] for r in upstream.requests] == [UPSTREAM_MODEL, "small-1"]
+
+
+async def test_a_namespaced_tool_can_be_forced_by_its_own_name(gateway, upstream):
+    namespace = {"type": "namespace", "name": "crm", "description": "Customer records", "tools": [WEATHER]}
+    status, _ = await post(
+        gateway,
+        {
+            "model": MODEL,
+            "input": "Weather?",
+            "tools": [namespace],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+        },
+    )
+    assert status == 200
+    assert sent(upstream)["tool_choice"] == {"type": "tool", "name": "crm__get_weather"}

@@ -215,8 +215,8 @@ class _Input:
                 entries.append(("assistant", self._reasoning(item, path)))
             else:
                 raise _bad(f"{path}.type", f"expected {_ITEM_TYPES}, not {kind!r}")
-        if not any(blocks for _, blocks in entries):
-            raise _bad("input", "must contain at least one message that is not empty")
+        if not entries:
+            raise _bad("input", "must contain at least one item that is not a system or developer message")
         return entries
 
     def _content(self, content: Any, path: str, role: str) -> list[dict[str, Any]]:
@@ -441,11 +441,18 @@ class _Tools:
         if choice == "required":
             forced = {"type": "any"}
         elif isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
-            name = choice.get("name")
-            upstream_name = upstream_identifier(name) if isinstance(name, str) and name else None
-            if upstream_name not in self._paths or (upstream_name in self._custom) != (choice["type"] == "custom"):
-                raise _bad("tool_choice.name", f"expected the name of one of the {choice['type']} tools")
-            forced = {"type": "tool", "name": upstream_name}
+            kind, name, namespace = choice["type"], choice.get("name"), choice.get("namespace")
+            # By the name the client gave it (a namespace's tool by its own name, the first if two share it).
+            named = [
+                upstream_name
+                for upstream_name in self._paths
+                if self._turn.renamed.get(upstream_name, upstream_name) == name
+                and (upstream_name in self._custom) == (kind == "custom")
+                and namespace in (None, self._turn.namespaces.get(upstream_name))
+            ]
+            if not named:
+                raise _bad("tool_choice.name", f"expected the name of one of the {kind} tools")
+            forced = {"type": "tool", "name": named[0]}
         else:
             raise _bad(
                 "tool_choice",
