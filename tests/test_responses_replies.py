@@ -7,16 +7,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from gateway.app import STORE
 from gateway.mock.upstream import MockUpstream, Scenario
 from middlewares.core.errors import error_event
 from middlewares.core.usage import StreamUsage, Usage
 from middlewares.responses.reply import to_response
 from middlewares.responses.stream import ResponsesEncoder
 from middlewares.responses.turn import ResponseTurn
+from tests.support import KEY, MODEL
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 USAGE = {"input_tokens": 10, "cache_read_input_tokens": 300, "cache_creation_input_tokens": 40, "output_tokens": 25}
@@ -383,3 +386,134 @@ def test_a_failure_after_the_start_ends_the_stream_as_response_failed(error, cod
     assert response.output_text == TEXT[:10]  # what the client had, and no more
     assert response.usage is None  # not billed
     assert "response.completed" not in [event["type"] for event in events]
+
+
+# --- through the gateway, with the openai SDK
+
+WEATHER = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
+
+
+def without_ids(response: Response) -> dict[str, Any]:
+    """A response as JSON, less what differs between two requests for the same answer: the ids
+    (made from the request's), and when it was made and completed."""
+    data = response.model_dump(mode="json", exclude_none=True)
+    for name in ("id", "created_at", "completed_at"):
+        data.pop(name, None)
+    for item in data["output"]:
+        item.pop("id", None)
+    return data
+
+
+async def test_sdk_create_answers_with_text(client, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], usage={"input_tokens": 12, "output_tokens": 9}))
+    response = await client.responses.create(model=MODEL, input="What is the capital of France?")
+
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert (response.status, response.model, response.output_text) == ("completed", MODEL, TEXT)
+    assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (12, 9, 21)
+
+
+async def test_sdk_create_calls_a_function(client, upstream):
+    response = await client.responses.create(
+        model=MODEL, input="Weather in Paris?", tools=WEATHER, tool_choice="required"
+    )
+
+    [call] = response.output
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
+    assert call.call_id.startswith("toolu_") and json.loads(call.arguments) == {"city": "mock"}
+    assert response.tools[0].name == "get_weather" and response.status == "completed"
+
+
+async def test_sdk_create_says_when_the_output_limit_cut_the_answer(client, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Paris is"}], stop_reason="max_tokens"))
+    response = await client.responses.create(model=MODEL, input="Tell me about Paris.", max_output_tokens=16)
+
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert response.output_text == "Paris is" and response.max_output_tokens == 16
+
+
+async def test_sdk_stream_gives_the_text_and_the_response_create_would(client, upstream):
+    answer = [{"type": "text", "text": TEXT}]
+    upstream.enqueue(Scenario(blocks=answer, chunk_size=4, event_delay=0.005), Scenario(blocks=answer))
+    async with client.responses.stream(model=MODEL, input="What is the capital of France?") as stream:
+        deltas = [event.delta async for event in stream if event.type == "response.output_text.delta"]
+        streamed_response = await stream.get_final_response()
+    created = await client.responses.create(model=MODEL, input="What is the capital of France?")
+
+    assert len(deltas) > 1 and "".join(deltas) == TEXT == streamed_response.output_text
+    assert without_ids(streamed_response) == without_ids(created)
+
+
+async def test_sdk_stream_gives_a_calls_arguments(client, upstream):
+    async with client.responses.stream(
+        model=MODEL, input="Weather in Paris?", tools=WEATHER, tool_choice="required"
+    ) as stream:
+        deltas = [event.delta async for event in stream if event.type == "response.function_call_arguments.delta"]
+        response = await stream.get_final_response()
+
+    [call] = response.output
+    assert call.type == "function_call" and "".join(deltas) == call.arguments
+    assert json.loads(call.arguments) == {"city": "mock"}
+
+
+async def test_sdk_thinking_comes_back_as_a_summary_when_asked(client, upstream):
+    thinking = {"type": "thinking", "thinking": "France's capital: Paris.", "signature": "sig"}
+    upstream.enqueue(Scenario(blocks=[thinking, {"type": "text", "text": TEXT}]))
+    async with client.responses.stream(
+        model=MODEL, input="Capital of France?", reasoning={"effort": "medium", "summary": "auto"}
+    ) as stream:
+        summary = [event.delta async for event in stream if event.type == "response.reasoning_summary_text.delta"]
+        response = await stream.get_final_response()
+
+    reasoning, answer = response.output
+    assert reasoning.type == "reasoning" and [part.text for part in reasoning.summary] == [thinking["thinking"]]
+    assert "".join(summary) == thinking["thinking"] and response.output_text == TEXT
+
+
+async def raw_events(gateway, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A streamed request's SSE events, as (event name, data), the `: ping` comments left out."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/responses",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"model": MODEL, "stream": True, "input": "Hello", **body},
+        ) as reply:
+            assert reply.status == 200 and reply.content_type == "text/event-stream"
+            text = (await reply.read()).decode()
+    events = []
+    for frame in text.split("\n\n")[:-1]:
+        if frame.startswith(":"):
+            continue
+        name, data = frame.split("\n")
+        events.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return events
+
+
+async def test_a_stream_ends_with_response_completed_and_no_done_line(gateway, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}]))
+    events = await raw_events(gateway, {})
+
+    assert [name for name, _ in events][:2] == ["response.created", "response.in_progress"]
+    assert (
+        events[-1][0] == "response.completed" and events[-1][1]["response"]["output"][0]["content"][0]["text"] == TEXT
+    )
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert all(name == data["type"] for name, data in events)
+
+
+async def test_a_failure_mid_stream_is_response_failed_and_unbilled(gateway, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], chunk_size=2, error_after=5))
+    events = await raw_events(gateway, {})
+
+    name, data = events[-1]
+    assert name == "response.failed"
+    assert data["response"]["status"] == "failed" and data["response"]["error"]["code"] == "server_error"
+    assert "response.completed" not in [name for name, _ in events]
+    assert await gateway.app[STORE].ledger() == []
