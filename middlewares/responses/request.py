@@ -248,7 +248,10 @@ class _Input:
 
     def _call(self, item: dict[str, Any], path: str, custom: bool) -> dict[str, Any]:
         call_id = _non_empty(item.get("call_id"), f"{path}.call_id")
-        name = self._tools.upstream_name(_non_empty(item.get("name"), f"{path}.name"), item.get("namespace"))
+        namespace = item.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise _bad(f"{path}.namespace", "expected a string")
+        name = self._tools.upstream_name(_non_empty(item.get("name"), f"{path}.name"), namespace)
         if custom:
             value = item.get("input", "")
             if not isinstance(value, str):
@@ -422,10 +425,8 @@ class _Tools:
             definition["strict"] = True
         self.definitions.append(cached(definition, tool, path, path))
 
-    def upstream_name(self, name: str, namespace: Any) -> str:
+    def upstream_name(self, name: str, namespace: str | None) -> str:
         """The name Claude knows a tool by (the same every time); the reply maps it back."""
-        if namespace is not None and not isinstance(namespace, str):
-            raise _bad("namespace", "expected a string")
         upstream_name = upstream_identifier(f"{namespace}__{name}" if namespace else name)
         if upstream_name != name:
             self._turn.renamed[upstream_name] = name
