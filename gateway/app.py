@@ -4,7 +4,6 @@ its routes."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from functools import partial, update_wrapper
 from typing import NamedTuple
@@ -38,7 +37,6 @@ from middlewares.limits import RESERVATION_TTL, limits_middleware
 from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
 from middlewares.responses import responses_middleware, responses_refusals_middleware
-from middlewares.responses.sealing import KEY_BYTES
 from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 
@@ -172,9 +170,9 @@ def make_stages(config: Config, services: Services, *, key_cache_seconds: float,
         native=native_middleware(),
         billing=billing_middleware(record=services.ledger.record),
         responses_images=images.for_api("responses"),
-        # The process's own: a reasoning item sealed by another worker or replica does not open
-        # there, and that request goes without its thinking, as the Responses route says.
-        reasoning_key=os.urandom(KEY_BYTES),
+        # [responses] reasoning_key's, the same on every replica; else the process's own, which
+        # its workers share but no other replica has.
+        reasoning_key=config.responses.sealing_key,
     )
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.config import BoundsConfig, ImagesConfig
+from gateway.config import BoundsConfig, ImagesConfig, ResponsesConfig
 from gateway.mock.upstream import MockUpstream, Scenario
 from tests.support import KEY, MODEL, UPSTREAM_MODEL, make_config, read_store
 from tests.test_images import PNG, ImageServer
@@ -22,6 +22,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 UPSTREAM_WEATHER = {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER_SCHEMA}
 OSLO = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
 PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
+ENCRYPTED = "reasoning.encrypted_content"
 THOUGHT = {"type": "thinking", "thinking": "The user wants Oslo's weather.", "signature": "sig-1"}
 
 
@@ -545,3 +546,23 @@ async def test_a_namespaced_tool_can_be_forced_by_its_own_name(gateway, upstream
     )
     assert status == 200
     assert sent(upstream)["tool_choice"] == {"type": "tool", "name": "crm__get_weather"}
+
+
+async def test_replicas_with_one_reasoning_key_open_each_others_reasoning_items(start_gateway, upstream):
+    shared = ResponsesConfig(reasoning_key=base64.b64encode(bytes(range(32))).decode())
+    first, second = [
+        await start_gateway(dataclasses.replace(make_config(upstream.url), responses=shared)) for _ in "ab"
+    ]
+    stranger = await start_gateway(make_config(upstream.url))  # a key of its own
+    upstream.enqueue(Scenario(blocks=[THOUGHT, OSLO]))
+    async with first.client() as client:
+        reply = await client.responses.create(
+            model=MODEL, input="Weather?", tools=[WEATHER], reasoning={"effort": "high"}, include=[ENCRYPTED]
+        )
+    history = [{"role": "user", "content": "Weather?"}, *(item.model_dump(exclude_none=True) for item in reply.output)]
+    history.append({"type": "function_call_output", "call_id": "toolu_1", "output": "Sunny"})
+    for gateway, restored in ((second, True), (stranger, False)):
+        async with gateway.client() as client:
+            await client.responses.create(model=MODEL, input=history, tools=[WEATHER], reasoning={"effort": "high"})
+        assert (sent(upstream)["messages"][1]["content"][0] == THOUGHT) is restored
+        assert ("thinking" in sent(upstream)) is restored
