@@ -67,6 +67,7 @@ class _Item:
         "summaries",
         "delta_head",
         "delta_at",
+        "delta_tail",
     )
 
     def __init__(self, kind: str, index: int, id: str) -> None:
@@ -79,6 +80,7 @@ class _Item:
         self.summaries = 0  # summary parts so far
         self.delta_head = b""  # a delta event's bytes up to its sequence number's value
         self.delta_at = b""  # what follows that value, up to the delta's text: which item, where
+        self.delta_tail = b"}\n\n"  # what follows the delta's text
 
 
 class ResponsesEncoder:
@@ -106,15 +108,14 @@ class ResponsesEncoder:
             kind = event["type"]
             if kind == "content_block_delta":
                 delta = event["delta"]
-                piece = delta.get("text") or delta.get("thinking") or delta.get("partial_json")
-                if piece and delta.get("type") in _PIECES:
-                    pieces.append(piece)
+                field = _PIECES.get(delta.get("type"))
+                if field is not None:
+                    pieces.append(delta.get(field) or "")
                 elif delta.get("type") == "signature_delta" and self._block == "thinking":
                     self._item.blocks[-1]["signature"] = delta.get("signature") or ""
                 continue
             if pieces:
-                self._piece("".join(pieces), out)
-                pieces.clear()
+                self._flush(pieces, out)
             if kind == "content_block_start":
                 self._start_block(event.get("content_block") or {}, out)
             elif kind == "content_block_stop":
@@ -132,8 +133,14 @@ class ResponsesEncoder:
                 self._fail(event, out)
                 break
         if pieces:
-            self._piece("".join(pieces), out)
+            self._flush(pieces, out)
         return b"".join(out)
+
+    def _flush(self, pieces: list[str], out: list[bytes]) -> None:
+        piece = pieces[0] if len(pieces) == 1 else "".join(pieces)
+        pieces.clear()
+        if piece:
+            self._piece(piece, out)
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
         seq = self._seq
@@ -184,12 +191,11 @@ class ResponsesEncoder:
     def _piece(self, piece: str, out: list[bytes]) -> None:
         """Text, thinking or a call's arguments that arrived for the open block."""
         item, block = self._item, self._block
-        if block == "text" or (block == "tool" and not item.custom):
+        if block == "text" or (block == "tool" and item.custom is None):
             item.pieces.append(piece)
             seq = self._seq
             self._seq += 1
-            tail = b',"logprobs":[]}\n\n' if block == "text" else b"}\n\n"
-            out.append(item.delta_head + b"%d" % seq + item.delta_at + orjson.dumps(piece) + tail)
+            out.append(item.delta_head + str(seq).encode() + item.delta_at + orjson.dumps(piece) + item.delta_tail)
         elif block == "tool":
             item.pieces.append(piece)
             text = item.custom.feed(piece)
@@ -221,7 +227,7 @@ class ResponsesEncoder:
         item = self._open({**added, "role": "assistant", "content": []}, out)
         location = {"item_id": item.id, "output_index": item.index, "content_index": 0}
         out.append(self._event("response.content_part.added", {**location, "part": output_text("")}))
-        item.delta_head, item.delta_at = TEXT_DELTA, _delta_at(location)
+        item.delta_head, item.delta_at, item.delta_tail = TEXT_DELTA, _delta_at(location), b',"logprobs":[]}\n\n'
 
     def _open_call(self, block: dict[str, Any], out: list[bytes]) -> None:
         self._close(out)
@@ -404,5 +410,5 @@ def _whole_prefix(text: str) -> tuple[int, bool] | None:
             at += 6
 
 
-# The deltas that carry what the model wrote (a signature is none of it).
-_PIECES = frozenset({"text_delta", "thinking_delta", "input_json_delta"})
+# The deltas that carry what the model wrote (a signature is none of it) → the field that holds it.
+_PIECES = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
