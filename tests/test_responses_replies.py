@@ -517,3 +517,30 @@ async def test_a_failure_mid_stream_is_response_failed_and_unbilled(gateway, ups
     assert data["response"]["status"] == "failed" and data["response"]["error"]["code"] == "server_error"
     assert "response.completed" not in [name for name, _ in events]
     assert await gateway.app[STORE].ledger() == []
+
+
+async def test_a_streams_done_items_sent_back_restore_its_thinking(client, upstream):
+    """As Codex keeps a conversation: the items of each output_item.done, sent back with the
+    call's output; the sealed thinking goes upstream again as Claude wrote it."""
+    thought = {"type": "thinking", "thinking": "The user wants Oslo's weather.", "signature": "sig-1"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+    upstream.enqueue(Scenario(blocks=[thought, call]), Scenario(blocks=[{"type": "text", "text": "Sunny."}]))
+    asked = {
+        "model": MODEL,
+        "tools": WEATHER,
+        "reasoning": {"effort": "high"},
+        "include": ["reasoning.encrypted_content"],
+    }
+    async with client.responses.stream(input="Weather in Oslo?", **asked) as stream:
+        done = [event.item async for event in stream if event.type == "response.output_item.done"]
+
+    assert [item.type for item in done] == ["reasoning", "function_call"]
+    assert done[0].encrypted_content and "Oslo" not in done[0].encrypted_content
+    history = [{"role": "user", "content": "Weather in Oslo?"}, *(item.model_dump(exclude_none=True) for item in done)]
+    history.append({"type": "function_call_output", "call_id": "toolu_1", "output": "Sunny"})
+    answer = await client.responses.create(input=history, **asked)
+
+    assert answer.output_text == "Sunny."
+    body = upstream.requests[-1].body
+    assert body["messages"][1] == {"role": "assistant", "content": [thought, call]}
+    assert body["thinking"]["type"] in ("adaptive", "enabled")
