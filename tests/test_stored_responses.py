@@ -42,8 +42,9 @@ async def opened():
 
 
 @pytest.fixture
-def sweep_at_every_hold(monkeypatch):
-    """The sweep a hold starts once a minute, at every hold, deleting two rows per transaction."""
+def sweep_every_time(monkeypatch):
+    """The sweep that a hold or a response's write starts once a minute, every time, deleting two
+    rows per transaction."""
     for module in ("gateway.storage.sqlite", "gateway.storage.postgres"):
         monkeypatch.setattr(f"{module}.SWEEP_EVERY", 0.0)
         monkeypatch.setattr(f"{module}.SWEEP_BATCH", 2)
@@ -162,23 +163,61 @@ async def test_an_expired_response_is_not_found_nor_deleted(store_url, opened):
     assert (await store.get_response("resp_soon", key.id)).response_id == "resp_soon"
     await asyncio.sleep(0.6)
     assert await store.get_response("resp_soon", key.id) is None
-    assert await count(store_url) == 2  # both left for the sweep
+    # Still in the table (the next sweep is a minute away), but past its expiry: as good as gone.
+    assert ("resp_soon",) in await query(store_url, "SELECT response_id FROM responses")
+    assert await store.delete_response("resp_soon", key.id) is False
 
 
-async def test_the_sweep_deletes_expired_responses_and_keeps_the_others(store_url, opened, sweep_at_every_hold):
-    store = await opened(store_url)
-    key = await store.create_key(digest("sk-sweep"), name="sweep")
-    for i in range(5):  # more than a sweep's transaction takes: it takes several
-        await store.put_response(stored(f"resp_old_{i}", key.id, expires_in=timedelta(seconds=-60)))
-    live = stored("resp_live", key.id)
-    await store.put_response(live)
-    assert await count(store_url) == 6
-    await store.hold([], [])  # a hold starts the sweep (once a minute; here, every time) and does not wait for it
+async def left_behind(url: str, key_id: int, count: int) -> None:
+    """Expired responses written by a process that is gone (its own sweep never ran), as the
+    database holds them."""
+    rows = [(f"resp_old_{i}", key_id) for i in range(count)]
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None) as db:
+            db.executemany(
+                "INSERT INTO responses VALUES (?, ?, '2026-01-01T00:00:00.000000Z', '2026-01-31T00:00:00.000000Z',"
+                " '{}', '[]', '{\"system\": null, \"messages\": []}')",
+                rows,
+            )
+        db.close()
+        return
+    db = await asyncpg.connect(url)
+    try:
+        await db.executemany(
+            "INSERT INTO responses VALUES ($1, $2, '2026-01-01T00:00:00Z', '2026-01-31T00:00:00Z',"
+            " '{}', '[]', '{\"system\": null, \"messages\": []}')",
+            rows,
+        )
+    finally:
+        await db.close()
+
+
+async def responses_left(url: str, expected: int) -> list[tuple]:
+    """The response ids left once the sweep (a task no request waits for) has had time to run."""
     for _ in range(100):
-        if await count(store_url) == 1:
+        if await count(url) == expected:
             break
         await asyncio.sleep(0.05)
-    assert await query(store_url, "SELECT response_id FROM responses") == [("resp_live",)]
+    return await query(url, "SELECT response_id FROM responses")
+
+
+async def test_a_holds_sweep_deletes_expired_responses_and_keeps_the_others(store_url, opened, sweep_every_time):
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-sweep"), name="sweep")
+    await left_behind(store_url, key.id, 5)  # more than a sweep's transaction takes: it takes several
+    assert await count(store_url) == 5
+    await store.hold([], [])  # a hold starts the sweep (once a minute; here, every time) and does not wait for it
+    assert await responses_left(store_url, 0) == []
+
+
+async def test_a_writes_sweep_deletes_expired_responses_where_no_request_holds(store_url, opened, sweep_every_time):
+    """A key without a spend limit makes no holds: the writes of responses sweep too."""
+    store = await opened(store_url)
+    key = await store.create_key(digest("sk-no-limit"), name="no-limit")
+    await left_behind(store_url, key.id, 5)
+    live = stored("resp_live", key.id)
+    await store.put_response(live)
+    assert await responses_left(store_url, 1) == [("resp_live",)]
     assert await store.get_response("resp_live", key.id) == live
 
 
@@ -232,3 +271,22 @@ async def test_a_database_from_before_stored_responses_is_migrated_its_data_kept
     response = stored("resp_after_migration", key.id)
     await store.put_response(response)
     assert await store.get_response("resp_after_migration", key.id) == response
+
+
+async def test_replicas_sweeping_at_once_delete_each_expired_response_once(
+    postgres_url, opened, sweep_every_time, caplog
+):
+    replicas = [await opened(postgres_url) for _ in range(3)]
+    key = await replicas[0].create_key(digest("sk-replicas"), name="replicas")
+    for i in range(9):
+        await replicas[i % 3].put_response(stored(f"resp_old_{i}", key.id, expires_in=timedelta(seconds=-60)))
+    await replicas[0].put_response(stored("resp_live", key.id))
+    with caplog.at_level("WARNING", logger="ezat.storage"):
+        await asyncio.gather(*(replica.hold([], []) for replica in replicas))
+        for _ in range(100):
+            if await count(postgres_url) == 1:
+                break
+            await asyncio.sleep(0.05)
+    assert await query(postgres_url, "SELECT response_id FROM responses") == [("resp_live",)]
+    assert "stored responses failed" not in caplog.text
+    assert (await replicas[2].get_response("resp_live", key.id)).response_id == "resp_live"

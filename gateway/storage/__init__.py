@@ -113,8 +113,8 @@ class Store(Protocol):
     async def put_response(self, stored: StoredResponse) -> None:
         """Keep a Responses API response until its `expires_at`, once its answer is complete; a
         response written again replaces itself. Off the ledger's way: on SQLite a connection of
-        its own, on PostgreSQL a pool of its own. Expired ones are deleted by the sweep that a
-        hold starts once a minute."""
+        its own, on PostgreSQL a pool of its own. Expired ones are deleted by a sweep that a hold
+        or a write starts once a minute, which nothing waits for."""
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         """The response, if `key_id` made it and it has not expired or been deleted; else None

@@ -2,8 +2,9 @@
 database itself, so a key's limit holds across replicas.
 
 Stored responses (the Responses API's) use a small pool of their own: a burst of them never takes
-the connections that the ledger and spend reservations wait for. Once a minute a replica's hold
-starts a task deleting the expired ones, as holds delete expired reservations."""
+the connections that the ledger and spend reservations wait for. Once a minute, at a hold (as
+holds delete expired reservations) or a response's write, a replica starts a task deleting the
+expired ones."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ class PostgresStore:
         self._pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._responses: asyncpg.Pool | None = None  # stored responses' own
-        self._next_sweep = 0.0  # time.monotonic() when a hold next starts a sweep of stored responses
+        self._next_sweep = 0.0  # time.monotonic() when the expired stored responses are next deleted
         self._response_sweep: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -233,10 +234,7 @@ class PostgresStore:
         return Decimal(0) if value is None else value
 
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
-        if time.monotonic() >= self._next_sweep:
-            self._next_sweep = time.monotonic() + SWEEP_EVERY
-            if self._response_sweep is None or self._response_sweep.done():  # not waited for
-                self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
+        self._sweep_responses_when_due()
         async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
             if not holds:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
@@ -345,6 +343,7 @@ class PostgresStore:
             stored.expires_at,
             *stored.documents(),
         )
+        self._sweep_responses_when_due()  # keys with no spend limit never hold: their responses expire too
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         row = await self._responses.fetchrow(
@@ -365,6 +364,15 @@ class PostgresStore:
             "DELETE FROM responses WHERE response_id = $1 AND key_id = $2 AND expires_at > now()", response_id, key_id
         )
         return status != "DELETE 0"
+
+    def _sweep_responses_when_due(self) -> None:
+        """At most once every SWEEP_EVERY seconds (at a hold or a response's write), a task deletes
+        the expired responses; nothing waits for it."""
+        if time.monotonic() < self._next_sweep:
+            return
+        if self._response_sweep is None or self._response_sweep.done():
+            self._next_sweep = time.monotonic() + SWEEP_EVERY
+            self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
 
     async def _sweep_responses(self) -> None:
         """Deletes the expired responses, SWEEP_BATCH to a transaction; rows another replica's

@@ -17,8 +17,8 @@ billionths of a dollar, totalled on each key's and organization's row (sqlite_re
 
 Stored responses (the Responses API's) are written by a connection and thread of their own, one
 short transaction each, so the writer thread's queue, where the ledger's batches wait when the
-file is busy, never holds a response's write; the once-a-minute sweep deletes the expired ones
-in a task of its own, off the hold that starts it.
+file is busy, never holds a response's write. Once a minute, at a hold's sweep or a response's
+write, a task of its own deletes the expired ones; nothing waits for it.
 
 The files are private: a database the store creates is made 0600 before SQLite opens it, and
 SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode
@@ -148,6 +148,7 @@ class SQLiteStore:
         self._checkpointer = None if path == ":memory:" else Connection(path)
         self._responses = self._writer if path == ":memory:" else Connection(path)  # stored responses' writes
         self._response_sweep: asyncio.Task[None] | None = None
+        self._next_response_sweep = 0.0  # time.monotonic() when the expired responses are next deleted
         self._holder: sqlite3.Connection | None = None  # the checkpointer's, to hold writes off
         self._holding = threading.Event()  # set while it does: writes go to the writer thread
         self._checkpoint: asyncio.Task[None] | None = None
@@ -263,8 +264,7 @@ class SQLiteStore:
         # Once a minute a hold sweeps the reservations first: scans, on the writer thread. The
         # expired responses are deleted beside it, in a task this hold does not wait for.
         self._next_sweep = time.monotonic() + SWEEP_EVERY
-        if self._response_sweep is None or self._response_sweep.done():
-            self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
+        self._sweep_responses_when_due()
         return await self._write_waiting(reservations.hold, holds, releases, _expiries(holds, now), _text(now))
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
@@ -348,6 +348,7 @@ class SQLiteStore:
         values = (stored.response_id, stored.key_id, _text(stored.created_at), _text(stored.expires_at), *documents)
         await self._responses.call(_transaction, _upsert_response, values)
         self._wrote(1 + sum(map(len, documents)) // PAGE_BYTES)
+        self._sweep_responses_when_due()  # keys with no spend limit never hold: their responses expire too
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         return await self._reader.call(_select_response, response_id, key_id, _text(datetime.now(UTC)))
@@ -359,6 +360,15 @@ class SQLiteStore:
         if deleted:
             self._wrote()
         return deleted
+
+    def _sweep_responses_when_due(self) -> None:
+        """At most once every SWEEP_EVERY seconds (at a hold's sweep or a response's write), a task
+        deletes the expired responses; nothing waits for it."""
+        if time.monotonic() < self._next_response_sweep:
+            return
+        if self._response_sweep is None or self._response_sweep.done():
+            self._next_response_sweep = time.monotonic() + SWEEP_EVERY
+            self._response_sweep = asyncio.create_task(self._sweep_responses(), context=contextvars.Context())
 
     async def _sweep_responses(self) -> None:
         """Deletes the expired responses, SWEEP_BATCH to a transaction; the next sweep tries again
