@@ -82,6 +82,7 @@ def encode(events: list[dict[str, Any]], reply_turn: ResponseTurn, *, per_batch:
             break
     assert encoder.finished
     assert encoder.encode([{"type": "message_stop"}]) == b""  # nothing after the end
+    ended = encoder.response
     parsed = []
     for frame in sent.decode().split("\n\n")[:-1]:
         if frame == ": ping":
@@ -92,6 +93,7 @@ def encode(events: list[dict[str, Any]], reply_turn: ResponseTurn, *, per_batch:
         EVENT.validate_python(event)
         parsed.append(event)
     assert [event["sequence_number"] for event in parsed] == list(range(len(parsed)))
+    assert parsed[-1]["response"] == ended  # what a store keeps is what the client got last
     return parsed
 
 

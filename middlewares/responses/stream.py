@@ -96,6 +96,9 @@ class ResponsesEncoder:
         self._block: str | None = None  # the upstream block being read, as it feeds the item: text, thinking, tool
         self._reason: str | None = None  # why the response is incomplete (message_delta's stop_reason)
         self.finished = False  # the stream's end is encoded: nothing follows
+        # Once it is: the response the last event holds (completed, incomplete or failed), for
+        # whatever keeps the response (a store) without reading the stream again.
+        self.response: dict[str, Any] | None = None
 
     def encode(self, batch: list[dict[str, Any]]) -> bytes:
         if self.finished:
@@ -315,7 +318,7 @@ class ResponsesEncoder:
         status = "completed" if reason is None else "incomplete"
         response = response_object(self._turn, self._output, status=status, usage=self._usage.total(), reason=reason)
         out.append(self._event("response." + status, {"response": response}))
-        self.finished = True
+        self.response, self.finished = response, True
 
     def _fail(self, event: dict[str, Any], out: list[bytes]) -> None:
         """An error after the stream began: the response failed, with what it held so far."""
@@ -327,7 +330,7 @@ class ResponsesEncoder:
         failed = {"code": _ERROR_CODES.get(kind, "server_error"), "message": error.message}
         response = response_object(self._turn, output, status="failed", error=failed)
         out.append(self._event("response.failed", {"response": response}))
-        self.finished = True
+        self.response, self.finished = response, True
 
 
 def _delta_at(location: dict[str, Any]) -> bytes:
