@@ -118,6 +118,10 @@ def reasoning_key_bytes(text: str) -> bytes | None:
     return key if len(key) == REASONING_KEY_BYTES else None
 
 
+# The longest a response may be kept: a century, so that its expiry is a date every store (and
+# Python's datetime) can hold.
+MAX_RETENTION_DAYS = 36500
+_retention_days = _rule(lambda v: 0 <= v <= MAX_RETENTION_DAYS, f"expected an integer from 0 to {MAX_RETENTION_DAYS}")
 _reasoning_key = _rule(
     lambda v: v == "" or reasoning_key_bytes(v) is not None,
     "expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits (openssl rand -hex 32)",
@@ -168,7 +172,7 @@ class ResponsesConfig:
     """The Responses API's state: responses kept for later requests, and the key that seals the
     reasoning items its answers carry."""
 
-    retention_days: int = _field(30, check=_zero_or_more)  # days a response is kept; 0: none is stored
+    retention_days: int = _field(30, check=_retention_days)  # days a response is kept; 0: none is stored
     # 32 bytes, as base64 or hex, the same on every replica. Empty: a random key for this process
     # (its workers get it with the config), which no other process, nor this one restarted, has.
     reasoning_key: str = _field("", check=_reasoning_key, shown=False)

@@ -968,6 +968,7 @@ def test_a_reasoning_key_as_base64_or_hex_from_the_environment(written):
         env={"EZAT_REASONING_KEY": written},
     )
     assert config.responses.retention_days == 0
+    assert parse_config("[responses]\nretention_days = 36500").responses.retention_days == 36500  # a century
     assert config.responses.sealing_key == REASONING_KEY
     # It is the key that seals and opens reasoning items.
     blocks = [{"type": "thinking", "thinking": "t", "signature": "s"}]
@@ -1002,7 +1003,8 @@ def test_the_workers_get_their_processs_reasoning_key_with_the_config():
 @pytest.mark.parametrize(
     "text, problem",
     [
-        ("[responses]\nretention_days = -1", "responses.retention_days: expected 0 or a positive integer"),
+        ("[responses]\nretention_days = -1", "responses.retention_days: expected an integer from 0 to 36500"),
+        ("[responses]\nretention_days = 36501", "responses.retention_days: expected an integer from 0 to 36500"),
         ('[responses]\nretention_days = "30"', "responses.retention_days: expected an integer"),
         ("[responses]\nretention_days = 1.5", "responses.retention_days: expected an integer"),
         ("[responses]\nreasoning_key = 5", "responses.reasoning_key: expected a string"),
