@@ -114,7 +114,7 @@ def limits_middleware(
                 short = await spending.reserve(
                     rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
                 )
-                _check_spend(key, short, models, input_tokens, cost)
+                _check_spend(key, short, models, input_tokens, cost, output_fields[-1])
                 reservation.spending = spending
             request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
@@ -203,10 +203,16 @@ def _check_concurrency(key: KeyRecord, wait: float) -> None:
 
 
 def _check_spend(
-    key: KeyRecord, short: Shortfall | None, models: tuple[ModelSpec, ...], input_tokens: int, cost: Decimal
+    key: KeyRecord,
+    short: Shortfall | None,
+    models: tuple[ModelSpec, ...],
+    input_tokens: int,
+    cost: Decimal,
+    output_field: str,
 ) -> None:
     """`short`, the spend reservation's answer (None: `cost` is held): a 402 saying whose limit,
-    the key's spend limit or its organization's balance, has less left than `cost`."""
+    the key's spend limit or its organization's balance, has less left than `cost` (and, when
+    the input alone fits, that a lower `output_field` would)."""
     if short is None:
         return
     input_cost = _worst_cost(models, input_tokens, 0)
@@ -219,6 +225,7 @@ def _check_spend(
             short.left,
             cost,
             input_cost,
+            output_field,
         )
     raise _over_limit(
         "This key",
@@ -228,6 +235,7 @@ def _check_spend(
         short.left,
         cost,
         input_cost,
+        output_field,
     )
 
 
@@ -269,7 +277,14 @@ def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens:
 
 
 def _over_limit(
-    who: str, limit: str, exhausted: str, total: Decimal, left: Decimal, cost: Decimal, input_cost: Decimal
+    who: str,
+    limit: str,
+    exhausted: str,
+    total: Decimal,
+    left: Decimal,
+    cost: Decimal,
+    input_cost: Decimal,
+    output_field: str,
 ) -> GatewayError:
     """The 402 for a request whose worst case does not fit what is left of `who`'s `limit`."""
     if left <= 0:
@@ -277,7 +292,7 @@ def _over_limit(
     else:
         message = (
             f"{who} has ${_usd(left)} left of its {limit} of ${total}, less than this request may cost "
-            f"(${_usd(cost)})" + ("; a lower max_tokens would fit." if input_cost < left else ".")
+            f"(${_usd(cost)})" + (f"; a lower {output_field} would fit." if input_cost < left else ".")
         )
     return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota", refusal="spend")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from decimal import Decimal
 
 import aiohttp
 import openai
@@ -16,6 +17,7 @@ from gateway.config import BoundsConfig, ImagesConfig, ResponsesConfig
 from gateway.mock.upstream import MockUpstream, Scenario
 from tests.support import KEY, MODEL, UPSTREAM_MODEL, make_config, read_store
 from tests.test_images import PNG, ImageServer
+from tests.test_operations import scrape
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city", "parameters": WEATHER_SCHEMA}
@@ -566,3 +568,30 @@ async def test_replicas_with_one_reasoning_key_open_each_others_reasoning_items(
             await client.responses.create(model=MODEL, input=history, tools=[WEATHER], reasoning={"effort": "high"})
         assert (sent(upstream)["messages"][1]["content"][0] == THOUGHT) is restored
         assert ("thinking" in sent(upstream)) is restored
+
+
+async def test_the_metrics_call_the_route_responses(gateway, upstream):
+    status, _ = await post(gateway, {"model": MODEL, "input": "Hi"})
+    assert status == 200
+    status, _ = await post(gateway, {"model": MODEL, "input": "Hi", "background": True})
+    assert status == 400
+    samples = await scrape(gateway.url)
+    assert samples[("ezat_requests_total", (("model", MODEL), ("route", "responses"), ("status", "200")))] == 1
+    assert samples[("ezat_requests_total", (("model", ""), ("route", "responses"), ("status", "400")))] == 1
+    first_token = ("ezat_time_to_first_token_seconds_count", (("model", MODEL), ("route", "responses")))
+    assert samples[first_token] == 1
+
+
+async def test_admission_reserves_max_output_tokens_as_the_output(start_gateway, upstream):
+    config = make_config(upstream.url)
+    key = dataclasses.replace(config.keys[0], spend_limit_usd=Decimal("0.01"))
+    gateway = await start_gateway(dataclasses.replace(config, keys=(key,)))
+    # Its worst case, 64,000 tokens at $15 a million, is over the limit; 100 tokens are not.
+    status, body = await post(gateway, {"model": MODEL, "input": "Hi", "max_output_tokens": 64000})
+    assert status == 402
+    assert body["error"]["message"] == (
+        "This key has $0.01 left of its spend limit of $0.01, less than this request may cost ($0.960126); a lower max_output_tokens would fit."
+    )
+    assert upstream.requests == []
+    status, _ = await post(gateway, {"model": MODEL, "input": "Hi", "max_output_tokens": 100})
+    assert status == 200
