@@ -4,7 +4,11 @@ types; a stream's last event holds the same response a whole reply would."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -546,3 +550,51 @@ async def test_a_streams_done_items_sent_back_restore_its_thinking(client, upstr
     body = upstream.requests[-1].body
     assert body["messages"][1] == {"role": "assistant", "content": [thought, call]}
     assert body["thinking"]["type"] in ("adaptive", "enabled")
+
+
+# --- the official OpenAI SDK for Node.js (conftest's NODE_SDK)
+
+NODE_STREAM = """
+import OpenAI from "openai";
+
+const client = new OpenAI({ baseURL: process.env.EZAT_BASE_URL, apiKey: process.env.EZAT_API_KEY, maxRetries: 0 });
+const tools = [{
+  type: "function", name: "get_weather", strict: false,
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+}];
+const stream = client.responses.stream({ model: process.env.EZAT_MODEL, input: "Weather in Paris?", tools });
+const kinds = [];
+let text = "";
+for await (const event of stream) {
+  kinds.push(event.type);
+  if (event.type === "response.output_text.delta") text += event.delta;
+}
+const response = await stream.finalResponse();
+const created = await client.responses.create({ model: process.env.EZAT_MODEL, input: "Hello" });
+console.log(JSON.stringify({ kinds, text, response, created_text: created.output_text }));
+"""
+
+
+async def test_node_sdk_streams_a_response_and_creates_one(gateway, upstream, node_sdk):
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "Let me look."}, call]))
+    with tempfile.TemporaryDirectory(prefix="ezat-test-", dir=node_sdk) as where:  # beside its node_modules
+        program = Path(where) / "responses.mjs"
+        program.write_text(NODE_STREAM)
+        process = await asyncio.create_subprocess_exec(
+            "node",
+            str(program),
+            env={**os.environ, "EZAT_BASE_URL": gateway.url + "/openai/v1", "EZAT_API_KEY": KEY, "EZAT_MODEL": MODEL},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        output, errors = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, (output + errors).decode()
+    result = json.loads(output)
+
+    assert result["kinds"][:2] == ["response.created", "response.in_progress"]
+    assert result["kinds"][-1] == "response.completed" and result["text"] == "Let me look."
+    response = Response.model_validate(result["response"])
+    assert response.output_text == "Let me look." and response.output[1].name == "get_weather"
+    assert json.loads(response.output[1].arguments) == {"city": "Paris"}
+    assert result["created_text"] == "Hello from the mock upstream. You said: Hello"
