@@ -437,9 +437,14 @@ async def test_refused_fields_get_a_400_naming_them_before_admission(gateway, up
     [
         ({"input": 3}, "input", "input: expected a string or a list of items"),
         (
-            {"input": [{"type": "item_reference", "id": "x"}]},
+            {"input": [{"type": "local_shell_call", "id": "x"}]},
             "input[0].type",
-            "input[0].type: expected message, function_call, function_call_output, custom_tool_call, custom_tool_call_output or reasoning, not 'item_reference'",
+            "input[0].type: expected message, function_call, function_call_output, custom_tool_call, custom_tool_call_output or reasoning, not 'local_shell_call'",
+        ),
+        (
+            {"input": [{"role": "user", "content": "Hi"}, {"type": "item_reference", "id": "msg_1"}]},
+            "input[1]",
+            'input[1]: item references are not supported; send the item itself (a client that sends earlier turns as references when it stores responses needs "store": false)',
         ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},

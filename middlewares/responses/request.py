@@ -58,6 +58,10 @@ ECHOED = (
     "service_tier",
 )
 MAX_CACHE_KEY = 256
+ITEM_REFERENCE = (
+    "item references are not supported; send the item itself "
+    '(a client that sends earlier turns as references when it stores responses needs "store": false)'
+)
 _ITEM_TYPES = "message, function_call, function_call_output, custom_tool_call, custom_tool_call_output or reasoning"
 
 
@@ -213,6 +217,10 @@ class _Input:
                 entries.append(("user", [self._result(item, path)]))
             elif kind == "reasoning":
                 entries.append(("assistant", self._reasoning(item, path)))
+            elif kind == "item_reference":
+                # Dropping it would lose part of the conversation unseen: a client that stores
+                # responses sends earlier turns this way, and needs telling.
+                raise _bad(path, ITEM_REFERENCE)
             else:
                 raise _bad(f"{path}.type", f"expected {_ITEM_TYPES}, not {kind!r}")
         if not entries:
