@@ -50,7 +50,7 @@ THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 def item_id(turn: ResponseTurn, prefix: str, output_index: int) -> str:
     """An output item's id: its response's and its place, so a stream and its last event, made
     apart, name each item alike."""
-    return f"{prefix}_{turn.response_id[5:]}_{output_index}"
+    return f"{prefix}_{turn.response_id.removeprefix('resp_')}_{output_index}"
 
 
 def incomplete_reason(stop_reason: str | None) -> str | None:

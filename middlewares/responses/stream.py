@@ -46,7 +46,6 @@ def _head(kind: str) -> bytes:
 
 TEXT_DELTA = _head("response.output_text.delta")
 ARGUMENTS_DELTA = _head("response.function_call_arguments.delta")
-SUMMARY_DELTA = _head("response.reasoning_summary_text.delta")
 
 # An upstream error type → the Responses error code that says it (the codes OpenAI defines).
 _ERROR_CODES = {"rate_limit_error": "rate_limit_exceeded"}
@@ -84,6 +83,9 @@ class _Item:
 
 
 class ResponsesEncoder:
+    """The EventEncoder of a Responses stream: each batch of the upstream's events as the
+    Responses events they make, in one write."""
+
     ping = PING
 
     def __init__(self, turn: ResponseTurn, usage: StreamUsage) -> None:
