@@ -600,3 +600,11 @@ async def test_admission_reserves_max_output_tokens_as_the_output(start_gateway,
     assert upstream.requests == []
     status, _ = await post(gateway, {"model": MODEL, "input": "Hi", "max_output_tokens": 100})
     assert status == 200
+
+
+async def test_the_automatic_cache_breakpoints_go_on_the_translated_request(gateway, upstream):
+    async with gateway.client() as client:  # caching on, as by default
+        await client.responses.create(model=MODEL, instructions="You are helpful. " * 500, input="Hi")
+    body = sent(upstream)
+    assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert body["messages"][-1]["content"][-1] == {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
