@@ -483,8 +483,8 @@ async def test_sdk_thinking_comes_back_as_a_summary_when_asked(client, upstream)
     assert "".join(summary) == thinking["thinking"] and response.output_text == TEXT
 
 
-async def raw_events(gateway, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """A streamed request's SSE events, as (event name, data), the `: ping` comments left out."""
+async def raw_stream(gateway, body: dict[str, Any]) -> str:
+    """A streamed request's body, as sent."""
     async with aiohttp.ClientSession() as http:
         async with http.post(
             gateway.url + "/openai/v1/responses",
@@ -492,9 +492,13 @@ async def raw_events(gateway, body: dict[str, Any]) -> list[tuple[str, dict[str,
             json={"model": MODEL, "stream": True, "input": "Hello", **body},
         ) as reply:
             assert reply.status == 200 and reply.content_type == "text/event-stream"
-            text = (await reply.read()).decode()
+            return (await reply.read()).decode()
+
+
+async def raw_events(gateway, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A streamed request's SSE events, as (event name, data), the `: ping` comments left out."""
     events = []
-    for frame in text.split("\n\n")[:-1]:
+    for frame in (await raw_stream(gateway, body)).split("\n\n")[:-1]:
         if frame.startswith(":"):
             continue
         name, data = frame.split("\n")
@@ -512,6 +516,26 @@ async def test_a_stream_ends_with_response_completed_and_no_done_line(gateway, u
     )
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     assert all(name == data["type"] for name, data in events)
+
+
+async def test_the_gateway_pings_a_quiet_stream_with_comments(start_gateway, upstream):
+    gateway = await start_gateway(ping_interval=0.2)
+    # 0.7 s between events: with nothing to send for 0.2 s the gateway sends its own ping.
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": "slow"}], pings=0, event_delay=0.7, chunk_size=2))
+    text = await raw_stream(gateway, {})
+
+    assert text.count("\n\n: ping\n\n") >= 3
+    assert text.endswith("\n\n") and '"type":"response.completed"' in text.rsplit("\n\n", 2)[-2]
+
+
+async def test_an_upstream_cut_mid_stream_is_response_failed(gateway, upstream):
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": TEXT}], chunk_size=2, event_delay=0.005, drop_after=5))
+    events = await raw_events(gateway, {})
+
+    name, data = events[-1]
+    assert name == "response.failed"
+    assert data["response"]["error"] == {"code": "server_error", "message": "The upstream stream ended early."}
+    assert data["response"]["output"][0]["status"] == "incomplete"
 
 
 async def test_a_failure_mid_stream_is_response_failed_and_unbilled(gateway, upstream):
