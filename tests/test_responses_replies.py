@@ -138,8 +138,12 @@ def test_a_text_answer_is_a_completed_response_with_its_usage():
     )
     assert response.output_text == TEXT
     [item] = response.output
-    assert (item.type, item.role, item.status, item.id) == ("message", "assistant", "completed", item.id)
-    assert item.id.startswith("msg_")
+    assert (item.type, item.role, item.status, item.id) == (
+        "message",
+        "assistant",
+        "completed",
+        "msg_0641a3f2c1b7e9d04a2f1c3b_0",
+    )
     assert response.incomplete_details is None and response.error is None
     usage = response.usage
     assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens) == (350, 300, 25)
