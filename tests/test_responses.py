@@ -422,6 +422,7 @@ async def test_thinking_sent_back_sealed_is_restored_in_place_and_thinking_stays
             "include[0]",
             "include[0]: 'file_search_call.results' is not supported; use 'reasoning.encrypted_content'",
         ),
+        ({"include": [{}]}, "include[0]", "include[0]: {} is not supported; use 'reasoning.encrypted_content'"),
         ({"n": 2}, "n", "n: only 1 response per request is supported"),
     ],
 )

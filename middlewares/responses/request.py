@@ -88,7 +88,7 @@ def refused_field(body: dict[str, Any]) -> GatewayError | None:
         if not isinstance(include, list):
             return _bad("include", "expected a list")
         for i, value in enumerate(include):
-            if value not in INCLUDES:
+            if not isinstance(value, str) or value not in INCLUDES:
                 return _bad(f"include[{i}]", f"{value!r} is not supported; use {ENCRYPTED_REASONING!r}")
     if body.get("n") not in (None, 1):
         return _bad("n", "only 1 response per request is supported")
