@@ -468,6 +468,11 @@ async def test_refused_fields_get_a_400_naming_them_before_admission(gateway, up
             "tool_choice.name: expected the name of one of the function tools",
         ),
         (
+            {"input": [{"role": "developer", "content": [{"type": "input_image", "image_url": PNG_URL}]}]},
+            "input[0].content[0].type",
+            "input[0].content[0].type: only text parts are allowed in developer messages, not 'input_image'",
+        ),
+        (
             {"reasoning": {"effort": "huge"}},
             "reasoning.effort",
             "reasoning.effort: use one of none, minimal, low, medium, high, xhigh, max",

@@ -5,6 +5,9 @@
 other items become alternating turns, as the chat route's messages do (tool results that answer
 one assistant turn travel together). A 400 names the field at fault by its path, in `param` too,
 as OpenAI's Responses API does.
+
+The chat translator's helpers (`middlewares.translator`) do what both translations share, so the
+two routes rewrite names, merge turns and check schemas alike.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from middlewares.responses.turn import CUSTOM_INPUT, ResponseTurn
 from middlewares.translator.messages import append_blocks, cached, data_url, nonblank_text, upstream_identifier
 from middlewares.translator.request import check_closed_objects, input_schema, sampling
 
-__all__ = ["ENCRYPTED_REASONING", "Unseal", "refused_field", "to_anthropic"]
+__all__ = ["ENCRYPTED_REASONING", "Seal", "Unseal", "prompt_cache_key", "refused_field", "to_anthropic"]
 
 # Opens a reasoning item's encrypted_content: the thinking blocks it holds, or None when the
 # gateway cannot open it (another key, altered, not the gateway's).
@@ -34,7 +37,8 @@ ENCRYPTED_REASONING = "reasoning.encrypted_content"
 # The `include` values the gateway takes: the sealed thinking, and the output text's extras,
 # which it has none of to add.
 INCLUDES = frozenset({ENCRYPTED_REASONING, "message.output_text.logprobs", "message.input_image.image_url"})
-# Hosted tools a client may send by default and the gateway leaves out: Claude gets no such tool.
+# Hosted tools a client may send by default and the gateway leaves out (dated variants such as
+# web_search_preview_2025_03_11 too): Claude gets no such tool.
 DROPPED_TOOLS = ("web_search", "web_search_preview", "tool_search")
 # The settings a response object echoes, under their Responses names.
 ECHOED = (
@@ -249,7 +253,7 @@ class _Input:
                 block = _image(part, part_path) if kind == "input_image" else _document(part, part_path)
                 blocks.append(cached(block, part, part_path, part_path))
             elif role in ("system", "developer") or role == "assistant":
-                raise _bad(f"{part_path}.type", f"only text parts are allowed in a {role} message, not {kind!r}")
+                raise _bad(f"{part_path}.type", f"only text parts are allowed in {role} messages, not {kind!r}")
             else:
                 raise _bad(f"{part_path}.type", f"expected input_text, input_image or input_file, not {kind!r}")
         return blocks
