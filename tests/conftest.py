@@ -107,7 +107,7 @@ async def redis_url():
 
 
 # --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py,
-# and Claude Code.
+# Claude Code, Codex CLI and the Vercel AI SDK.
 
 # The version the tests (and the product page's examples) were last run with.
 NODE_SDK = "openai@7.59.0"
@@ -137,17 +137,47 @@ def claude_code(pytestconfig) -> Path:
     return binary
 
 
-def _npm_install(config: pytest.Config, package: str, where: Path, installed: Path) -> None:
-    """`npm install` `package` under `where`, unless `installed` is there already; skips the
-    test without Node.js or the npm registry, or fails it in CI (EZAT_REQUIRE_SERVICES=1)."""
+# Codex CLI, whose npm package ships a native `codex` binary (test_codex.py); the version the tests
+# were last run with.
+CODEX = "@openai/codex@0.171.0"
+
+
+@pytest.fixture(scope="session")
+def codex(pytestconfig) -> Path:
+    """The `codex` binary of CODEX, installed once into the virtualenv as NODE_SDK is."""
+    where = Path(sys.prefix) / "codex"
+    binary = where / "node_modules" / ".bin" / "codex"
+    _npm_install(pytestconfig, CODEX, where, binary)
+    return binary
+
+
+# The Vercel AI SDK (test_vercel_ai.py): `ai`, its OpenAI provider and zod, their peer dependency.
+# The newest releases whose engines include Node.js 20 (ai 7 wants Node.js 22); the versions the
+# tests were last run with.
+AI_SDK = ("ai@6.0.325", "@ai-sdk/openai@3.0.141", "zod@4.1.12")
+
+
+@pytest.fixture(scope="session")
+def ai_sdk(pytestconfig) -> Path:
+    """A directory whose node_modules holds AI_SDK, installed once into the virtualenv as NODE_SDK is."""
+    where = Path(sys.prefix) / "ai-sdk"
+    _npm_install(pytestconfig, AI_SDK, where, where / "node_modules" / "@ai-sdk" / "openai" / "package.json")
+    return where
+
+
+def _npm_install(config: pytest.Config, package: str | tuple[str, ...], where: Path, installed: Path) -> None:
+    """`npm install` `package` (or several) under `where`, unless `installed` is there already; skips
+    the test without Node.js or the npm registry, or fails it in CI (EZAT_REQUIRE_SERVICES=1)."""
     if installed.exists():
         return
+    packages = (package,) if isinstance(package, str) else package
+    package = " ".join(packages)  # for the messages
     try:
         if shutil.which("node") is None or shutil.which("npm") is None:
             raise FileNotFoundError("node and npm are not both installed")
         _announce(config, f"installing {package} with npm into {where} (once; later runs reuse it)")
         subprocess.run(
-            ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", package],
+            ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", *packages],
             check=True,
             capture_output=True,
             timeout=600,
