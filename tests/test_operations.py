@@ -954,3 +954,18 @@ async def test_ezat_log_format_sets_the_log_format_unless_the_option_does(tmp_pa
         2,
         "ezat-gateway: error: EZAT_LOG_FORMAT: expected text or json, not 'xml'",
     )
+
+
+async def test_a_responses_request_has_its_span_and_the_ledger_row(start_gateway, upstream, spans):
+    exporter, tracing = spans
+    gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
+    upstream.enqueue(Scenario(usage={"input_tokens": 7, "output_tokens": 30}))
+    response = await gateway.client().responses.create(model=MODEL, input="Hello")
+    [server] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    [row] = await gateway.app[STORE].ledger()
+    assert response.status == "completed"
+    assert (server.name, server.attributes["gen_ai.operation.name"]) == ("POST /openai/v1/responses", "chat")
+    assert (server.attributes["gen_ai.usage.input_tokens"], server.attributes["gen_ai.usage.output_tokens"]) == (
+        7,
+        row.output_tokens,
+    )

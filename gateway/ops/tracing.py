@@ -22,7 +22,13 @@ from middlewares.core.context import ANSWERED_MODEL, LEDGER_ROW, MODEL
 from middlewares.core.reply import EventStreamReply, MessageReply
 
 PROVIDER = "anthropic"
-_OPERATION = {"chat_completions": "chat", "messages": "chat", "count_tokens": "count_tokens", "models": "models"}
+_OPERATION = {
+    "chat_completions": "chat",
+    "responses": "chat",
+    "messages": "chat",
+    "count_tokens": "count_tokens",
+    "models": "models",
+}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -84,7 +90,7 @@ class Tracing:
             attributes={
                 "http.request.method": request.method,
                 "http.route": pattern,
-                "gen_ai.operation.name": _OPERATION[route],
+                "gen_ai.operation.name": _OPERATION.get(route, route),  # a route of no GenAI operation: its own name
                 "gen_ai.provider.name": PROVIDER,
             },
         )
