@@ -106,3 +106,6 @@ async def test_codex_runs_a_shell_command_through_the_gateway_and_is_billed(gate
     assert [(row.model, row.outcome, row.deployment) for row in rows] == [(MODEL, "complete", "primary")] * 2
     assert sorted(row.output_tokens for row in rows) == [9, 20]
     assert all(row.input_tokens > 0 and row.cost_usd > 0 for row in rows)
+    # Codex names its thread in prompt_cache_key: the conversation routing sticks by and the ledger records.
+    [thread] = [event["thread_id"] for event in events if event["type"] == "thread.started"]
+    assert [row.session for row in rows] == [thread] * 2
