@@ -185,6 +185,8 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
     expected = {
         ("openai", False): b'"chat.completion"',
         ("openai", True): b"data: [DONE]",
+        ("responses", False): b'"object":"response"',
+        ("responses", True): b'"type":"response.completed"',
         ("anthropic", False): b'"type":"message"',
         ("anthropic", True): b'"type":"message_stop"',
     }[(system.api, scenario.stream)]

@@ -1,13 +1,16 @@
-"""What Anthropic's Messages API costs through the gateway (`POST /v1/messages`), against the floor.
+"""What the gateway's routes cost against the floor: Anthropic's Messages API (`POST /v1/messages`,
+native), Chat Completions (openai) and OpenAI's Responses API (responses).
 
 The native route runs the gateway's chain without the refusals and the translator: the body goes
-upstream as the client sent it, the reply comes back as the upstream sent it. Three systems,
-driven in turns with wrk (non-streaming) and the asyncio client (streams) at each concurrency:
-the floor (bench/passthrough.py), the gateway's native route and, for reference, its OpenAI route,
-all with the same upstream work (`--routes` drives one route alone). A round lasts long enough
-for about 20 answers (paced streams at concurrency 1: 10 s). Prints each route's CPU per request
-and its ratio to the floor, with the rounds' range; target: the native route within 1.3× the
-floor. Writes every run to bench/results/native-<timestamp>.json.
+upstream as the client sent it, the reply comes back as the upstream sent it. The two OpenAI
+routes translate. The systems, driven in turns with wrk (non-streaming) and the asyncio client
+(streams) at each concurrency: the floor (bench/passthrough.py) and the gateway on each route of
+`--routes` (by default native and openai), all with the same upstream work, the gateways trading
+places every other round. A round lasts long enough for about 20 answers (paced streams at
+concurrency 1: 10 s). Prints each route's CPU per request and its ratio to the floor, with the
+rounds' range; targets: the native route within 1.3× the floor, and the Responses route within
+1.10× the Chat Completions route when both are driven (its row gains responses ÷ openai, with
+the rounds' range). Writes every run to bench/results/native-<timestamp>.json.
 
 `--baseline REV` measures another revision's gateway in the same run, before and after on the
 same machine: REV is checked out in a detached git worktree in a temporary directory (removed
@@ -19,12 +22,13 @@ imports `gateway` and `middlewares` from the worktree, and records the revision,
 worktree and those files in the JSON file's meta.
 
     python bench/native.py [--rounds 4] [--duration 2] [--concurrency 1,64] [--scenarios nonstream,stream50]
-                           [--routes native,openai] [--no-limits] [--baseline REV]
+                           [--routes native,openai,responses] [--no-limits] [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import subprocess
@@ -37,13 +41,13 @@ from types import SimpleNamespace
 
 from drive import check, driver, in_turns, round_seconds
 from environment import ensure_wrk, log, machine
-from scenarios import SCENARIOS, anthropic_request, openai_request
-from systems import BENCH, PYTHON, ROOT, floor_system, gateway_system, mock_system, source_env
+from scenarios import ENCODERS, SCENARIOS, upstream_differences
+from systems import BENCH, PYTHON, ROOT, floor_system, gateway_config, gateway_system, mock_system, source_env
 
 TARGET = 1.3  # native ÷ floor, CPU per request
+RESPONSES_TARGET = 1.10  # responses ÷ openai, CPU per request: the Responses route costs what the chat route does
 RESULTS = BENCH / "results"
-ENCODERS = {"anthropic": anthropic_request, "openai": openai_request}
-ROUTES = ("native", "openai")  # the gateway's: Anthropic's Messages API, Chat Completions
+ROUTES = ("native", "openai", "responses")  # the gateway's: Anthropic's Messages API, Chat Completions, Responses
 
 
 def run(argv: list[str], **options) -> str:
@@ -94,14 +98,21 @@ def compare(
     baseline: dict | None = None,
 ) -> tuple[str, dict]:
     """The table and the JSON result. Each route of `routes` (native: Anthropic's Messages API;
-    openai: Chat Completions) is driven against the floor; with `baseline` (from `worktree`),
-    that revision's gateway is driven beside the current one on each route (baseline-<route>),
-    and the systems after the floor trade places every other round, so that neither of a pair
-    always runs first."""
+    openai: Chat Completions; responses: OpenAI's Responses API) is driven against the floor;
+    with `baseline` (from `worktree`), that revision's gateway is driven beside the current one
+    on each route (baseline-<route>). The systems after the floor trade places every other
+    round, so that none of them always runs first."""
     wrk = ensure_wrk()
     workdir = Path(tempfile.mkdtemp(prefix="ezat-native-"))
     scenarios = [SCENARIOS[name] for name in names]
     models = [s.model for s in scenarios]
+    # The translating routes must ask the upstream what the floor does, or their figures compare
+    # different work.
+    translated = tuple(route for route in routes if route != "native")
+    config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
+    differences = asyncio.run(upstream_differences(config, scenarios, translated)) if translated else []
+    for difference in differences:
+        log(f"WARNING: the floor's request differs from what the gateway sends upstream: {difference}")
     mock = mock_system().start(workdir)
     upstream = f"http://127.0.0.1:{mock.port}"
     systems = [floor_system(upstream)]
@@ -110,18 +121,10 @@ def compare(
             source = Path(baseline["worktree"])
             systems.append(
                 gateway_system(
-                    upstream,
-                    workdir,
-                    models,
-                    name=f"baseline-{route}",
-                    native=route == "native",
-                    limits=limits,
-                    source=source,
+                    upstream, workdir, models, name=f"baseline-{route}", route=route, limits=limits, source=source
                 )
             )
-        systems.append(
-            gateway_system(upstream, workdir, models, name=f"gateway-{route}", native=route == "native", limits=limits)
-        )
+        systems.append(gateway_system(upstream, workdir, models, name=f"gateway-{route}", route=route, limits=limits))
     started = [mock]
     result = {
         "meta": machine(wrk)
@@ -132,14 +135,18 @@ def compare(
             "limits": limits,
             "routes": routes,
             "baseline": baseline,
+            "same_upstream_requests": not differences,
         },
         "cells": [],
     }
+    beside_chat = "openai" in routes and "responses" in routes
     head = ["scenario", "conc.", "route", "floor CPU µs/req", "gateway", "gateway ÷ floor", "rounds' range"]
+    if beside_chat:
+        head += ["÷ openai", "rounds' range"]
     if baseline:
         head += ["baseline", "baseline ÷ floor", "gateway ÷ baseline", "rounds' range"]
-    head.append(f"native ≤ {TARGET}×")
-    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | --- " + "| ---: " * (len(head) - 4) + "| --- |"]
+    head += ["target", "met"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | --- " + "| ---: " * (len(head) - 5) + "| --- | --- |"]
     options = SimpleNamespace(client="auto")  # wrk for plain answers, the asyncio client for streams
     try:
         for system in systems:
@@ -158,7 +165,7 @@ def compare(
 
                 seconds = round_seconds(duration, scenario, concurrency)
                 label = f"{scenario.name} c={concurrency}"
-                runs = in_turns(systems, mock, drive, rounds, seconds, label, swap=baseline is not None)
+                runs = in_turns(systems, mock, drive, rounds, seconds, label, swap=len(systems) > 2)
                 cpu = {name: median(r["cpu_us"] for r in rs) for name, rs in runs.items()}
                 cell = {
                     "scenario": scenario.name,
@@ -173,6 +180,16 @@ def compare(
                     figures = {"ratio": cpu[name] / cpu["floor"], "round_ratios": per_round(runs[name], runs["floor"])}
                     row = [scenario.name, str(concurrency), route, f"{cpu['floor']:,.0f}", f"{cpu[name]:,.0f}"]
                     row += [f"**{figures['ratio']:.2f}×**", spread(figures["round_ratios"])]
+                    if beside_chat:
+                        if route == "responses":
+                            figures["against_openai"] = cpu[name] / cpu["gateway-openai"]
+                            figures["against_openai_rounds"] = per_round(runs[name], runs["gateway-openai"])
+                            row += [
+                                f"**{figures['against_openai']:.3f}×**",
+                                spread(figures["against_openai_rounds"], 3),
+                            ]
+                        else:
+                            row += ["–", "–"]
                     if baseline:
                         other = f"baseline-{route}"
                         figures["baseline_ratio"] = cpu[other] / cpu["floor"]
@@ -183,12 +200,17 @@ def compare(
                             f"**{figures['against_baseline']:.3f}×**",
                             spread(figures["against_baseline_rounds"], 3),
                         ]
-                    verdict = "–"
+                    target, verdict = "–", "–"
                     if route == "native":
+                        target = f"≤ {TARGET}× floor"
                         figures["met"] = figures["ratio"] <= TARGET
-                        verdict = "yes" if figures["met"] else "**no**"
                         cell.update(figures)  # at the top too, where runs before --routes had them
-                    row.append(verdict)
+                    elif route == "responses" and beside_chat:
+                        target = f"≤ {RESPONSES_TARGET:.2f}× openai"
+                        figures["met"] = figures["against_openai"] <= RESPONSES_TARGET
+                    if "met" in figures:
+                        verdict = "yes" if figures["met"] else "**no**"
+                    row += [target, verdict]
                     lines.append("| " + " | ".join(row) + " |")
                     cell["routes"][route] = figures
                 result["cells"].append(cell)
@@ -217,7 +239,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--routes",
         default=",".join(ROUTES),
-        help="the gateway's routes to drive against the floor: native (Messages), openai (Chat Completions), or both",
+        help="the gateway's routes to drive against the floor: native (Messages), openai (Chat Completions), "
+        "responses (OpenAI's Responses API), one or more",
     )
     parser.add_argument(
         "--no-limits",
@@ -230,9 +253,9 @@ if __name__ == "__main__":
         help="a git revision whose gateway is measured too on each route, from a temporary worktree (baseline-<route>)",
     )
     args = parser.parse_args()
-    routes = args.routes.split(",")
+    routes = list(dict.fromkeys(args.routes.split(",")))  # each once: a system per route
     if not routes or any(route not in ROUTES for route in routes):
-        parser.error(f"--routes: one or both of {', '.join(ROUTES)}")
+        parser.error(f"--routes: one or more of {', '.join(ROUTES)}")
     with worktree(args.baseline) if args.baseline else nullcontext() as baseline:
         table, result = compare(
             args.rounds,

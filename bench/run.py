@@ -9,6 +9,7 @@ bench/README.md explains the method and every figure.
     python bench/run.py                      # the whole suite (about 10 minutes on 2 cores)
     python bench/run.py --quick              # a smaller one (about a minute)
     python bench/run.py --profile stream50,nonstream   # py-spy flame graphs of the gateway
+    python bench/run.py --profile stream50 --profile-route responses   # on another of its routes
 """
 
 from __future__ import annotations
@@ -33,8 +34,26 @@ from urllib.parse import urlsplit
 import report
 from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, round_seconds
 from environment import ensure_py_spy, ensure_wrk, log, machine
-from scenarios import SCENARIOS, SLOW, Scenario, anthropic_request, closing_marker, openai_request, upstream_differences
-from systems import BENCH, PYTHON, floor_system, gateway_config, gateway_system, machine_ticks, mock_system
+from scenarios import (
+    ENCODERS,
+    SCENARIOS,
+    SLOW,
+    Scenario,
+    anthropic_request,
+    closing_marker,
+    openai_request,
+    upstream_differences,
+)
+from systems import (
+    BENCH,
+    GATEWAY_ROUTES,
+    PYTHON,
+    floor_system,
+    gateway_config,
+    gateway_system,
+    machine_ticks,
+    mock_system,
+)
 
 from gateway.runtime import raise_open_files_limit
 
@@ -232,18 +251,21 @@ def ledger_rows(db: Path) -> int | None:
 
 
 def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> None:
-    """Record the gateway under load with py-spy; write a flame graph and a summary of the top frames."""
+    """Record the gateway under load on its route `args.profile_route` with py-spy; write a flame
+    graph and a summary of the top frames."""
     import flame
 
     spy = ensure_py_spy()
-    scenarios = [SCENARIOS[n] for n in names]
-    bodies = write_bodies(workdir, scenarios)
-    for scenario in scenarios:
-        body = bodies[("gateway", scenario.name)]
+    route = args.profile_route
+    for scenario in [SCENARIOS[n] for n in names]:
+        body = workdir / f"{scenario.name}-{route}.json"
+        body.write_bytes(ENCODERS[gateway.api](scenario))
         check(gateway, scenario, body)
         drive = driver(args, wrk, gateway, scenario, body, args.profile_concurrency, args.profile_duration)
         driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
-        raw = RESULTS / f"profile-{scenario.name}-{stamp}.raw"
+        # The chat route's files keep the names they had before other routes could be profiled.
+        what = scenario.name if route == "openai" else f"{route}-{scenario.name}"
+        raw = RESULTS / f"profile-{what}-{stamp}.raw"
         # --nonblocking: pausing the process for each sample would make py-spy count idle threads as running.
         argv = [
             spy,
@@ -269,7 +291,7 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
         run = measure(gateway, mock, drive)
         recorder.send_signal(signal.SIGINT)
         recorder.wait(60)
-        title = f"gateway, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
+        title = f"gateway, {route} route, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
         svg, text = flame.render(raw, title)
         header = (
             f"# Profile: {title}\n\n{run['rps']:,.0f} req/s, {run['cpu_us']:,.0f} µs CPU per request "
@@ -322,6 +344,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", metavar="SCENARIOS", help="profile the gateway on these scenarios instead")
     parser.add_argument("--profile-duration", type=float, default=10.0)
     parser.add_argument("--profile-concurrency", type=int, default=64)
+    parser.add_argument(
+        "--profile-route",
+        choices=tuple(GATEWAY_ROUTES),
+        default="openai",
+        help="the gateway's route to profile: openai (Chat Completions), responses, native (Messages)",
+    )
     args = parser.parse_args()
     q = args.quick
     args.rounds = args.rounds or (2 if q else 5)
@@ -381,7 +409,8 @@ def main() -> int:
     mock = mock_system().start(workdir)
     mock_files = open_files(mock.pid)  # before any load: what the slow streams wait for it to be back to
     mock_url = f"http://127.0.0.1:{mock.port}"
-    gateway = gateway_system(mock_url, workdir, models, limits=not args.minimal, observed=not args.minimal)
+    route = args.profile_route if args.profile else "openai"
+    gateway = gateway_system(mock_url, workdir, models, limits=not args.minimal, observed=not args.minimal, route=route)
     floor = floor_system(mock_url)
     started = [mock]
     try:

@@ -1,5 +1,6 @@
-"""What the clients send: each scenario as an OpenAI request (to the gateway) and the
-equivalent Anthropic request (to the floor), so that both cause the same upstream work. The
+"""What the clients send: each scenario as an OpenAI Chat Completions request and an OpenAI
+Responses request (to the gateway's translating routes), and the equivalent Anthropic request
+(to the floor and the gateway's Messages route), so that all cause the same upstream work. The
 fast mock picks its reply by `model` (gateway.mock.upstream.FAST_MODELS)."""
 
 from __future__ import annotations
@@ -70,6 +71,29 @@ def openai_request(s: Scenario) -> bytes:
     return orjson.dumps(body)
 
 
+def responses_request(s: Scenario) -> bytes:
+    """The scenario as OpenAI's Responses API asks it: the system prompt as `instructions`, the
+    question as one message item, the output limit as `max_output_tokens`."""
+    body = {
+        "model": s.model,
+        "instructions": SYSTEM_PROMPT,
+        "input": [{"role": "user", "content": QUESTION}],
+        "max_output_tokens": 1024,
+    }
+    if s.stream:
+        body["stream"] = True
+    if s.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "name": WEATHER["name"],
+                "description": WEATHER["description"],
+                "parameters": WEATHER["schema"],
+            }
+        ]
+    return orjson.dumps(body)
+
+
 def anthropic_request(s: Scenario) -> bytes:
     body = {
         "model": s.model,
@@ -87,13 +111,20 @@ def anthropic_request(s: Scenario) -> bytes:
     return orjson.dumps(body)
 
 
-async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> list[str]:
-    """Send each scenario's OpenAI request through the gateway's app (in this process) to the
-    project's validating mock, and compare what reached the mock with the floor's request.
-    Returns the differences (none: both systems ask the same of the upstream). The mock's
-    validation also proves the floor's requests are ones the real API accepts."""
+# What a client that speaks each API sends.
+ENCODERS = {"openai": openai_request, "responses": responses_request, "anthropic": anthropic_request}
+
+
+async def upstream_differences(
+    config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...] = ("openai",)
+) -> list[str]:
+    """Send each scenario's request on each of the gateway's `routes` (systems.GATEWAY_ROUTES)
+    through the gateway's app (in this process) to the project's validating mock, and compare
+    what reached the mock with the floor's request. Returns the differences (none: every system
+    asks the same of the upstream). The mock's validation also proves the floor's requests are
+    ones the real API accepts."""
     import aiohttp
-    from systems import GATEWAY_KEY
+    from systems import GATEWAY_ROUTES, route_headers
 
     from gateway.app import build_app
     from gateway.config import parse_config
@@ -107,16 +138,20 @@ async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> l
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    gateway = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    gateway = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
     try:
         async with aiohttp.ClientSession() as session:
-            for s in scenarios:
-                headers = {"Authorization": f"Bearer {GATEWAY_KEY}", "Content-Type": "application/json"}
-                async with session.post(gateway, data=openai_request(s), headers=headers) as response:
-                    await response.read()
-                sent = mock.requests[-1].body if mock.requests else None
-                if response.status != 200 or sent != orjson.loads(anthropic_request(s)):
-                    differences.append(f"{s.name}: status {response.status}; the gateway sent upstream {sent}")
+            for route in routes:
+                path, api = GATEWAY_ROUTES[route]
+                headers = dict(h.split(": ", 1) for h in route_headers(route)) | {"Content-Type": "application/json"}
+                for s in scenarios:
+                    async with session.post(gateway + path, data=ENCODERS[api](s), headers=headers) as response:
+                        await response.read()
+                    sent = mock.requests[-1].body if mock.requests else None
+                    if response.status != 200 or sent != orjson.loads(anthropic_request(s)):
+                        differences.append(
+                            f"{route} {s.name}: status {response.status}; the gateway sent upstream {sent}"
+                        )
     finally:
         await runner.cleanup()
         await mock.close()
@@ -124,8 +159,10 @@ async def upstream_differences(config_toml: str, scenarios: list[Scenario]) -> l
 
 
 def closing_marker(api: str, s: Scenario) -> str:
-    """What the end of a complete response body contains (checked by the asyncio client), for
-    a system whose clients speak `api` ("openai" or "anthropic")."""
+    """What the end of a complete response body contains (checked by the asyncio client, which
+    keeps a body's last 64 bytes), for a system whose clients speak `api` ("openai", "responses"
+    or "anthropic"). A Responses stream has no [DONE]: it ends with `response.completed`, whose
+    response ends with its usage (a failed one's usage is null)."""
     if not s.stream:
         return ""
-    return "[DONE]" if api == "openai" else "message_stop"
+    return {"openai": "[DONE]", "responses": '"total_tokens":', "anthropic": "message_stop"}[api]

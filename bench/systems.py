@@ -27,6 +27,12 @@ PYTHON = sys.executable
 EZAT_GATEWAY = str(Path(PYTHON).parent / "ezat-gateway")  # the console script, as production runs it
 GATEWAY_KEY = "sk-bench-" + hashlib.sha256(b"ezat bench").hexdigest()[:24]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The gateway's routes a benchmark drives: {route: (the path its clients POST to, the API they speak)}.
+GATEWAY_ROUTES = {
+    "openai": ("/v1/chat/completions", "openai"),  # Chat Completions, translated
+    "responses": ("/v1/responses", "responses"),  # OpenAI's Responses API, translated
+    "native": ("/v1/messages", "anthropic"),  # Anthropic's Messages API, relayed
+}
 
 
 def free_port() -> int:
@@ -109,7 +115,7 @@ class System:
     proc: subprocess.Popen | None = None
     log: Path | None = None
     extra: dict = field(default_factory=dict)
-    api: str = "anthropic"  # what its clients speak: "anthropic" (Messages) or "openai" (Chat Completions)
+    api: str = "anthropic"  # what its clients speak: "anthropic" (Messages), "openai" (Chat Completions), "responses"
     cwd: Path | None = None  # where the process runs; else the work directory
     env: dict | None = None  # its environment; else this process's
 
@@ -225,7 +231,7 @@ def gateway_system(
     workers: int = 1,
     name: str | None = None,
     limits: bool = True,
-    native: bool = False,
+    route: str = "openai",
     observed: bool = True,
     ratelimit_url: str | None = None,
     source: Path | None = None,
@@ -234,8 +240,8 @@ def gateway_system(
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
     config and database are named after it (by default gateway or gateway-N-workers), so
     each gateway started in one work directory starts afresh. `limits=False`: the key has no
-    spend limit, rpm or tpm (bench/limits.py). `native`: its clients speak Anthropic's Messages
-    API to it (bench/native.py), not Chat Completions. `observed=False`: no metrics and no access
+    spend limit, rpm or tpm (bench/limits.py). `route`: the one of GATEWAY_ROUTES its clients
+    POST to (bench/native.py), by default Chat Completions. `observed=False`: no metrics and no access
     log (bench/observability.py); by default both, the log in JSON, as production runs it.
     `ratelimit_url`: the key's rate limits counted in that Redis, as `--workers` needs.
     `source`: the gateway's code from that checkout (another revision's git worktree), run as
@@ -247,21 +253,27 @@ def gateway_system(
         gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed, ratelimit_url)
     )
     command = [PYTHON, "-m", "gateway"] if source else [EZAT_GATEWAY]
+    path, api = GATEWAY_ROUTES[route]
     return System(
         name,
         port,
-        "/v1/messages" if native else "/v1/chat/completions",
-        [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"]
-        if native
-        else [f"Authorization: Bearer {GATEWAY_KEY}"],
+        path,
+        route_headers(route),
         command + ["serve", "--config", str(config)] + (["--workers", str(workers)] if workers > 1 else []),
         ready_path="/healthz",
         workers=workers,
         extra={"config": str(config), "db": str(workdir / f"{name}.db")},
-        api="anthropic" if native else "openai",
+        api=api,
         cwd=source,
         env=source_env(source) if source else None,
     )
+
+
+def route_headers(route: str) -> list[str]:
+    """The gateway key in the header the route's clients send it in (Anthropic's SDKs: x-api-key)."""
+    if GATEWAY_ROUTES[route][1] == "anthropic":
+        return [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"]
+    return [f"Authorization: Bearer {GATEWAY_KEY}"]
 
 
 def source_env(source: Path) -> dict:
