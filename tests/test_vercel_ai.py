@@ -1,6 +1,10 @@
 """The Vercel AI SDK (conftest's AI_SDK) through the gateway: its OpenAI provider's default model
 speaks the Responses API, so `generateText` and `streamText` (tests/node/ai_sdk.mjs) post to
-/v1/responses of a real gateway on loopback, answered by the mock upstream and billed in the ledger."""
+/v1/responses of a real gateway on loopback, answered by the mock upstream and billed in the ledger.
+
+With reasoning on, the SDK sends an answer's reasoning back by reference (`item_reference`) while
+it stores responses (its default `store: true`), which the gateway cannot look up: with
+`store: false` it sends the reasoning item itself, whose sealed thinking the upstream gets back."""
 
 from __future__ import annotations
 
@@ -72,19 +76,49 @@ async def test_stream_text(gateway, upstream, ai_sdk):
     assert (row.model, row.outcome, row.input_tokens, row.output_tokens) == (MODEL, "complete", 21, 16)
 
 
+CALL = {"type": "tool_use", "id": "toolu_oslo", "name": "get_weather", "input": {"city": "Oslo"}}
+
+
 async def test_a_tool_runs_then_the_answer_comes(gateway, upstream, ai_sdk):
-    call = {"type": "tool_use", "id": "toolu_oslo", "name": "get_weather", "input": {"city": "Oslo"}}
     answer = "It is 9°C and clear in Oslo."
-    upstream.enqueue(Scenario(blocks=[call]), Scenario(blocks=[{"type": "text", "text": answer}]))
+    upstream.enqueue(Scenario(blocks=[CALL]), Scenario(blocks=[{"type": "text", "text": answer}]))
     result = await ai_sdk_case(gateway, ai_sdk, "tools")
     assert result == {"text": answer, "steps": 2, "calls": ["Oslo"], "finish_reason": "stop"}
 
     offered, answered = [request.body for request in upstream.requests]
     [weather] = offered["tools"]
     assert weather["name"] == "get_weather" and weather["input_schema"]["required"] == ["city"]
-    assert answered["messages"][-2] == {"role": "assistant", "content": [call]}
+    assert answered["messages"][-2] == {"role": "assistant", "content": [CALL]}
     [returned] = answered["messages"][-1]["content"]
     assert (returned["type"], returned["tool_use_id"]) == ("tool_result", "toolu_oslo")
     assert "9°C and clear in Oslo" in json.dumps(returned["content"], ensure_ascii=False)
     rows = await gateway.app[STORE].ledger()
     assert [(row.model, row.outcome) for row in rows] == [(MODEL, "complete")] * 2
+
+
+THOUGHT = {"type": "thinking", "thinking": "The tool knows the weather.", "signature": "sig-ai"}
+
+
+async def test_with_store_false_the_thinking_survives_the_tool_call(gateway, upstream, ai_sdk):
+    answer = "It is 9°C and clear in Oslo."
+    upstream.enqueue(Scenario(blocks=[THOUGHT, CALL]), Scenario(blocks=[{"type": "text", "text": answer}]))
+    result = await ai_sdk_case(gateway, ai_sdk, "thinking")
+    assert result == {"text": answer, "steps": 2, "calls": ["Oslo"], "finish_reason": "stop"}
+
+    offered, answered = [request.body for request in upstream.requests]
+    assert offered["thinking"] == answered["thinking"] == {"type": "adaptive"}
+    assert answered["messages"][-2] == {"role": "assistant", "content": [THOUGHT, CALL]}
+    assert len(await gateway.app[STORE].ledger()) == 2
+
+
+async def test_with_stored_responses_the_reference_gets_a_400_that_says_what_to_do(gateway, upstream, ai_sdk):
+    upstream.enqueue(Scenario(blocks=[THOUGHT, CALL]))
+    result = await ai_sdk_case(gateway, ai_sdk, "stored")
+    assert result["status"] == 400 and result["calls"] == ["Oslo"]
+    assert result["error"] == (
+        "input[1]: item references are not supported; send the item itself "
+        '(a client that sends earlier turns as references when it stores responses needs "store": false)'
+    )
+    assert len(upstream.requests) == 1  # the second request went no further
+    [row] = await gateway.app[STORE].ledger()
+    assert row.outcome == "complete"

@@ -3,6 +3,9 @@
 //   generate  generateText: the text, finish reason and usage
 //   stream    streamText: the joined text, how many deltas carried it, finish reason and usage
 //   tools     generateText with a get_weather tool it executes, then the answer (two requests)
+//   thinking  the same with reasoning on and store: false (the reasoning goes back as an item)
+//   stored    the same with reasoning on and the default store: true (the reasoning goes back as
+//             an item_reference); prints the error the SDK raised
 // Run by tests/test_vercel_ai.py (copied beside the SDK's node_modules first).
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, stepCountIs, streamText, tool } from "ai";
@@ -27,26 +30,38 @@ if (which === "generate") {
     finish_reason: await result.finishReason,
     usage: await result.usage,
   }));
-} else if (which === "tools") {
+} else if (which === "tools" || which === "thinking" || which === "stored") {
+  // The SDK sends reasoning settings only for OpenAI's reasoning models unless forceReasoning says so.
+  const reasoning = { forceReasoning: true, reasoningEffort: "medium" };
+  const providerOptions = {
+    tools: {},
+    thinking: { openai: { ...reasoning, store: false } },
+    stored: { openai: reasoning },
+  }[which];
   const calls = [];
-  const result = await generateText({
-    model,
-    maxOutputTokens: 64,
-    maxRetries: 0,
-    prompt: "What's the weather in Oslo? Use the tool.",
-    tools: {
-      get_weather: tool({
-        description: "Current weather for a city",
-        inputSchema: z.object({ city: z.string() }),
-        execute: async ({ city }) => {
-          calls.push(city);
-          return `9°C and clear in ${city}`;
-        },
-      }),
-    },
-    stopWhen: stepCountIs(2),
-  });
-  console.log(JSON.stringify({ text: result.text, steps: result.steps.length, calls, finish_reason: result.finishReason }));
+  try {
+    const result = await generateText({
+      model,
+      maxOutputTokens: 64,
+      maxRetries: 0,
+      providerOptions,
+      prompt: "What's the weather in Oslo? Use the tool.",
+      tools: {
+        get_weather: tool({
+          description: "Current weather for a city",
+          inputSchema: z.object({ city: z.string() }),
+          execute: async ({ city }) => {
+            calls.push(city);
+            return `9°C and clear in ${city}`;
+          },
+        }),
+      },
+      stopWhen: stepCountIs(2),
+    });
+    console.log(JSON.stringify({ text: result.text, steps: result.steps.length, calls, finish_reason: result.finishReason }));
+  } catch (error) {
+    console.log(JSON.stringify({ error: error.message, status: error.statusCode ?? null, calls }));
+  }
 } else {
   throw new Error(`unknown case ${which}`);
 }
