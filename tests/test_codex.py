@@ -109,3 +109,20 @@ async def test_codex_runs_a_shell_command_through_the_gateway_and_is_billed(gate
     # Codex names its thread in prompt_cache_key: the conversation routing sticks by and the ledger records.
     [thread] = [event["thread_id"] for event in events if event["type"] == "thread.started"]
     assert [row.session for row in rows] == [thread] * 2
+
+
+async def test_a_stream_that_fails_midway_is_retried_by_codex_and_billed_once(gateway, upstream, codex, tmp_path):
+    """An upstream overload after the first token reaches Codex as response.failed, which Codex
+    reports and retries; the failed attempt is not billed, the answer it then gets is."""
+    broken = Scenario(
+        blocks=[{"type": "text", "text": "An answer that breaks off midway."}], chunk_size=4, error_after=6
+    )
+    upstream.enqueue(broken, Scenario(blocks=[{"type": "text", "text": ANSWER}], usage={"output_tokens": 9}))
+    events = await codex_exec(codex, tmp_path, gateway.url + "/v1", "Say hello")
+
+    [reported] = [event["message"] for event in events if event["type"] == "error"]
+    assert "Overloaded" in reported  # the response.failed event's error, as Codex shows it
+    assert [item["text"] for item in items(events, "agent_message")] == [ANSWER]
+    assert len(upstream.requests) == 2
+    [row] = await gateway.app[STORE].ledger()
+    assert (row.outcome, row.output_tokens) == ("complete", 9)
