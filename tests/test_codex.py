@@ -13,6 +13,7 @@ sends it back with the tool's output, and the upstream gets the thinking block a
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from gateway.app import STORE
 from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, UPSTREAM_MODEL
+from tests.test_images import PNG
 
 ANSWER = "The marker file is written."
 MARKER = "ezat-codex-marker"
@@ -40,9 +42,11 @@ env_key = "EZAT_API_KEY"
 """
 
 
-async def codex_exec(binary: Path, home: Path, base_url: str, prompt: str, effort: str = "medium") -> list[dict]:
-    """`codex exec --json <prompt>` with a provider at `base_url`, run in `home` (also HOME, with
-    CODEX_HOME under it); the JSON events it printed. Fails unless it exits 0."""
+async def codex_exec(
+    binary: Path, home: Path, base_url: str, prompt: str, *options: str, effort: str = "medium"
+) -> list[dict]:
+    """`codex exec --json [options] <prompt>` with a provider at `base_url`, run in `home` (also
+    HOME, with CODEX_HOME under it); the JSON events it printed. Fails unless it exits 0."""
     codex_home = home / ".codex"
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(CONFIG.format(model=MODEL, effort=effort, base_url=base_url))
@@ -52,6 +56,8 @@ async def codex_exec(binary: Path, home: Path, base_url: str, prompt: str, effor
         "--json",
         "--skip-git-repo-check",  # the working directory is no git repository
         "--dangerously-bypass-approvals-and-sandbox",
+        *options,
+        "--",  # `--image` takes several files: the prompt is not one of them
         prompt,
         env={
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -126,3 +132,16 @@ async def test_a_stream_that_fails_midway_is_retried_by_codex_and_billed_once(ga
     assert len(upstream.requests) == 2
     [row] = await gateway.app[STORE].ledger()
     assert (row.outcome, row.output_tokens) == ("complete", 9)
+
+
+async def test_an_image_codex_attaches_reaches_claude(gateway, upstream, codex, tmp_path):
+    (tmp_path / "chart.png").write_bytes(PNG)
+    upstream.enqueue(Scenario(blocks=[{"type": "text", "text": ANSWER}]))
+    events = await codex_exec(codex, tmp_path, gateway.url + "/v1", "Describe the chart.", "--image", "chart.png")
+
+    assert [item["text"] for item in items(events, "agent_message")] == [ANSWER]
+    [sent] = upstream.requests
+    images = [block for message in sent.body["messages"] for block in message["content"] if block["type"] == "image"]
+    assert [image["source"] for image in images] == [
+        {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}
+    ]
