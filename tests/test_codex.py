@@ -145,3 +145,24 @@ async def test_an_image_codex_attaches_reaches_claude(gateway, upstream, codex, 
     assert [image["source"] for image in images] == [
         {"type": "base64", "media_type": "image/png", "data": base64.b64encode(PNG).decode()}
     ]
+
+
+async def test_a_resumed_session_sends_its_history_back(gateway, upstream, codex, tmp_path):
+    """`codex exec resume` rebuilds the conversation from the items it kept of the first run's
+    stream, thinking included, and stays one conversation in the ledger."""
+    upstream.enqueue(
+        Scenario(blocks=[THOUGHT, {"type": "text", "text": ANSWER}]),
+        Scenario(blocks=[{"type": "text", "text": "Again: " + ANSWER}]),
+    )
+    first = await codex_exec(codex, tmp_path, gateway.url + "/v1", "Write the marker file.")
+    [thread] = [event["thread_id"] for event in first if event["type"] == "thread.started"]
+    again = await codex_exec(codex, tmp_path, gateway.url + "/v1", "Once more.", "resume", thread)
+
+    assert [item["text"] for item in items(again, "agent_message")] == ["Again: " + ANSWER]
+    history = upstream.requests[1].body["messages"]
+    said = [block["text"] for message in history for block in message["content"] if block["type"] == "text"]
+    assert "Write the marker file." in said and said[-1] == "Once more."
+    [earlier] = [message for message in history if message["role"] == "assistant"]
+    assert earlier["content"] == [THOUGHT, {"type": "text", "text": ANSWER}]  # its sealed thinking, opened
+    rows = await gateway.app[STORE].ledger()
+    assert [row.session for row in rows] == [thread] * 2
