@@ -32,7 +32,7 @@ THOUGHT = {"type": "thinking", "thinking": "A shell command writes the file.", "
 CONFIG = """\
 model = "{model}"
 model_provider = "ezat"
-model_reasoning_effort = "{effort}"
+model_reasoning_effort = "medium"
 
 [model_providers.ezat]
 name = "ezat-gateway"
@@ -42,14 +42,13 @@ env_key = "EZAT_API_KEY"
 """
 
 
-async def codex_exec(
-    binary: Path, home: Path, base_url: str, prompt: str, *options: str, effort: str = "medium"
-) -> list[dict]:
-    """`codex exec --json [options] <prompt>` with a provider at `base_url`, run in `home` (also
-    HOME, with CODEX_HOME under it); the JSON events it printed. Fails unless it exits 0."""
+async def codex_exec(binary: Path, home: Path, base_url: str, prompt: str, *options: str) -> list[dict]:
+    """`codex exec --json [options] -- <prompt>` with a provider at `base_url`, run in `home` (also
+    HOME, with CODEX_HOME under it); the JSON events it printed. Fails unless it exits 0. `options`
+    are flags (`--image FILE`) or a subcommand (`resume <thread id>`)."""
     codex_home = home / ".codex"
     codex_home.mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(CONFIG.format(model=MODEL, effort=effort, base_url=base_url))
+    (codex_home / "config.toml").write_text(CONFIG.format(model=MODEL, base_url=base_url))
     process = await asyncio.create_subprocess_exec(
         str(binary),
         "exec",
