@@ -96,6 +96,24 @@ async def test_a_tool_runs_then_the_answer_comes(gateway, upstream, ai_sdk):
     assert [(row.model, row.outcome) for row in rows] == [(MODEL, "complete")] * 2
 
 
+async def test_a_streamed_tool_loop(gateway, upstream, ai_sdk):
+    answer = "It is 9°C and clear in Oslo."
+    streamed = Scenario(blocks=[{"type": "text", "text": answer}], chunk_size=8, event_delay=0.01)
+    upstream.enqueue(Scenario(blocks=[CALL], chunk_size=4, event_delay=0.01), streamed)
+    result = await ai_sdk_case(gateway, ai_sdk, "stream-tools")
+    assert {key: result[key] for key in ("text", "steps", "calls", "finish_reason")} == {
+        "text": answer,
+        "steps": 2,
+        "calls": ["Oslo"],
+        "finish_reason": "stop",
+    }
+    assert result["deltas"] > 1
+    assert all(request.body["stream"] is True for request in upstream.requests)
+    assert upstream.requests[1].body["messages"][-2] == {"role": "assistant", "content": [CALL]}
+    rows = await gateway.app[STORE].ledger()
+    assert [(row.model, row.outcome) for row in rows] == [(MODEL, "complete")] * 2
+
+
 THOUGHT = {"type": "thinking", "thinking": "The tool knows the weather.", "signature": "sig-ai"}
 
 

@@ -6,6 +6,8 @@
 //   thinking  the same with reasoning on and store: false (the reasoning goes back as an item)
 //   stored    the same with reasoning on and the default store: true (the reasoning goes back as
 //             an item_reference); prints the error the SDK raised
+//   stream-tools  streamText with the get_weather tool: the answer, how many deltas carried it,
+//             the steps and calls
 // Run by tests/test_vercel_ai.py (copied beside the SDK's node_modules first).
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, stepCountIs, streamText, tool } from "ai";
@@ -29,6 +31,36 @@ if (which === "generate") {
     deltas,
     finish_reason: await result.finishReason,
     usage: await result.usage,
+  }));
+} else if (which === "stream-tools") {
+  const calls = [];
+  const result = streamText({
+    model,
+    maxOutputTokens: 64,
+    maxRetries: 0,
+    prompt: "What's the weather in Oslo? Use the tool.",
+    tools: {
+      get_weather: tool({
+        description: "Current weather for a city",
+        inputSchema: z.object({ city: z.string() }),
+        execute: async ({ city }) => {
+          calls.push(city);
+          return `9°C and clear in ${city}`;
+        },
+      }),
+    },
+    stopWhen: stepCountIs(2),
+  });
+  let deltas = 0;
+  for await (const delta of result.textStream) {
+    if (delta) deltas += 1;
+  }
+  console.log(JSON.stringify({
+    text: await result.text,
+    deltas,
+    steps: (await result.steps).length,
+    calls,
+    finish_reason: await result.finishReason,
   }));
 } else if (which === "tools" || which === "thinking" || which === "stored") {
   // The SDK sends reasoning settings only for OpenAI's reasoning models unless forceReasoning says so.
