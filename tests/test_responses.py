@@ -407,11 +407,6 @@ async def test_thinking_sent_back_sealed_is_restored_in_place_and_thinking_stays
             "conversation: conversations are not supported; send the whole conversation in input",
         ),
         (
-            {"previous_response_id": "resp_1"},
-            "previous_response_id",
-            "previous_response_id: stored responses are not available; send the whole conversation in input",
-        ),
-        (
             {"prompt": {"id": "pmpt_1"}},
             "prompt",
             "prompt: stored prompts are not supported; send the instructions and input themselves",

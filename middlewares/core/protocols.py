@@ -92,3 +92,37 @@ FindModel = Callable[[str], "ModelSpec | None"]
 # Records a ledger row durably; returns once it is committed. A caller cancelled meanwhile
 # (its client gone) leaves the row to be written: billing settles that request as used.
 RecordRow = Callable[["LedgerRow"], Awaitable[None]]
+
+
+class StoredConversation(Protocol):
+    """A kept Responses API response, as a request that continues it reads it."""
+
+    response: dict  # the response object as its client got it
+    input_items: list  # its request's input, as Responses items with their ids
+    # The conversation in Anthropic's Messages format, the answer's assistant turn last
+    # (thinking blocks included), and the system prompt its input's system and developer
+    # messages made (a response's `instructions` are not carried over: OpenAI's rule).
+    messages: list
+    system: list | str | None
+
+
+class ResponseStore(Protocol):
+    """Where the Responses stage keeps responses (`store`) and finds them again, by the key
+    that made them."""
+
+    def keep(
+        self,
+        key_id: int,
+        response: dict,
+        input_items: list,
+        messages: list,
+        system: list | None,
+    ) -> None:
+        """Keep the response (its id is `response["id"]`) without making the caller wait: the
+        write runs beside the answer, and a write that fails is logged, never the request's error."""
+
+    async def find(self, response_id: str, key_id: int) -> StoredConversation | None:
+        """The response, if `key_id` made it and it is kept (not expired, deleted, nor made with
+        `store: false`); a write of it still under way in this process is waited for."""
+
+    async def delete(self, response_id: str, key_id: int) -> bool: ...

@@ -2,20 +2,33 @@
 reply back: a message becomes a `response`, stream events the Responses event protocol.
 
 `responses_refusals_middleware` refuses, before admission, the fields nothing upstream does;
-`responses_middleware` stands where the chat route's translator does."""
+`responses_middleware` stands where the chat route's translator does, and keeps each answer in
+the store it is given, for `previous_response_id` and the stored responses' routes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+import orjson
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import ANSWERED_MODEL, BODY, CONVERSATION, MODEL, request_id
-from middlewares.core.reply import EventStreamReply, MessageReply
-from middlewares.responses.reply import to_response
-from middlewares.responses.request import prompt_cache_key, refused_field, to_anthropic
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, CONVERSATION, MODEL, request_id
+from middlewares.core.errors import invalid_request
+from middlewares.core.protocols import ResponseStore
+from middlewares.core.reply import Batch, EventStreamReply, MessageReply
+from middlewares.responses.reply import THINKING_BLOCKS, to_response
+from middlewares.responses.request import (
+    input_items,
+    keeps,
+    previous_response_id,
+    prompt_cache_key,
+    refused_field,
+    to_anthropic,
+)
 from middlewares.responses.sealing import KEY_BYTES, open_sealed, seal
 from middlewares.responses.stream import ResponsesEncoder
 
@@ -24,7 +37,7 @@ __all__ = ["responses_middleware", "responses_refusals_middleware"]
 
 def responses_refusals_middleware():
     """A 400 naming the first field of a Responses request the gateway refuses (`background`,
-    `conversation`, `previous_response_id`, `prompt`, `truncation: "auto"`, an unknown `include`,
+    `conversation`, `prompt`, `truncation: "auto"`, an unknown `include`,
     `n`, `top_logprobs`): cheap, so it goes before admission and downloads, as the chat route's
     refusals do."""
 
@@ -38,7 +51,7 @@ def responses_refusals_middleware():
     return responses_refusals
 
 
-def responses_middleware(*, reasoning_key: bytes | None = None):
+def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseStore | None = None):
     """Replaces `request[BODY]`, a Responses API request, by the Anthropic Messages request for
     `request[MODEL]` (invalid fields are a 400 naming the field), then turns the handler's reply,
     an unsent Anthropic message or event stream, into a `response` or its events. The request's
@@ -47,35 +60,174 @@ def responses_middleware(*, reasoning_key: bytes | None = None):
 
     `reasoning_key` (32 bytes) seals the answer's thinking into reasoning items'
     encrypted_content and opens the ones sent back; without it none are made or opened, and a
-    request that continues a tool call goes without thinking."""
+    request that continues a tool call goes without thinking.
+
+    `store` keeps each answered response (unless the request says `"store": false`) with the
+    conversation in Anthropic's format, the answer's blocks last, thinking included; a request's
+    `previous_response_id` continues from it, and one it does not find is a 400. A streamed
+    response is kept as its last event is encoded, completed or incomplete, before the client
+    can read it; a failed one, or one the client left, is not. Without a
+    store nothing is kept and every `previous_response_id` is a 400."""
     if reasoning_key is not None and len(reasoning_key) != KEY_BYTES:
         raise ValueError(f"responses_middleware: reasoning_key must be {KEY_BYTES} bytes")
     unseal = partial(open_sealed, key=reasoning_key) if reasoning_key is not None else None
     sealer = partial(seal, key=reasoning_key) if reasoning_key is not None else None
 
-    @stage("responses", requires=(BODY, MODEL))
+    # The key finds stored responses and owns the ones it makes.
+    @stage("responses", requires=(BODY, MODEL) if store is None else (BODY, MODEL, API_KEY))
     async def responses(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         asked = request[MODEL]
         conversation = prompt_cache_key(body)
         if conversation is not None:
             request[CONVERSATION] = conversation
+        previous = None
+        previous_id = previous_response_id(body)
+        if previous_id is not None:
+            previous = await store.find(previous_id, request[API_KEY].id) if store is not None else None
+            if previous is None:
+                raise invalid_request(f"Previous response with id '{previous_id}' not found.", "previous_response_id")
+        response_id = "resp_" + request_id(request)
         request[BODY], turn = to_anthropic(
             body,
             asked,
-            response_id="resp_" + request_id(request),
+            response_id=response_id,
             created_at=int(time.time()),
             unseal=unseal,
             seal=sealer,
+            previous=previous,
         )
+        kept = None
+        if keeps(body) and store is not None:
+            # A copy: the stages after this one put their cache breakpoints on the body's blocks.
+            history = orjson.loads(orjson.dumps([turn.conversation, turn.conversation_system]))
+            kept = _Kept(store, request[API_KEY].id, input_items(body, response_id), *history)
         reply = await handler(request)
         answered = request.get(ANSWERED_MODEL, asked)
         if answered.id != asked.id:
             turn.model = answered.id  # a fallback answered: the response names it
         if isinstance(reply, MessageReply):
+            answer = reply.payload.get("content") or []
             reply.payload = to_response(reply.payload, reply.usage, turn)
+            if kept is not None:
+                kept.keep(reply.payload, answer)
         elif isinstance(reply, EventStreamReply):
-            reply.encoder = ResponsesEncoder(turn, reply.usage)
+            if kept is None:
+                reply.encoder = ResponsesEncoder(turn, reply.usage)
+            else:
+                reply.events = blocks = _AnswerBlocks(reply.events)
+                reply.encoder = _KeepingEncoder(
+                    turn, reply.usage, lambda response: kept.keep(response, blocks.finished())
+                )
         return reply
 
     return responses
+
+
+class _KeepingEncoder(ResponsesEncoder):
+    """A Responses stream's encoder that hands the response to `keep` once its last event is
+    encoded, before that event is written: a client that continues the response as soon as it
+    has read response.completed finds it kept (or being written)."""
+
+    def __init__(self, turn, usage, keep: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(turn, usage)
+        self._keep: Callable[[dict[str, Any]], None] | None = keep
+
+    def encode(self, batch: Batch) -> bytes:
+        data = super().encode(batch)
+        if self.finished and self._keep is not None:
+            keep, self._keep = self._keep, None
+            if self.response is not None and self.response["status"] != "failed":
+                keep(self.response)
+        return data
+
+
+class _Kept:
+    """What a response is kept with, gathered before the request goes upstream."""
+
+    def __init__(
+        self,
+        store: ResponseStore,
+        key_id: int,
+        items: list[dict[str, Any]],
+        messages: list[dict[str, Any]],
+        system: list[dict[str, Any]],
+    ) -> None:
+        self._store, self._key_id, self._items, self._messages, self._system = store, key_id, items, messages, system
+
+    def keep(self, response: dict[str, Any], answer: list[dict[str, Any]]) -> None:
+        """The response, and the conversation with its answer's assistant turn last."""
+        blocks = [block for block in answer if _kept_block(block)]
+        messages = self._messages + [{"role": "assistant", "content": blocks}] if blocks else self._messages
+        self._store.keep(self._key_id, response, self._items, messages, self._system or None)
+
+
+def _kept_block(block: dict[str, Any]) -> bool:
+    """The answer's blocks a later request sends back: not a server tool's (the client's tools
+    only), nor empty text, which the upstream refuses."""
+    kind = block.get("type")
+    if kind == "text":
+        return bool(block.get("text"))
+    return kind == "tool_use" or kind in THINKING_BLOCKS
+
+
+# The deltas that carry a block's contents → the field that holds them.
+_DELTAS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+_FIELDS = {"text": "text", "thinking": "thinking"}  # a block's type → the field its deltas add to
+
+
+class _AnswerBlocks:
+    """The upstream's events passed on unchanged, their content blocks gathered as a whole
+    message's would be: what a stored response keeps of its answer."""
+
+    def __init__(self, events) -> None:
+        self._events = events
+        self._blocks: list[dict[str, Any]] = []
+        self._pieces: list[str] = []  # the open block's deltas
+
+    def __aiter__(self) -> _AnswerBlocks:
+        return self
+
+    async def __anext__(self) -> Batch:
+        batch = await self._events.__anext__()
+        for event in batch:
+            if event.__class__ is bytes:
+                continue
+            kind = event.get("type")
+            if kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                field = _DELTAS.get(delta.get("type"))
+                if field is not None:
+                    self._pieces.append(delta.get(field) or "")
+                elif delta.get("type") == "signature_delta" and self._blocks:
+                    self._blocks[-1]["signature"] = delta.get("signature") or ""
+            elif kind == "content_block_start":
+                self._end_block()
+                self._blocks.append(dict(event.get("content_block") or {}))
+            elif kind == "content_block_stop":
+                self._end_block()
+        return batch
+
+    async def aclose(self, failed: bool = False) -> None:
+        await self._events.aclose(failed)
+
+    def finished(self) -> list[dict[str, Any]]:
+        self._end_block()
+        return self._blocks
+
+    def _end_block(self) -> None:
+        if not self._pieces or not self._blocks:
+            self._pieces.clear()
+            return
+        text = "".join(self._pieces)
+        self._pieces.clear()
+        block = self._blocks[-1]
+        kind = block.get("type")
+        if kind in _FIELDS:
+            block[_FIELDS[kind]] = (block.get(_FIELDS[kind]) or "") + text
+        elif kind == "tool_use":
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                value = {}  # cut short by the output limit
+            block["input"] = value if isinstance(value, dict) else {}

@@ -19,14 +19,24 @@ import orjson
 
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, PDF
-from middlewares.core.protocols import ModelSpec
+from middlewares.core.protocols import ModelSpec, StoredConversation
 from middlewares.core.reasoning import EFFORTS
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.responses.turn import CUSTOM_INPUT, ResponseTurn
 from middlewares.translator.messages import append_blocks, cached, data_url, nonblank_text, upstream_identifier
 from middlewares.translator.request import check_closed_objects, input_schema, sampling
 
-__all__ = ["ENCRYPTED_REASONING", "Seal", "Unseal", "prompt_cache_key", "refused_field", "to_anthropic"]
+__all__ = [
+    "ENCRYPTED_REASONING",
+    "Seal",
+    "Unseal",
+    "input_items",
+    "keeps",
+    "previous_response_id",
+    "prompt_cache_key",
+    "refused_field",
+    "to_anthropic",
+]
 
 # Opens a reasoning item's encrypted_content: the thinking blocks it holds, or None when the
 # gateway cannot open it (another key, altered, not the gateway's).
@@ -80,7 +90,6 @@ def refused_field(body: dict[str, Any]) -> GatewayError | None:
         return _bad("background", "background responses are not supported; send the request without it")
     for field, what in (
         ("conversation", "conversations are not supported; send the whole conversation in input"),
-        ("previous_response_id", "stored responses are not available; send the whole conversation in input"),
         ("prompt", "stored prompts are not supported; send the instructions and input themselves"),
     ):
         if body.get(field) is not None:
@@ -109,12 +118,16 @@ def to_anthropic(
     created_at: int,
     unseal: Unseal | None = None,
     seal: Seal | None = None,
+    previous: StoredConversation | None = None,
 ) -> tuple[dict[str, Any], ResponseTurn]:
     """The upstream request for `body`, a Responses API request, and what its reply needs.
 
     `unseal` opens the reasoning items a client sends back (None: the gateway opens none, and a
     turn that needs its thinking goes without); `seal` makes a reasoning item's
-    encrypted_content, when the request's `include` asks for it."""
+    encrypted_content, when the request's `include` asks for it. `previous` is the stored
+    response `previous_response_id` names: its conversation comes before the input, and its
+    system and developer messages after the request's `instructions` (its own are not carried
+    over, as on OpenAI)."""
     refused = refused_field(body)
     if refused is not None:
         raise refused
@@ -128,8 +141,11 @@ def to_anthropic(
     tools = _Tools(turn)
     tools.add_all(body.get("tools"))
     system = _instructions(body.get("instructions"))
-    entries = _Input(tools, unseal).read(body.get("input"), system)
-    request["messages"] = _turns(entries, thinking=True)
+    instructed = len(system)
+    earlier = _earlier_entries(previous, system)
+    entries = earlier + _Input(tools, unseal).read(body.get("input"), system)
+    request["messages"] = turn.conversation = _turns(entries, thinking=True)
+    turn.conversation_system = system[instructed:]
     if system:
         request["system"] = system
     stream = body.get("stream")
@@ -156,6 +172,77 @@ def to_anthropic(
     if ENCRYPTED_REASONING in include:
         turn.seal = seal
     return request, turn
+
+
+def previous_response_id(body: dict[str, Any]) -> str | None:
+    """The stored response the request continues, if it names one."""
+    value = body.get("previous_response_id")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _bad("previous_response_id", "expected the id of a stored response")
+    return value
+
+
+def keeps(body: dict[str, Any]) -> bool:
+    """Whether the response is to be kept: `store` is true unless the request says false, as on OpenAI."""
+    value = body.get("store")
+    if value is not None and not isinstance(value, bool):
+        raise _bad("store", "expected a boolean")
+    return value is not False
+
+
+def input_items(body: dict[str, Any], response_id: str) -> list[dict[str, Any]]:
+    """The request's input as the Responses items `input_items.list` gives back: a string is a
+    user message, a message's string content an input_text (output_text) part, and an item
+    without an id gets one, made from the response's and its place."""
+    raw = body.get("input")
+    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    listed = []
+    suffix = response_id.removeprefix("resp_")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        item = dict(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": content}]
+            item.setdefault("status", "completed")
+        if not isinstance(item.get("id"), str) or not item["id"]:
+            item["id"] = f"{_INPUT_ID_PREFIXES.get(kind, 'item')}_{suffix}_in{i}"
+        listed.append(item)
+    return listed
+
+
+_INPUT_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
+
+
+def _earlier_entries(previous: StoredConversation | None, system: list[dict[str, Any]]) -> list[Entry]:
+    """A stored conversation as entries, its system text added to `system`. Breakpoints a client
+    put on its blocks are left out: the automatic ones are set again on each request, and old
+    ones would add up past the upstream's limit of four."""
+    if previous is None:
+        return []
+    kept = previous.system
+    system.extend(nonblank_text(kept) if isinstance(kept, str) else (_uncached(block) for block in kept or ()))
+    entries: list[Entry] = []
+    for message in previous.messages:
+        content = message.get("content")
+        blocks = nonblank_text(content) if isinstance(content, str) else [_uncached(block) for block in content or ()]
+        entries.append((message["role"], blocks))
+    return entries
+
+
+def _uncached(block: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in block.items() if name != "cache_control"}
 
 
 def prompt_cache_key(body: dict[str, Any]) -> str | None:

@@ -30,6 +30,11 @@ class ResponseTurn:
     # include asked for "reasoning.encrypted_content": `seal(blocks)` is that field's value, the
     # answer's thinking and redacted_thinking blocks sealed (None: not asked, or no key).
     seal: Callable[[list[dict[str, Any]]], str] | None = None
+    # The conversation so far in Anthropic's format, thinking blocks included (the request's
+    # messages, after those of the response it continues), and its system blocks but the
+    # request's `instructions`: what a stored response keeps for the next request.
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    conversation_system: list[dict[str, Any]] = field(default_factory=list)
 
 
 CUSTOM_INPUT = "input"  # the one property of a custom tool's schema as Claude gets it
