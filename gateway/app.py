@@ -3,16 +3,11 @@ its routes."""
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import dataclasses
-import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from functools import partial, update_wrapper
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import orjson
 from aiohttp import web
 
 from gateway.catalog import catalog_handlers, speaks_anthropic
@@ -26,7 +21,8 @@ from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler
 from gateway.ratelimit import RateLimiter, rate_limiter
 from gateway.server import server_header
 from gateway.spending import SpendReservations
-from gateway.storage import Store, StoredResponse, open_store
+from gateway.storage import Store, open_store
+from gateway.stored_responses import KeptResponses, stored_response_handlers
 from gateway.streams import OpenStreams
 from gateway.upstream import UpstreamClient
 from middlewares.auth import auth_middleware
@@ -34,8 +30,8 @@ from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core.chain import checked
-from middlewares.core.context import API_KEY, request_id
-from middlewares.core.errors import GatewayError, anthropic_error_envelope, error_envelope, error_event, invalid_request
+from middlewares.core.context import request_id
+from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
 from middlewares.core.sizes import MiB
 from middlewares.images import images_middleware
 from middlewares.limits import RESERVATION_TTL, limits_middleware
@@ -324,69 +320,6 @@ def add_routes(
 
 # --- Stored responses (the Responses API's): the stage's store, and the routes that read them.
 
-log = logging.getLogger("ezat.responses")
-
-
-class KeptResponses:
-    """The responses stage's store (middlewares.core.protocols.ResponseStore) on the gateway's:
-    each response kept `retention_days` from its creation (0: none is). A write runs beside the
-    answer, never delaying nor failing it (one that fails is logged: that response is not kept);
-    a read of a response whose write is still under way in this process waits for it, so a
-    client's next request finds its last response."""
-
-    def __init__(self, store: Store, retention_days: int) -> None:
-        self._store, self._days = store, retention_days
-        self._writes: dict[str, asyncio.Task[None]] = {}  # response id → its write, while it runs
-
-    def keep(
-        self,
-        key_id: int,
-        response: dict[str, Any],
-        input_items: list[dict[str, Any]],
-        messages: list[dict[str, Any]],
-        system: list[dict[str, Any]] | None,
-    ) -> None:
-        if self._days <= 0:
-            return
-        created = datetime.fromtimestamp(response["created_at"], UTC)
-        stored = StoredResponse(
-            response["id"],
-            key_id,
-            created,
-            created + timedelta(days=self._days),
-            response,
-            input_items,
-            messages,
-            system,
-        )
-        # A context of its own: the write is no part of the request's trace or its cancellation.
-        write = asyncio.create_task(self._write(stored), context=contextvars.Context())
-        self._writes[stored.response_id] = write
-        write.add_done_callback(lambda _: self._writes.pop(stored.response_id, None))
-
-    async def _write(self, stored: StoredResponse) -> None:
-        try:
-            await self._store.put_response(stored)
-        except Exception as exc:
-            log.error("keeping response %s failed, so it is not stored: %r", stored.response_id, exc)
-
-    async def find(self, response_id: str, key_id: int) -> StoredResponse | None:
-        await self._written(response_id)
-        return await self._store.get_response(response_id, key_id)
-
-    async def delete(self, response_id: str, key_id: int) -> bool:
-        await self._written(response_id)
-        return await self._store.delete_response(response_id, key_id)
-
-    async def _written(self, response_id: str) -> None:
-        write = self._writes.get(response_id)
-        if write is not None:
-            await asyncio.shield(write)  # a reader that leaves does not cancel the write
-
-    async def close(self) -> None:
-        """Waits for the writes under way."""
-        await asyncio.gather(*self._writes.values(), return_exceptions=True)
-
 
 def add_stored_response_routes(app: web.Application, kept: KeptResponses, stages: Stages) -> None:
     """GET and DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items, under both
@@ -398,78 +331,6 @@ def add_stored_response_routes(app: web.Application, kept: KeptResponses, stages
         app.router.add_get(route, chain([stages.auth], retrieve))
         app.router.add_delete(route, chain([stages.auth], delete))
         app.router.add_get(route + "/input_items", chain([stages.auth], list_items))
-
-
-MAX_ITEMS_LISTED = 100  # input_items' `limit` at most, as OpenAI's
-
-
-def stored_response_handlers(kept: KeptResponses) -> tuple[Callable, Callable, Callable]:
-    """The handlers of a stored response: retrieve it, delete it, list its input items; a
-    response the key did not make, or that is not kept, is a 404 as OpenAI words it."""
-
-    async def find(request: web.Request) -> StoredResponse:
-        response_id = request.match_info["response_id"]
-        stored = await kept.find(response_id, request[API_KEY].id)
-        if stored is None:
-            raise _not_found(response_id)
-        return stored
-
-    async def retrieve(request: web.Request) -> web.Response:
-        if request.query.get("stream", "false").lower() not in ("false", "0"):
-            raise invalid_request("stream: a stored response is retrieved whole; leave stream out", "stream")
-        return _json((await find(request)).response)
-
-    async def delete(request: web.Request) -> web.Response:
-        response_id = request.match_info["response_id"]
-        if not await kept.delete(response_id, request[API_KEY].id):
-            raise _not_found(response_id)
-        return _json({"id": response_id, "object": "response.deleted", "deleted": True})
-
-    async def list_items(request: web.Request) -> web.Response:
-        limit, order, after = _list_params(request.query)
-        items = (await find(request)).input_items
-        if order == "desc":
-            items = items[::-1]
-        if after is not None:
-            at = next((i for i, item in enumerate(items) if item.get("id") == after), None)
-            if at is None:
-                raise invalid_request(f"after: no input item of this response has the id {after!r}", "after")
-            items = items[at + 1 :]
-        page = items[:limit]
-        return _json(
-            {
-                "object": "list",
-                "data": page,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None,
-                "has_more": len(items) > limit,
-            }
-        )
-
-    return retrieve, delete, list_items
-
-
-def _list_params(query) -> tuple[int, str, str | None]:
-    """input_items' `limit` (1 to 100, default 20), `order` (desc by default) and `after`."""
-    raw = query.get("limit", "20")
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_ITEMS_LISTED:
-        raise invalid_request(f"limit: expected an integer from 1 to {MAX_ITEMS_LISTED}, not {raw!r}", "limit")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid_request(f"order: expected 'asc' or 'desc', not {order!r}", "order")
-    return limit, order, query.get("after") or None
-
-
-def _not_found(response_id: str) -> GatewayError:
-    return GatewayError(404, f"Response with id '{response_id}' not found.")
-
-
-def _json(value: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(value), content_type="application/json")
 
 
 def reservation_ttl(config: Config, non_streaming_deadline: float) -> float:
