@@ -19,12 +19,20 @@ import orjson
 
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, PDF
+from middlewares.core.openai_shapes import (
+    append_blocks,
+    cached,
+    check_closed_objects,
+    data_url,
+    input_schema,
+    nonblank_text,
+    sampling,
+    upstream_identifier,
+)
 from middlewares.core.protocols import ModelSpec, StoredConversation
 from middlewares.core.reasoning import EFFORTS
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.responses.turn import CUSTOM_INPUT, ResponseTurn
-from middlewares.translator.messages import append_blocks, cached, data_url, nonblank_text, upstream_identifier
-from middlewares.translator.request import check_closed_objects, input_schema, sampling
 
 __all__ = [
     "ENCRYPTED_REASONING",

@@ -7,29 +7,14 @@ assistant turn travel together before any text, and empty text never becomes an 
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 from middlewares.core.errors import invalid_request
-from middlewares.core.media import IMAGE_TYPES, PDF, is_base64, split_data_url
-
-# The upstream accepts only these characters in tool ids and tool names.
-_SAFE = re.compile(r"[a-zA-Z0-9_-]+")
-_UNSAFE_CHARACTER = re.compile(r"[^a-zA-Z0-9_-]")
-
-
-def upstream_identifier(value: str, limit: int = 128) -> str:
-    """`value` as the upstream accepts it. Unchanged when it already is; otherwise the same
-    deterministic rewrite every time (ids from other providers such as `functions.Bash:0`),
-    with a digest so two different values never collide."""
-    if len(value) <= limit and _SAFE.fullmatch(value):
-        return value
-    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
-    return _UNSAFE_CHARACTER.sub("_", value)[: limit - 9] + "_" + digest
+from middlewares.core.media import IMAGE_TYPES, PDF
+from middlewares.core.openai_shapes import append_blocks, cached, data_url, nonblank_text, upstream_identifier
 
 
 def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -63,16 +48,6 @@ def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
     if not turns:
         raise invalid_request("messages: every message is empty", "messages")
     return system, [{"role": role, "content": results + others} for role, results, others in turns]
-
-
-def append_blocks(turns: list[tuple[str, list, list]], role: str, blocks: list[dict[str, Any]]) -> None:
-    """Messages of one role in a row make one turn. Tool results answer the assistant turn
-    before it, so they go before any other block of theirs, whatever the order they came in."""
-    if not blocks:
-        return
-    if not turns or turns[-1][0] != role:
-        turns.append((role, [], []))
-    turns[-1][1 if blocks[0]["type"] == "tool_result" else 2].extend(blocks)
 
 
 def _parts(content: list[Any], path: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -146,14 +121,6 @@ def _document(part: dict[str, Any], path: str) -> dict[str, Any]:
     return {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": data}}
 
 
-def data_url(url: str, path: str, param: str = "messages") -> tuple[str, str]:
-    """(media type, base64 data) of a `data:<type>;base64,<data>` URL."""
-    parts = split_data_url(url)
-    if parts is None or not is_base64(parts[1]):
-        raise invalid_request(f"{path}: expected a base64 data URL (data:<type>;base64,<data>)", param)
-    return parts
-
-
 def _assistant_blocks(message: dict[str, Any], path: str) -> list[dict[str, Any]]:
     content = message.get("content")
     blocks: list[dict[str, Any]] = []
@@ -214,30 +181,6 @@ def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _text_part(part: dict[str, Any], path: str) -> list[dict[str, Any]]:
     return [cached(block, part, path) for block in nonblank_text(_string(part.get("text"), f"{path}.text"))]
-
-
-def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str = "messages") -> dict[str, Any]:
-    """`block` with the cache breakpoint its source part or tool carries, if any."""
-    marker = source.get("cache_control")
-    if marker is None:
-        return block
-    if (
-        not isinstance(marker, dict)
-        or marker.get("type") != "ephemeral"
-        or marker.get("ttl", "5m") not in ("5m", "1h")
-        or not set(marker) <= {"type", "ttl"}
-    ):
-        raise invalid_request(
-            f'{path}.cache_control: expected {{"type": "ephemeral"}} with an optional "ttl" of "5m" or "1h"',
-            param,
-        )
-    block["cache_control"] = marker
-    return block
-
-
-def nonblank_text(text: str) -> list[dict[str, Any]]:
-    # The upstream rejects empty text blocks; whitespace-only text says nothing either.
-    return [{"type": "text", "text": text}] if text and not text.isspace() else []
 
 
 def _string(value: Any, path: str) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from middlewares.core.errors import invalid_request
+from middlewares.core.openai_shapes import cached, check_closed_objects, input_schema, sampling, upstream_identifier
 from middlewares.core.protocols import ModelSpec
 from middlewares.core.reasoning import EFFORTS, UNKNOWN_EFFORT, known_effort
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
-from middlewares.translator.messages import cached, convert_messages, upstream_identifier
+from middlewares.translator.messages import convert_messages
 
 
 def to_anthropic(body: dict[str, Any], model: ModelSpec) -> tuple[dict[str, Any], dict[str, str]]:
@@ -101,20 +102,6 @@ def _tools(body: dict[str, Any], model: ModelSpec, request: dict[str, Any]) -> d
     return renamed
 
 
-def input_schema(schema: Any, path: str, param: str) -> dict[str, Any]:
-    """A function's parameters as the upstream's input_schema: none is no arguments, and a
-    schema without a type is an object's."""
-    if schema is None:
-        return {"type": "object", "properties": {}}
-    if not isinstance(schema, dict):
-        raise invalid_request(f"{path}: expected a JSON schema object", param)
-    if "type" not in schema:
-        return {"type": "object", **schema}
-    if schema["type"] != "object":  # the upstream takes arguments as an object only
-        raise invalid_request(f'{path}: expected a schema of "type": "object"', param)
-    return schema
-
-
 def _tool_choice(choice: Any, model: ModelSpec, names: set[str]) -> dict[str, Any]:
     if choice is None:
         return {}
@@ -175,26 +162,6 @@ def _continues_tool_use(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
-def sampling(body: dict[str, Any], request: dict[str, Any]) -> None:
-    temperature, top_p = body.get("temperature"), body.get("top_p")
-    if temperature is not None:
-        if not _is_number(temperature) or temperature < 0:
-            raise invalid_request("temperature: expected a number from 0 to 2", "temperature")
-        request["temperature"] = min(temperature, 1)  # the upstream's range ends at 1
-    if top_p is not None:
-        if not _is_number(top_p) or not 0 <= top_p <= 1:
-            raise invalid_request("top_p: expected a number from 0 to 1", "top_p")
-        if top_p < 1:  # 1 is the default: sending it says nothing
-            request["top_p"] = top_p
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-# --- Output format.
-
-
 def _response_format(value: Any, request: dict[str, Any]) -> None:
     if value is None:
         return
@@ -209,34 +176,3 @@ def _response_format(value: Any, request: dict[str, Any]) -> None:
         raise invalid_request("response_format.json_schema.schema: expected a JSON schema object", "response_format")
     check_closed_objects(schema, "response_format.json_schema.schema")
     request.setdefault("output_config", {})["format"] = {"type": "json_schema", "schema": schema}
-
-
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
-
-
-def check_closed_objects(schema: Any, path: str, param: str = "response_format") -> None:
-    """Every object in the schema must say `"additionalProperties": false` (docs/api.md, "Structured output").
-    Depth first, in the order the keys are listed, with an explicit stack: a schema nested a
-    thousand levels deep is no RecursionError (a 500) where the bounds stage is not mounted."""
-    stack = [(schema, path)]
-    while stack:
-        schema, path = stack.pop()
-        if not isinstance(schema, dict):
-            continue
-        kind = schema.get("type")
-        is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
-        if is_object and schema.get("additionalProperties") is not False:
-            raise invalid_request(f'{path}: objects need "additionalProperties": false', param)
-        children = []
-        for key in _SUBSCHEMA_MAPS:
-            subschemas = schema.get(key)
-            if isinstance(subschemas, dict):
-                children += ((sub, f"{path}.{key}.{name}") for name, sub in subschemas.items())
-        for key in _SUBSCHEMA_LISTS:
-            subschemas = schema.get(key)
-            if isinstance(subschemas, list):
-                children += ((sub, f"{path}.{key}[{i}]") for i, sub in enumerate(subschemas))
-        if "items" in schema:
-            children.append((schema["items"], f"{path}.items"))
-        stack += reversed(children)  # the first child is checked next, as a recursive walk would
