@@ -41,13 +41,26 @@ from types import SimpleNamespace
 
 from drive import check, driver, in_turns, round_seconds
 from environment import ensure_wrk, log, machine
-from scenarios import ENCODERS, SCENARIOS, upstream_differences
-from systems import BENCH, PYTHON, ROOT, floor_system, gateway_config, gateway_system, mock_system, source_env
+from scenarios import SCENARIOS, request_body, upstream_differences
+from systems import (
+    BENCH,
+    GATEWAY_ROUTES,
+    PYTHON,
+    ROOT,
+    floor_system,
+    gateway_config,
+    gateway_system,
+    mock_system,
+    source_env,
+)
 
 TARGET = 1.3  # native ÷ floor, CPU per request
 RESPONSES_TARGET = 1.10  # responses ÷ openai, CPU per request: the Responses route costs what the chat route does
 RESULTS = BENCH / "results"
-ROUTES = ("native", "openai", "responses")  # the gateway's: Anthropic's Messages API, Chat Completions, Responses
+# The gateway's: Anthropic's Messages API, Chat Completions, Responses (stored, and with "store": false).
+ROUTES = tuple(GATEWAY_ROUTES)
+RESPONSES = ("responses", "responses-unstored")  # the routes held to RESPONSES_TARGET
+DEFAULT_ROUTES = ("native", "openai")
 
 
 def run(argv: list[str], **options) -> str:
@@ -139,7 +152,7 @@ def compare(
         },
         "cells": [],
     }
-    beside_chat = "openai" in routes and "responses" in routes
+    beside_chat = "openai" in routes and any(route in RESPONSES for route in routes)
     head = ["scenario", "conc.", "route", "floor CPU µs/req", "gateway", "gateway ÷ floor", "rounds' range"]
     if beside_chat:
         head += ["÷ openai", "rounds' range"]
@@ -156,7 +169,7 @@ def compare(
             bodies = {}
             for system in systems:
                 bodies[system.name] = workdir / f"{scenario.name}-{system.name}.json"
-                bodies[system.name].write_bytes(ENCODERS[system.api](scenario))
+                bodies[system.name].write_bytes(request_body(system.api, scenario, system.body_fields))
                 check(system, scenario, bodies[system.name])
             for concurrency in levels:
 
@@ -181,7 +194,7 @@ def compare(
                     row = [scenario.name, str(concurrency), route, f"{cpu['floor']:,.0f}", f"{cpu[name]:,.0f}"]
                     row += [f"**{figures['ratio']:.2f}×**", spread(figures["round_ratios"])]
                     if beside_chat:
-                        if route == "responses":
+                        if route in RESPONSES:
                             figures["against_openai"] = cpu[name] / cpu["gateway-openai"]
                             figures["against_openai_rounds"] = per_round(runs[name], runs["gateway-openai"])
                             row += [
@@ -205,7 +218,7 @@ def compare(
                         target = f"≤ {TARGET}× floor"
                         figures["met"] = figures["ratio"] <= TARGET
                         cell.update(figures)  # at the top too, where runs before --routes had them
-                    elif route == "responses" and beside_chat:
+                    elif route in RESPONSES and beside_chat:
                         target = f"≤ {RESPONSES_TARGET:.2f}× openai"
                         figures["met"] = figures["against_openai"] <= RESPONSES_TARGET
                     if "met" in figures:
@@ -238,9 +251,9 @@ if __name__ == "__main__":
     parser.add_argument("--scenarios", default="nonstream,stream50")
     parser.add_argument(
         "--routes",
-        default=",".join(ROUTES),
-        help="the gateway's routes to drive against the floor: native (Messages), openai (Chat Completions), "
-        "responses (OpenAI's Responses API), one or more",
+        default=",".join(DEFAULT_ROUTES),
+        help="the gateway's routes to drive against the floor, one or more: native (Messages), openai (Chat "
+        'Completions), responses (OpenAI\'s Responses API, each response stored), responses-unstored ("store": false)',
     )
     parser.add_argument(
         "--no-limits",

@@ -35,13 +35,13 @@ import report
 from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, round_seconds
 from environment import ensure_py_spy, ensure_wrk, log, machine
 from scenarios import (
-    ENCODERS,
     SCENARIOS,
     SLOW,
     Scenario,
     anthropic_request,
     closing_marker,
     openai_request,
+    request_body,
     upstream_differences,
 )
 from systems import (
@@ -259,7 +259,7 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
     route = args.profile_route
     for scenario in [SCENARIOS[n] for n in names]:
         body = workdir / f"{scenario.name}-{route}.json"
-        body.write_bytes(ENCODERS[gateway.api](scenario))
+        body.write_bytes(request_body(gateway.api, scenario, gateway.body_fields))
         check(gateway, scenario, body)
         drive = driver(args, wrk, gateway, scenario, body, args.profile_concurrency, args.profile_duration)
         driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
@@ -348,7 +348,7 @@ def parse_args() -> argparse.Namespace:
         "--profile-route",
         choices=tuple(GATEWAY_ROUTES),
         default="openai",
-        help="the gateway's route to profile: openai (Chat Completions), responses, native (Messages)",
+        help="the gateway's route to profile: openai (Chat Completions), responses, responses-unstored, native",
     )
     args = parser.parse_args()
     q = args.quick

@@ -115,6 +115,12 @@ def anthropic_request(s: Scenario) -> bytes:
 ENCODERS = {"openai": openai_request, "responses": responses_request, "anthropic": anthropic_request}
 
 
+def request_body(api: str, s: Scenario, fields: dict | None = None) -> bytes:
+    """The scenario's request in `api`, with `fields` added (systems.ROUTE_FIELDS)."""
+    body = ENCODERS[api](s)
+    return orjson.dumps(orjson.loads(body) | fields) if fields else body
+
+
 async def upstream_differences(
     config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...] = ("openai",)
 ) -> list[str]:
@@ -124,7 +130,7 @@ async def upstream_differences(
     asks the same of the upstream). The mock's validation also proves the floor's requests are
     ones the real API accepts."""
     import aiohttp
-    from systems import GATEWAY_ROUTES, route_headers
+    from systems import GATEWAY_ROUTES, ROUTE_FIELDS, route_headers
 
     from gateway.app import build_app
     from gateway.config import parse_config
@@ -145,7 +151,8 @@ async def upstream_differences(
                 path, api = GATEWAY_ROUTES[route]
                 headers = dict(h.split(": ", 1) for h in route_headers(route)) | {"Content-Type": "application/json"}
                 for s in scenarios:
-                    async with session.post(gateway + path, data=ENCODERS[api](s), headers=headers) as response:
+                    body = request_body(api, s, ROUTE_FIELDS.get(route))
+                    async with session.post(gateway + path, data=body, headers=headers) as response:
                         await response.read()
                     sent = mock.requests[-1].body if mock.requests else None
                     if response.status != 200 or sent != orjson.loads(anthropic_request(s)):

@@ -30,9 +30,13 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The gateway's routes a benchmark drives: {route: (the path its clients POST to, the API they speak)}.
 GATEWAY_ROUTES = {
     "openai": ("/v1/chat/completions", "openai"),  # Chat Completions, translated
-    "responses": ("/v1/responses", "responses"),  # OpenAI's Responses API, translated
+    "responses": ("/v1/responses", "responses"),  # OpenAI's Responses API, translated; each response stored
+    "responses-unstored": ("/v1/responses", "responses"),  # the same, each request with "store": false
     "native": ("/v1/messages", "anthropic"),  # Anthropic's Messages API, relayed
 }
+# What a route's requests add to the scenario's body: storing a response is the Responses API's
+# default, and a write the chat route has not; Codex sends "store": false.
+ROUTE_FIELDS = {"responses-unstored": {"store": False}}
 
 
 def free_port() -> int:
@@ -118,6 +122,7 @@ class System:
     api: str = "anthropic"  # what its clients speak: "anthropic" (Messages), "openai" (Chat Completions), "responses"
     cwd: Path | None = None  # where the process runs; else the work directory
     env: dict | None = None  # its environment; else this process's
+    body_fields: dict = field(default_factory=dict)  # what its clients add to a scenario's body (ROUTE_FIELDS)
 
     @property
     def pid(self) -> int:
@@ -264,6 +269,7 @@ def gateway_system(
         workers=workers,
         extra={"config": str(config), "db": str(workdir / f"{name}.db")},
         api=api,
+        body_fields=ROUTE_FIELDS.get(route, {}),
         cwd=source,
         env=source_env(source) if source else None,
     )
