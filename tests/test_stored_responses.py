@@ -13,32 +13,8 @@ import asyncpg
 import pytest
 
 from gateway.ledger import Ledger
-from gateway.storage import StoredResponse, open_store, schema
-from tests.test_storage import query, row
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request, tmp_path) -> str:
-    """A storage URL for each backend: a SQLite file in tmp_path, or a fresh PostgreSQL schema."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'ezat.db'}"
-    return request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-async def opened():
-    """Opens stores and closes them at the end of the test."""
-    stores = []
-
-    async def open_(url: str):
-        store = open_store(url)
-        await store.open()
-        stores.append(store)
-        return store
-
-    yield open_
-    for store in stores:
-        await store.close()
+from gateway.storage import StoredResponse, schema
+from tests.test_storage import opened, query, row, store_url  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
