@@ -178,33 +178,55 @@ ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("answer", list(ANSWERS))
-async def test_a_native_stream_is_the_upstreams_bytes_event_by_event(start_gateway, answer):
-    body = {"model": UPSTREAM_MODEL, "max_tokens": 1024, "stream": True, "messages": HELLO}
+STREAM_BODY = {"model": UPSTREAM_MODEL, "max_tokens": 1024, "stream": True, "messages": HELLO}
+
+
+async def recorded_stream(scenario: Scenario) -> bytes:
+    """The bytes the mock upstream streams for `scenario`, as a real upstream sends them."""
     mock = MockUpstream(api_key=UPSTREAM_KEY)
     await mock.start()
     try:
-        mock.enqueue(Scenario(blocks=ANSWERS[answer], chunk_size=3, pings=1))
-        status, sent = await post(mock.url, body, [("x-api-key", UPSTREAM_KEY), ("anthropic-version", "2023-06-01")])
+        mock.enqueue(scenario)
+        status, sent = await post(
+            mock.url, STREAM_BODY, [("x-api-key", UPSTREAM_KEY), ("anthropic-version", "2023-06-01")]
+        )
     finally:
         await mock.close()
     assert status == 200
+    return sent
+
+
+async def relayed(start_gateway, sent: bytes):
+    """What a client of the native route gets, and the ledger's row, from an upstream sending `sent`."""
     replay = Replay(sent)
     runner, url = await replay.start()
     try:
         gateway = await start_gateway(make_config(url))
-        status, got = await post(gateway.url, {**body, "model": MODEL})
+        status, got = await post(gateway.url, {**STREAM_BODY, "model": MODEL})
         [row] = await gateway.app[STORE].ledger()
     finally:
         await runner.cleanup()
-
     assert status == 200
+    return got, row
+
+
+def assert_the_upstreams_bytes_and_count(sent: bytes, got: bytes, row) -> None:
+    """The client got the upstream's events as sent (only the model's name changed), and the
+    ledger billed the upstream's output count (its message_delta, third from the end)."""
     expected = events(sent)
     expected[0] = named_as_asked(expected[0], UPSTREAM_MODEL)
     assert events(got) == expected
-    assert got.count(b"event: content_block_delta") > 10  # deltas, none joined
     usage = json.loads(expected[-3].split(b"data: ", 1)[1])["usage"]
     assert row.output_tokens == usage["output_tokens"]
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+async def test_a_native_stream_is_the_upstreams_bytes_event_by_event(start_gateway, answer):
+    sent = await recorded_stream(Scenario(blocks=ANSWERS[answer], chunk_size=3, pings=1))
+    got, row = await relayed(start_gateway, sent)
+
+    assert_the_upstreams_bytes_and_count(sent, got, row)
+    assert got.count(b"event: content_block_delta") > 10  # deltas, none joined
 
 
 def with_ids(stream: bytes) -> bytes:
@@ -220,30 +242,10 @@ def without_event_lines(stream: bytes) -> bytes:
 
 @pytest.mark.parametrize("rewrite", [with_ids, without_event_lines])
 async def test_a_stream_whose_events_do_not_start_with_their_name_is_relayed_and_billed(start_gateway, rewrite):
-    mock = MockUpstream(api_key=UPSTREAM_KEY)
-    await mock.start()
-    body = {"model": UPSTREAM_MODEL, "max_tokens": 1024, "stream": True, "messages": HELLO}
-    try:
-        mock.enqueue(Scenario(blocks=ANSWERS["text-burst"], chunk_size=3))
-        _, sent = await post(mock.url, body, [("x-api-key", UPSTREAM_KEY), ("anthropic-version", "2023-06-01")])
-    finally:
-        await mock.close()
-    sent = rewrite(sent)
-    replay = Replay(sent)
-    runner, url = await replay.start()
-    try:
-        gateway = await start_gateway(make_config(url))
-        status, got = await post(gateway.url, {**body, "model": MODEL})
-        [row] = await gateway.app[STORE].ledger()
-    finally:
-        await runner.cleanup()
+    sent = rewrite(await recorded_stream(Scenario(blocks=ANSWERS["text-burst"], chunk_size=3)))
+    got, row = await relayed(start_gateway, sent)
 
-    assert status == 200
-    expected = events(sent)
-    expected[0] = named_as_asked(expected[0], UPSTREAM_MODEL)
-    assert events(got) == expected
-    usage = json.loads(expected[-3].split(b"data: ", 1)[1])["usage"]
-    assert row.output_tokens == usage["output_tokens"]
+    assert_the_upstreams_bytes_and_count(sent, got, row)
 
 
 def written_as_another_would(event: dict) -> bytes:
