@@ -9,6 +9,8 @@ import hashlib
 import re
 from typing import Any
 
+import orjson
+
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import is_base64, split_data_url
 
@@ -132,3 +134,17 @@ def check_closed_objects(schema: Any, path: str, param: str = "response_format")
         if "items" in schema:
             children.append((schema["items"], f"{path}.items"))
         stack += reversed(children)  # the first child is checked next, as a recursive walk would
+
+
+def call_arguments(value: Any, path: str, param: str) -> dict[str, Any]:
+    """A function call's `arguments` (a JSON object written as a string; "" for a call of no
+    arguments) as the tool_use's `input`."""
+    if not isinstance(value, str):
+        raise invalid_request(f"{path}: expected a string", param)
+    try:
+        arguments = orjson.loads(value) if value.strip() else {}
+    except orjson.JSONDecodeError:
+        raise invalid_request(f"{path}: not valid JSON", param) from None
+    if not isinstance(arguments, dict):
+        raise invalid_request(f"{path}: expected a JSON object", param)
+    return arguments

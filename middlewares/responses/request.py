@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, PDF
 from middlewares.core.openai_shapes import (
     append_blocks,
     cached,
+    call_arguments,
     check_closed_objects,
     data_url,
     input_schema,
@@ -365,15 +364,7 @@ class _Input:
                 raise _bad(f"{path}.input", "expected a string")
             arguments: Any = {CUSTOM_INPUT: value}
         else:
-            text = item.get("arguments", "")
-            if not isinstance(text, str):
-                raise _bad(f"{path}.arguments", "expected a string")
-            try:
-                arguments = orjson.loads(text) if text.strip() else {}  # no-argument calls send ""
-            except orjson.JSONDecodeError:
-                raise _bad(f"{path}.arguments", "not valid JSON") from None
-            if not isinstance(arguments, dict):
-                raise _bad(f"{path}.arguments", "expected a JSON object")
+            arguments = call_arguments(item.get("arguments", ""), f"{path}.arguments", f"{path}.arguments")
         return {"type": "tool_use", "id": upstream_identifier(call_id), "name": name, "input": arguments}
 
     def _result(self, item: dict[str, Any], path: str) -> dict[str, Any]:

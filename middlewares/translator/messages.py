@@ -10,11 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import IMAGE_TYPES, PDF
-from middlewares.core.openai_shapes import append_blocks, cached, data_url, nonblank_text, upstream_identifier
+from middlewares.core.openai_shapes import (
+    append_blocks,
+    cached,
+    call_arguments,
+    data_url,
+    nonblank_text,
+    upstream_identifier,
+)
 
 
 def convert_messages(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -150,13 +155,7 @@ def _tool_use(call: Any, path: str) -> dict[str, Any]:
     function = call.get("function")
     if not isinstance(function, dict):
         raise invalid_request(f"{path}.function: expected an object", "messages")
-    arguments = _string(function.get("arguments", ""), f"{path}.function.arguments")
-    try:
-        arguments = orjson.loads(arguments) if arguments.strip() else {}  # no-argument calls send ""
-    except orjson.JSONDecodeError:
-        raise invalid_request(f"{path}.function.arguments: not valid JSON", "messages") from None
-    if not isinstance(arguments, dict):
-        raise invalid_request(f"{path}.function.arguments: expected a JSON object", "messages")
+    arguments = call_arguments(function.get("arguments", ""), f"{path}.function.arguments", "messages")
     return {
         "type": "tool_use",
         "id": upstream_identifier(_non_empty(call.get("id"), f"{path}.id")),
