@@ -435,12 +435,12 @@ async def test_refused_fields_get_a_400_naming_them_before_admission(gateway, up
         (
             {"input": [{"type": "local_shell_call", "id": "x"}]},
             "input[0].type",
-            "input[0].type: expected message, function_call, function_call_output, custom_tool_call, custom_tool_call_output or reasoning, not 'local_shell_call'",
+            "input[0].type: expected message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning or item_reference, not 'local_shell_call'",
         ),
         (
             {"input": [{"role": "user", "content": "Hi"}, {"type": "item_reference", "id": "msg_1"}]},
-            "input[1]",
-            'input[1]: item references are not supported; send the item itself (a client that sends earlier turns as references when it stores responses needs "store": false)',
+            "input[1].id",
+            "input[1].id: no stored response of this key has an item with id 'msg_1'",
         ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},

@@ -185,6 +185,60 @@ async def test_thinking_carries_across_a_tool_call_by_previous_response_id(clien
     assert body["thinking"]["type"] in ("adaptive", "enabled")
 
 
+async def test_item_references_bring_back_the_stored_items_thinking_and_all(client, upstream):
+    # As the Vercel AI SDK continues a tool loop while it stores responses: the reasoning and the
+    # text by reference, the call itself, then its output.
+    upstream.enqueue(Scenario(blocks=[THOUGHT, {"type": "text", "text": "Let me look."}, CALL]), text("Sunny."))
+    asked = {"model": MODEL, "tools": [WEATHER], "reasoning": {"effort": "high"}}
+    first = await client.responses.create(input="Weather in Oslo?", **asked)
+    reasoning, message, call = first.output
+    assert (reasoning.type, message.type, call.type) == ("reasoning", "message", "function_call")
+    answer = await client.responses.create(
+        input=[
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"type": "item_reference", "id": reasoning.id},
+            {"type": "item_reference", "id": message.id},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"},
+        ],
+        **asked,
+    )
+    assert answer.output_text == "Sunny."
+    body = sent(upstream)
+    assert body["messages"][1] == {
+        "role": "assistant",
+        "content": [THOUGHT, {"type": "text", "text": "Let me look."}, CALL],  # the signature too
+    }
+    assert body["thinking"]["type"] in ("adaptive", "enabled")  # on, since the thinking came back
+    # An input item is found by reference too, by the id input_items gives it.
+    [listed, *_] = (await client.responses.input_items.list(answer.id, order="asc")).data
+    upstream.enqueue(text("Still sunny."))
+    await client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": listed.id}])
+    assert sent(upstream)["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"}]}]
+
+
+async def test_an_item_reference_the_key_cannot_read_is_a_400_naming_it(client, gateway, upstream):
+    upstream.enqueue(text("Paris."), text("Rome."))
+    kept = await client.responses.create(model=MODEL, input="Capital of France?")
+    unkept = await client.responses.create(model=MODEL, input="Capital of Italy?", store=False)
+    async with gateway.client(api_key=OTHER_KEY) as other:
+        for caller, item_id in (
+            (other, kept.output[0].id),  # another key's
+            (client, unkept.output[0].id),  # never stored
+            (client, "msg_unknown"),  # not one of the gateway's
+            (client, kept.output[0].id.replace("msg_", "fc_")),  # the response's, but no such item
+        ):
+            with pytest.raises(openai.BadRequestError) as caught:
+                await caller.responses.create(
+                    model=MODEL, input=[{"role": "user", "content": "Hi"}, {"type": "item_reference", "id": item_id}]
+                )
+            assert caught.value.body["param"] == "input[1].id"
+            assert caught.value.body["message"] == (
+                f"input[1].id: no stored response of this key has an item with id {item_id!r}"
+            )
+    assert len(upstream.requests) == 2  # each refused before any upstream call
+
+
 async def test_store_false_keeps_nothing(client, upstream):
     upstream.enqueue(text("Paris."), text("?"))
     created = await client.responses.create(model=MODEL, input="Capital of France?", store=False)

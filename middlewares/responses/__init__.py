@@ -26,6 +26,7 @@ from middlewares.responses.request import (
     keeps,
     previous_response_id,
     prompt_cache_key,
+    referenced_responses,
     refused_field,
     to_anthropic,
 )
@@ -66,8 +67,9 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
     conversation in Anthropic's format, the answer's blocks last, thinking included; a request's
     `previous_response_id` continues from it, and one it does not find is a 400. A streamed
     response is kept as its last event is encoded, completed or incomplete, before the client
-    can read it; a failed one, or one the client left, is not. Without a
-    store nothing is kept and every `previous_response_id` is a 400."""
+    can read it; a failed one, or one the client left, is not. An `item_reference` in the input
+    is looked up in the key's stored response its id names. Without a store nothing is kept and
+    every `previous_response_id` and `item_reference` is a 400."""
     if reasoning_key is not None and len(reasoning_key) != KEY_BYTES:
         raise ValueError(f"responses_middleware: reasoning_key must be {KEY_BYTES} bytes")
     unseal = partial(open_sealed, key=reasoning_key) if reasoning_key is not None else None
@@ -87,6 +89,12 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
             previous = await store.find(previous_id, request[API_KEY].id) if store is not None else None
             if previous is None:
                 raise invalid_request(f"Previous response with id '{previous_id}' not found.", "previous_response_id")
+        referenced = {}
+        if store is not None:  # without one, a reference is a 400 naming it
+            for named in referenced_responses(body):
+                found = await store.find(named, request[API_KEY].id)
+                if found is not None:
+                    referenced[named] = found
         response_id = "resp_" + request_id(request)
         request[BODY], turn = to_anthropic(
             body,
@@ -96,6 +104,7 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
             unseal=unseal,
             seal=sealer,
             previous=previous,
+            referenced=referenced,
         )
         kept = None
         if keeps(body) and store is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "keeps",
     "previous_response_id",
     "prompt_cache_key",
+    "referenced_responses",
     "refused_field",
     "to_anthropic",
 ]
@@ -79,11 +80,10 @@ ECHOED = (
     "service_tier",
 )
 MAX_CACHE_KEY = 256
-ITEM_REFERENCE = (
-    "item references are not supported; send the item itself "
-    '(a client that sends earlier turns as references when it stores responses needs "store": false)'
+_ITEM_TYPES = (
+    "message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning "
+    "or item_reference"
 )
-_ITEM_TYPES = "message, function_call, function_call_output, custom_tool_call, custom_tool_call_output or reasoning"
 
 
 def _bad(path: str, what: str) -> GatewayError:
@@ -126,6 +126,7 @@ def to_anthropic(
     unseal: Unseal | None = None,
     seal: Seal | None = None,
     previous: StoredConversation | None = None,
+    referenced: dict[str, StoredConversation] | None = None,
 ) -> tuple[dict[str, Any], ResponseTurn]:
     """The upstream request for `body`, a Responses API request, and what its reply needs.
 
@@ -134,7 +135,8 @@ def to_anthropic(
     encrypted_content, when the request's `include` asks for it. `previous` is the stored
     response `previous_response_id` names: its conversation comes before the input, and its
     system and developer messages after the request's `instructions` (its own are not carried
-    over, as on OpenAI)."""
+    over, as on OpenAI). `referenced` holds the stored responses, by id, that the input's
+    item references point into (`referenced_responses`)."""
     refused = refused_field(body)
     if refused is not None:
         raise refused
@@ -150,7 +152,7 @@ def to_anthropic(
     system = _instructions(body.get("instructions"))
     instructed = len(system)
     earlier = _earlier_entries(previous, system)
-    entries = earlier + _Input(tools, unseal).read(body.get("input"), system)
+    entries = earlier + _Input(tools, unseal, referenced or {}).read(body.get("input"), system)
     request["messages"] = turn.conversation = _turns(entries, thinking=True)
     turn.conversation_system = system[instructed:]
     if system:
@@ -248,6 +250,62 @@ def _earlier_entries(previous: StoredConversation | None, system: list[dict[str,
     return entries
 
 
+def referenced_responses(body: dict[str, Any]) -> set[str]:
+    """The ids of the responses whose items the input refers to (`item_reference`): an item the
+    gateway made names its response in its id."""
+    raw = body.get("input")
+    if not isinstance(raw, list):
+        return set()
+    return {
+        response_id
+        for item in raw
+        if isinstance(item, dict)
+        and item.get("type") == "item_reference"
+        and (response_id := _response_of(item.get("id"))) is not None
+    }
+
+
+def _response_of(item_id: Any) -> str | None:
+    """The response an item id of the gateway's names (`msg_<request id>_1`, `fc_<request id>_in3`)."""
+    if not isinstance(item_id, str):
+        return None
+    request, _, place = item_id.partition("_")[2].rpartition("_")
+    return "resp_" + request if request and place else None
+
+
+def _stored_item(stored: StoredConversation, item_id: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None] | None:
+    """The item of a stored response's output or input with `item_id`, and for a reasoning item
+    of its output the thinking blocks it stands for (the answer's run of them in its place)."""
+    output = stored.response.get("output") or []
+    for index, item in enumerate(output):
+        if item.get("id") == item_id:
+            if item.get("type") != "reasoning":
+                return item, None
+            ordinal = sum(1 for earlier in output[:index] if earlier.get("type") == "reasoning")
+            runs = _thinking_runs(stored.messages[-1] if stored.messages else None)
+            return item, runs[ordinal] if ordinal < len(runs) else []
+    for item in stored.input_items:
+        if item.get("id") == item_id and item.get("type") != "item_reference":
+            return item, None
+    return None
+
+
+def _thinking_runs(answer: dict[str, Any] | None) -> list[list[dict[str, Any]]]:
+    """The answer turn's thinking blocks, in the runs the reply made reasoning items of."""
+    if answer is None or answer.get("role") != "assistant" or not isinstance(answer.get("content"), list):
+        return []
+    runs: list[list[dict[str, Any]]] = []
+    open_run = False
+    for block in answer["content"]:
+        thinking = block.get("type") in _THINKING
+        if thinking:
+            if not open_run:
+                runs.append([])
+            runs[-1].append(block)
+        open_run = thinking
+    return runs
+
+
 def _uncached(block: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in block.items() if name != "cache_control"}
 
@@ -287,8 +345,8 @@ Entry = tuple[str, list[dict[str, Any]]]
 class _Input:
     """Reads `input`'s items into entries of one role each, system text aside."""
 
-    def __init__(self, tools: _Tools, unseal: Unseal | None) -> None:
-        self._tools, self._unseal = tools, unseal
+    def __init__(self, tools: _Tools, unseal: Unseal | None, referenced: dict[str, StoredConversation]) -> None:
+        self._tools, self._unseal, self._referenced = tools, unseal, referenced
 
     def read(self, raw: Any, system: list[dict[str, Any]]) -> list[Entry]:
         if isinstance(raw, str):
@@ -297,33 +355,48 @@ class _Input:
             raise _bad("input", "expected a string or a list of items")
         entries: list[Entry] = []
         for i, item in enumerate(raw):
-            path = f"input[{i}]"
-            if not isinstance(item, dict):
-                raise _bad(path, "expected an object")
-            kind = item.get("type", "message")
-            if kind == "message":
-                role = item.get("role")
-                if role in ("system", "developer"):
-                    system.extend(self._content(item.get("content"), f"{path}.content", role))
-                    continue
-                if role not in ("user", "assistant"):
-                    raise _bad(f"{path}.role", "expected one of user, assistant, system, developer")
-                entries.append((role, self._content(item.get("content"), f"{path}.content", role)))
-            elif kind in ("function_call", "custom_tool_call"):
-                entries.append(("assistant", [self._call(item, path, kind == "custom_tool_call")]))
-            elif kind in ("function_call_output", "custom_tool_call_output"):
-                entries.append(("user", [self._result(item, path)]))
-            elif kind == "reasoning":
-                entries.append(("assistant", self._reasoning(item, path)))
-            elif kind == "item_reference":
-                # Dropping it would lose part of the conversation unseen: a client that stores
-                # responses sends earlier turns this way, and needs telling.
-                raise _bad(path, ITEM_REFERENCE)
-            else:
-                raise _bad(f"{path}.type", f"expected {_ITEM_TYPES}, not {kind!r}")
+            self._item(item, f"input[{i}]", system, entries)
         if not entries:
             raise _bad("input", "must contain at least one item that is not a system or developer message")
         return entries
+
+    def _item(self, item: Any, path: str, system: list[dict[str, Any]], entries: list[Entry]) -> None:
+        if not isinstance(item, dict):
+            raise _bad(path, "expected an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role in ("system", "developer"):
+                system.extend(self._content(item.get("content"), f"{path}.content", role))
+                return
+            if role not in ("user", "assistant"):
+                raise _bad(f"{path}.role", "expected one of user, assistant, system, developer")
+            entries.append((role, self._content(item.get("content"), f"{path}.content", role)))
+        elif kind in ("function_call", "custom_tool_call"):
+            entries.append(("assistant", [self._call(item, path, kind == "custom_tool_call")]))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            entries.append(("user", [self._result(item, path)]))
+        elif kind == "reasoning":
+            entries.append(("assistant", self._reasoning(item, path)))
+        elif kind == "item_reference":
+            self._reference(item, path, system, entries)
+        else:
+            raise _bad(f"{path}.type", f"expected {_ITEM_TYPES}, not {kind!r}")
+
+    def _reference(self, item: dict[str, Any], path: str, system: list[dict[str, Any]], entries: list[Entry]) -> None:
+        """The item an item_reference names, read as if it were sent: the gateway looks it up in
+        the stored response its id names (the key's own, kept); a reasoning item brings the
+        thinking blocks that response kept."""
+        item_id = item.get("id")
+        stored = self._referenced.get(_response_of(item_id) or "")
+        found = _stored_item(stored, item_id) if stored is not None else None
+        if found is None:
+            raise _bad(f"{path}.id", f"no stored response of this key has an item with id {item_id!r}")
+        referenced, thinking = found
+        if thinking is not None:
+            entries.append(("assistant", [dict(block) for block in thinking]))
+        else:
+            self._item(referenced, path, system, entries)
 
     def _content(self, content: Any, path: str, role: str) -> list[dict[str, Any]]:
         if isinstance(content, str):

@@ -5,7 +5,7 @@
 //   tools     generateText with a get_weather tool it executes, then the answer (two requests)
 //   thinking  the same with reasoning on and store: false (the reasoning goes back as an item)
 //   stored    the same with reasoning on and the default store: true (the reasoning goes back as
-//             an item_reference); prints the error the SDK raised
+//             an item_reference); an error the SDK raised is printed instead
 //   stream-tools  streamText with the get_weather tool: the answer, how many deltas carried it,
 //             the steps and calls
 // Run by tests/test_vercel_ai.py (copied beside the SDK's node_modules first).
