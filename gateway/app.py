@@ -325,12 +325,14 @@ def add_stored_response_routes(app: web.Application, kept: KeptResponses, stages
     """GET and DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items, under both
     prefixes. Behind auth alone: a read of the key's own responses reserves nothing and costs no
     upstream call, so the limits stage, which admits a model's request, has nothing to weigh."""
-    retrieve, delete, list_items = stored_response_handlers(kept)
+    retrieve, delete, list_items = (
+        api_route("stored_responses", chain([stages.auth], handler)) for handler in stored_response_handlers(kept)
+    )
     for prefix in ("", "/openai"):
         route = prefix + "/v1/responses/{response_id}"
-        app.router.add_get(route, chain([stages.auth], retrieve))
-        app.router.add_delete(route, chain([stages.auth], delete))
-        app.router.add_get(route + "/input_items", chain([stages.auth], list_items))
+        app.router.add_get(route, retrieve)
+        app.router.add_delete(route, delete)
+        app.router.add_get(route + "/input_items", list_items)
 
 
 def reservation_ttl(config: Config, non_streaming_deadline: float) -> float:

@@ -588,6 +588,20 @@ async def test_the_metrics_call_the_route_responses(gateway, upstream):
     assert samples[first_token] == 1
 
 
+async def test_the_metrics_call_the_stored_responses_routes_stored_responses(gateway, upstream):
+    async with gateway.client() as client:
+        created = await client.responses.create(model=MODEL, input="Hi")
+        await client.responses.retrieve(created.id)
+        await client.responses.input_items.list(created.id)
+        await client.responses.delete(created.id)
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(created.id)
+    samples = await scrape(gateway.url)
+    stored = (("model", ""), ("route", "stored_responses"))
+    assert samples[("ezat_requests_total", (*stored, ("status", "200")))] == 3
+    assert samples[("ezat_requests_total", (*stored, ("status", "404")))] == 1
+
+
 async def test_admission_reserves_max_output_tokens_as_the_output(start_gateway, upstream):
     config = make_config(upstream.url)
     key = dataclasses.replace(config.keys[0], spend_limit_usd=Decimal("0.01"))

@@ -28,6 +28,7 @@ _OPERATION = {
     "messages": "chat",
     "count_tokens": "count_tokens",
     "models": "models",
+    "stored_responses": "stored_responses",
 }
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
