@@ -5,7 +5,6 @@ handlers of GET and DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_i
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -14,6 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.group_commit import GroupCommit
 from gateway.storage import Store, StoredResponse
 from middlewares.core.context import API_KEY
 from middlewares.core.errors import GatewayError, invalid_request
@@ -23,14 +23,18 @@ log = logging.getLogger("ezat.responses")
 
 class KeptResponses:
     """The responses stage's store (middlewares.core.protocols.ResponseStore) on the gateway's:
-    each response kept `retention_days` from its creation (0: none is). A write runs beside the
-    answer, never delaying nor failing it (one that fails is logged: that response is not kept);
-    a read of a response whose write is still under way in this process waits for it, so a
-    client's next request finds its last response."""
+    each response kept `retention_days` from its creation (0: none is). Writes run beside the
+    answers, never delaying nor failing one (a write that fails is logged: that response is not
+    kept), in groups (gateway/group_commit.py): what is kept while one group is written goes in
+    the next, one transaction for many responses. A read of a response whose write is still under
+    way in this process waits for it, so a client's next request finds its last response."""
 
     def __init__(self, store: Store, retention_days: int) -> None:
         self._store, self._days = store, retention_days
-        self._writes: dict[str, asyncio.Task[None]] = {}  # response id → its write, while it runs
+        self._pending: list[StoredResponse] = []
+        self._next_written: asyncio.Future[None] | None = None  # done when the pending group is
+        self._unwritten: dict[str, asyncio.Future[None]] = {}  # response id → its group's write, until done
+        self._commit = GroupCommit(self._write_groups)
 
     def keep(
         self,
@@ -53,16 +57,36 @@ class KeptResponses:
             messages,
             system,
         )
-        # A context of its own: the write is no part of the request's trace or its cancellation.
-        write = asyncio.create_task(self._write(stored), context=contextvars.Context())
-        self._writes[stored.response_id] = write
-        write.add_done_callback(lambda _: self._writes.pop(stored.response_id, None))
+        if self._next_written is None:
+            self._next_written = asyncio.get_running_loop().create_future()
+        self._pending.append(stored)
+        self._unwritten[stored.response_id] = self._next_written
+        self._commit.start()
 
-    async def _write(self, stored: StoredResponse) -> None:
+    async def _write_groups(self) -> None:
+        while self._pending:
+            await self._commit.linger()
+            group, written = self._pending, self._next_written
+            self._pending, self._next_written = [], None
+            self._commit.taken(len(group))
+            try:
+                await self._write(group)
+            finally:
+                written.set_result(None)
+                for stored in group:
+                    if self._unwritten.get(stored.response_id) is written:
+                        del self._unwritten[stored.response_id]
+
+    async def _write(self, group: list[StoredResponse]) -> None:
         try:
-            await self._store.put_response(stored)
+            await self._store.put_responses(group)
         except Exception as exc:
-            log.error("keeping response %s failed, so it is not stored: %r", stored.response_id, exc)
+            if len(group) == 1:
+                log.error("keeping response %s failed, so it is not stored: %r", group[0].response_id, exc)
+                return
+            # One response the database refuses must not cost its neighbours theirs.
+            for stored in group:
+                await self._write([stored])
 
     async def find(self, response_id: str, key_id: int) -> StoredResponse | None:
         await self._written(response_id)
@@ -73,13 +97,13 @@ class KeptResponses:
         return await self._store.delete_response(response_id, key_id)
 
     async def _written(self, response_id: str) -> None:
-        write = self._writes.get(response_id)
-        if write is not None:
-            await asyncio.shield(write)  # a reader that leaves does not cancel the write
+        written = self._unwritten.get(response_id)
+        if written is not None:
+            await asyncio.shield(written)  # a reader that leaves does not cancel the write
 
     async def close(self) -> None:
-        """Waits for the writes under way."""
-        await asyncio.gather(*self._writes.values(), return_exceptions=True)
+        """Waits for the writes under way and pending."""
+        await self._commit.idle()
 
 
 MAX_ITEMS_LISTED = 100  # input_items' `limit` at most, as OpenAI's

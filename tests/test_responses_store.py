@@ -4,6 +4,7 @@ upstream, with the official openai SDK. Each continuation test checks what the u
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import sqlite3
@@ -296,3 +297,23 @@ async def test_a_write_that_fails_is_logged_and_the_answer_stands(start_gateway,
         assert created.output_text == "Paris."
         await not_found(client.responses.retrieve(created.id))
     assert f"keeping response {created.id} failed, so it is not stored" in caplog.text
+
+
+async def test_responses_kept_together_survive_one_the_database_refuses(start_gateway, upstream, tmp_path, caplog):
+    path = tmp_path / "ezat.db"
+    gateway = await start_gateway(config(upstream, f"sqlite:///{path}"))
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON responses WHEN NEW.input_items LIKE '%poison%'"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    questions = [f"Question {i}?" for i in range(12)] + ["poison"]
+    upstream.enqueue(*(text("Yes.") for _ in questions))
+    async with gateway.client() as client:
+        created = await asyncio.gather(*(client.responses.create(model=MODEL, input=q) for q in questions))
+        *kept, refused = created
+        for response in kept:
+            assert (await client.responses.retrieve(response.id)).output_text == "Yes."
+        await not_found(client.responses.retrieve(refused.id))
+    assert f"keeping response {refused.id} failed, so it is not stored" in caplog.text
+    assert caplog.text.count("failed, so it is not stored") == 1

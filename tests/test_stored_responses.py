@@ -1,4 +1,4 @@
-"""Stored Responses API responses (Store.put_response, get_response, delete_response), the same on
+"""Stored Responses API responses (Store.put_responses, get_response, delete_response), the same on
 SQLite and PostgreSQL, through the store's own interface on a real database."""
 
 from __future__ import annotations
@@ -83,8 +83,7 @@ async def test_a_stored_response_reads_back_as_it_was_put(store_url, opened):
     first = stored("resp_first", key.id)
     blocks = stored("resp_blocks", key.id, system=[{"type": "text", "text": "Be brief."}], input_items=[])
     unprompted = stored("resp_unprompted", key.id, system=None)
-    for response in (first, blocks, unprompted):
-        await store.put_response(response)
+    await store.put_responses([first, blocks, unprompted])  # in one transaction
     assert await store.get_response("resp_first", key.id) == first
     assert await store.get_response("resp_blocks", key.id) == blocks
     assert await store.get_response("resp_unprompted", key.id) == unprompted
@@ -98,11 +97,11 @@ async def test_only_the_key_that_made_a_response_finds_or_deletes_it(store_url, 
     owner = await store.create_key(digest("sk-owner"), name="owner")
     other = await store.create_key(digest("sk-other"), name="other")
     mine = stored("resp_mine", owner.id)
-    await store.put_response(mine)
+    await store.put_responses([mine])
     assert await store.get_response("resp_mine", other.id) is None
     assert await store.delete_response("resp_mine", other.id) is False
     # Nor does another key's write of the same id replace it.
-    await store.put_response(stored("resp_mine", other.id, response={"id": "resp_mine", "forged": True}))
+    await store.put_responses([stored("resp_mine", other.id, response={"id": "resp_mine", "forged": True})])
     assert await store.get_response("resp_mine", owner.id) == mine
     assert await store.get_response("resp_mine", other.id) is None
 
@@ -110,8 +109,8 @@ async def test_only_the_key_that_made_a_response_finds_or_deletes_it(store_url, 
 async def test_a_deleted_response_is_gone(store_url, opened):
     store = await opened(store_url)
     key = await store.create_key(digest("sk-delete"), name="delete")
-    await store.put_response(stored("resp_kept", key.id))
-    await store.put_response(stored("resp_deleted", key.id))
+    await store.put_responses([stored("resp_kept", key.id)])
+    await store.put_responses([stored("resp_deleted", key.id)])
     assert await store.delete_response("resp_deleted", key.id) is True
     assert await store.get_response("resp_deleted", key.id) is None
     assert await store.delete_response("resp_deleted", key.id) is False  # deleted already
@@ -122,9 +121,9 @@ async def test_a_deleted_response_is_gone(store_url, opened):
 async def test_a_response_written_again_replaces_itself(store_url, opened):
     store = await opened(store_url)
     key = await store.create_key(digest("sk-again"), name="again")
-    await store.put_response(stored("resp_again", key.id))
+    await store.put_responses([stored("resp_again", key.id)])
     again = stored("resp_again", key.id, response={"id": "resp_again", "status": "incomplete"}, system=None)
-    await store.put_response(again)
+    await store.put_responses([again])
     assert await store.get_response("resp_again", key.id) == again
     assert await count(store_url) == 1
 
@@ -132,8 +131,8 @@ async def test_a_response_written_again_replaces_itself(store_url, opened):
 async def test_an_expired_response_is_not_found_nor_deleted(store_url, opened):
     store = await opened(store_url)
     key = await store.create_key(digest("sk-expired"), name="expired")
-    await store.put_response(stored("resp_expired", key.id, expires_in=timedelta(seconds=-1)))
-    await store.put_response(stored("resp_soon", key.id, expires_in=timedelta(seconds=0.5)))
+    await store.put_responses([stored("resp_expired", key.id, expires_in=timedelta(seconds=-1))])
+    await store.put_responses([stored("resp_soon", key.id, expires_in=timedelta(seconds=0.5))])
     assert await store.get_response("resp_expired", key.id) is None
     assert await store.delete_response("resp_expired", key.id) is False
     assert (await store.get_response("resp_soon", key.id)).response_id == "resp_soon"
@@ -192,7 +191,7 @@ async def test_a_writes_sweep_deletes_expired_responses_where_no_request_holds(s
     key = await store.create_key(digest("sk-no-limit"), name="no-limit")
     await left_behind(store_url, key.id, 5)
     live = stored("resp_live", key.id)
-    await store.put_response(live)
+    await store.put_responses([live])
     assert await responses_left(store_url, 1) == [("resp_live",)]
     assert await store.get_response("resp_live", key.id) == live
 
@@ -205,7 +204,7 @@ async def test_responses_and_ledger_rows_written_at_once_are_all_kept(store_url,
     ledger = Ledger(store)
     big = [{"role": "user", "content": "x" * 100_000}]  # a long conversation: many pages
     await asyncio.gather(
-        *(store.put_response(stored(f"resp_{i}", key.id, messages=big)) for i in range(40)),
+        *(store.put_responses([stored(f"resp_{i}", key.id, messages=big)]) for i in range(40)),
         *(ledger.record(row(f"req_{i}", key.id, "0.01")) for i in range(200)),
     )
     await ledger.close()
@@ -217,8 +216,7 @@ async def test_responses_and_ledger_rows_written_at_once_are_all_kept(store_url,
 
 async def test_a_database_from_before_stored_responses_is_migrated_its_data_kept(store_url, opened):
     scripts = schema.SQLITE if store_url.startswith("sqlite") else schema.POSTGRES
-    before = next(i for i, script in enumerate(scripts) if "CREATE TABLE responses" in script)
-    assert before == len(scripts) - 1  # this test's starting point is the schema just before it
+    before = next(i for i, script in enumerate(scripts) if "CREATE TABLE responses" in script)  # the schema before it
     if store_url.startswith("sqlite:///"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
             db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
@@ -245,7 +243,7 @@ async def test_a_database_from_before_stored_responses_is_migrated_its_data_kept
     key = await store.find_key(digest("sk-older"))
     assert key.name == "older"
     response = stored("resp_after_migration", key.id)
-    await store.put_response(response)
+    await store.put_responses([response])
     assert await store.get_response("resp_after_migration", key.id) == response
 
 
@@ -255,8 +253,8 @@ async def test_replicas_sweeping_at_once_delete_each_expired_response_once(
     replicas = [await opened(postgres_url) for _ in range(3)]
     key = await replicas[0].create_key(digest("sk-replicas"), name="replicas")
     for i in range(9):
-        await replicas[i % 3].put_response(stored(f"resp_old_{i}", key.id, expires_in=timedelta(seconds=-60)))
-    await replicas[0].put_response(stored("resp_live", key.id))
+        await replicas[i % 3].put_responses([stored(f"resp_old_{i}", key.id, expires_in=timedelta(seconds=-60))])
+    await replicas[0].put_responses([stored("resp_live", key.id)])
     with caplog.at_level("WARNING", logger="ezat.storage"):
         await asyncio.gather(*(replica.hold([], []) for replica in replicas))
         for _ in range(100):

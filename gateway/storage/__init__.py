@@ -110,11 +110,11 @@ class Store(Protocol):
     async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
         """The ledger's rows, oldest first: one key's (by id), from `since` on."""
 
-    async def put_response(self, stored: StoredResponse) -> None:
-        """Keep a Responses API response until its `expires_at`, once its answer is complete; a
-        response written again replaces itself. Off the ledger's way: on SQLite a connection of
-        its own, on PostgreSQL a pool of its own. Expired ones are deleted by a sweep that a hold
-        or a write starts once a minute, which nothing waits for."""
+    async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
+        """Keep Responses API responses, in one transaction, each until its `expires_at`, once its
+        answer is complete; a response written again replaces itself. Off the ledger's way: on
+        SQLite a connection of its own, on PostgreSQL a pool of its own. Expired ones are deleted
+        by a sweep that a hold or a write starts once a minute, which nothing waits for."""
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         """The response, if `key_id` made it and it has not expired or been deleted; else None

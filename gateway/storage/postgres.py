@@ -330,18 +330,15 @@ class PostgresStore:
 
     # --- stored responses
 
-    async def put_response(self, stored: StoredResponse) -> None:
+    async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
         # A response written again (a retried write) replaces itself; never another key's.
-        await self._responses.execute(
+        # (executemany runs in one transaction.)
+        await self._responses.executemany(
             f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
             " ON CONFLICT (response_id) DO UPDATE SET created_at = excluded.created_at,"
             " expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items,"
             " conversation = excluded.conversation WHERE responses.key_id = excluded.key_id",
-            stored.response_id,
-            stored.key_id,
-            stored.created_at,
-            stored.expires_at,
-            *stored.documents(),
+            [(one.response_id, one.key_id, one.created_at, one.expires_at, *one.documents()) for one in stored],
         )
         self._sweep_responses_when_due()  # keys with no spend limit never hold: their responses expire too
 

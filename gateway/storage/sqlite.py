@@ -343,11 +343,14 @@ class SQLiteStore:
 
     # --- stored responses
 
-    async def put_response(self, stored: StoredResponse) -> None:
-        documents = stored.documents()  # on the event loop: the thread gets text, no live objects
-        values = (stored.response_id, stored.key_id, _text(stored.created_at), _text(stored.expires_at), *documents)
-        await self._responses.call(_transaction, _upsert_response, values)
-        self._wrote(1 + sum(map(len, documents)) // PAGE_BYTES)
+    async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
+        # On the event loop: the thread gets text, no live objects.
+        rows = [
+            (one.response_id, one.key_id, _text(one.created_at), _text(one.expires_at), *one.documents())
+            for one in stored
+        ]
+        await self._responses.call(_transaction, _upsert_responses, rows)
+        self._wrote(len(rows) + sum(len(document) for row in rows for document in row[4:]) // PAGE_BYTES)
         self._sweep_responses_when_due()  # keys with no spend limit never hold: their responses expire too
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
@@ -553,14 +556,14 @@ def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> 
     return _select_key(db, "k.id = ?", found.id)
 
 
-def _upsert_response(db: sqlite3.Connection, values: tuple) -> None:
+def _upsert_responses(db: sqlite3.Connection, rows: list[tuple]) -> None:
     """A response written again (a retried write) replaces itself; never another key's."""
-    db.execute(
+    db.executemany(
         f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (response_id) DO UPDATE SET created_at = excluded.created_at,"
         " expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items,"
         " conversation = excluded.conversation WHERE responses.key_id = excluded.key_id",
-        values,
+        rows,
     )
 
 
