@@ -8,11 +8,9 @@ the store it is given, for `previous_response_id` and the stored responses' rout
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from middlewares.core.chain import stage
@@ -108,9 +106,10 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
         )
         kept = None
         if keeps(body) and store is not None:
-            # A copy: the stages after this one put their cache breakpoints on the body's blocks.
-            history = orjson.loads(orjson.dumps([turn.conversation, turn.conversation_system]))
-            kept = _Kept(store, request[API_KEY].id, input_items(body, response_id), *history)
+            # The stages after this one mark cache breakpoints on these blocks: a continuation
+            # reads them back without (request._earlier_entries).
+            items = input_items(body, response_id)
+            kept = _Kept(store, request[API_KEY].id, items, turn.conversation, turn.conversation_system)
         reply = await handler(request)
         answered = request.get(ANSWERED_MODEL, asked)
         if answered.id != asked.id:
@@ -121,33 +120,29 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
             if kept is not None:
                 kept.keep(reply.payload, answer)
         elif isinstance(reply, EventStreamReply):
-            if kept is None:
-                reply.encoder = ResponsesEncoder(turn, reply.usage)
-            else:
-                reply.events = blocks = _AnswerBlocks(reply.events)
-                reply.encoder = _KeepingEncoder(
-                    turn, reply.usage, lambda response: kept.keep(response, blocks.finished())
-                )
+            reply.encoder = (
+                ResponsesEncoder(turn, reply.usage) if kept is None else _KeepingEncoder(turn, reply.usage, kept)
+            )
         return reply
 
     return responses
 
 
 class _KeepingEncoder(ResponsesEncoder):
-    """A Responses stream's encoder that hands the response to `keep` once its last event is
-    encoded, before that event is written: a client that continues the response as soon as it
-    has read response.completed finds it kept (or being written)."""
+    """A Responses stream's encoder that keeps the response once its last event is encoded,
+    before that event is written: a client that continues the response as soon as it has read
+    response.completed finds it kept (or being written)."""
 
-    def __init__(self, turn, usage, keep: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, turn, usage, kept: _Kept) -> None:
         super().__init__(turn, usage)
-        self._keep: Callable[[dict[str, Any]], None] | None = keep
+        self._kept: _Kept | None = kept
 
     def encode(self, batch: Batch) -> bytes:
         data = super().encode(batch)
-        if self.finished and self._keep is not None:
-            keep, self._keep = self._keep, None
+        if self.finished and self._kept is not None:
+            kept, self._kept = self._kept, None
             if self.response is not None and self.response["status"] != "failed":
-                keep(self.response)
+                kept.keep(self.response, self.answer())
         return data
 
 
@@ -178,65 +173,3 @@ def _kept_block(block: dict[str, Any]) -> bool:
     if kind == "text":
         return bool(block.get("text"))
     return kind == "tool_use" or kind in THINKING_BLOCKS
-
-
-# The deltas that carry a block's contents → the field that holds them.
-_DELTAS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
-_FIELDS = {"text": "text", "thinking": "thinking"}  # a block's type → the field its deltas add to
-
-
-class _AnswerBlocks:
-    """The upstream's events passed on unchanged, their content blocks gathered as a whole
-    message's would be: what a stored response keeps of its answer."""
-
-    def __init__(self, events) -> None:
-        self._events = events
-        self._blocks: list[dict[str, Any]] = []
-        self._pieces: list[str] = []  # the open block's deltas
-
-    def __aiter__(self) -> _AnswerBlocks:
-        return self
-
-    async def __anext__(self) -> Batch:
-        batch = await self._events.__anext__()
-        for event in batch:
-            if event.__class__ is bytes:
-                continue
-            kind = event.get("type")
-            if kind == "content_block_delta":
-                delta = event.get("delta") or {}
-                field = _DELTAS.get(delta.get("type"))
-                if field is not None:
-                    self._pieces.append(delta.get(field) or "")
-                elif delta.get("type") == "signature_delta" and self._blocks:
-                    self._blocks[-1]["signature"] = delta.get("signature") or ""
-            elif kind == "content_block_start":
-                self._end_block()
-                self._blocks.append(dict(event.get("content_block") or {}))
-            elif kind == "content_block_stop":
-                self._end_block()
-        return batch
-
-    async def aclose(self, failed: bool = False) -> None:
-        await self._events.aclose(failed)
-
-    def finished(self) -> list[dict[str, Any]]:
-        self._end_block()
-        return self._blocks
-
-    def _end_block(self) -> None:
-        if not self._pieces or not self._blocks:
-            self._pieces.clear()
-            return
-        text = "".join(self._pieces)
-        self._pieces.clear()
-        block = self._blocks[-1]
-        kind = block.get("type")
-        if kind in _FIELDS:
-            block[_FIELDS[kind]] = (block.get(_FIELDS[kind]) or "") + text
-        elif kind == "tool_use":
-            try:
-                value = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                value = {}  # cut short by the output limit
-            block["input"] = value if isinstance(value, dict) else {}

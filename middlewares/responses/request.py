@@ -173,7 +173,8 @@ def to_anthropic(
     thinking = _reasoning(body.get("reasoning"), model, request, forced, request["messages"], turn)
     if not thinking:
         # Without thinking, thinking blocks sent back say nothing the model reads: leave them out.
-        request["messages"] = _turns(entries, thinking=False)
+        if any(block["type"] in _THINKING for _, blocks in entries for block in blocks):
+            request["messages"] = _turns(entries, thinking=False)
         if model.sampling:
             sampling(body, request)
     _text_format(body.get("text"), request)

@@ -94,6 +94,7 @@ class ResponsesEncoder:
         self._seq = 0
         self._started = False
         self._output: list[dict[str, Any]] = []  # the items done, in order
+        self._closed: list[_Item] = []  # what they were made of
         self._item: _Item | None = None
         self._block: str | None = None  # the upstream block being read, as it feeds the item: text, thinking, tool
         self._reason: str | None = None  # why the response is incomplete (message_delta's stop_reason)
@@ -251,7 +252,22 @@ class ResponsesEncoder:
         self._item = None
         done = self._finished_item(item, "incomplete" if self._reason is not None else "completed", out)
         self._output.append(done)
+        self._closed.append(item)
         out.append(self._event("response.output_item.done", {"output_index": item.index, "item": done}))
+
+    def answer(self) -> list[dict[str, Any]]:
+        """The upstream's content blocks the done items were made of (a run of text as one
+        block, thinking with its signature), as its whole message would hold them: what a
+        stored response keeps of its answer."""
+        blocks: list[dict[str, Any]] = []
+        for item in self._closed:
+            if item.kind == "message":
+                blocks.append({"type": "text", "text": "".join(item.pieces)})
+            elif item.kind == "reasoning":
+                blocks.extend(item.blocks)
+            else:
+                blocks.append({"type": "tool_use", **item.call, "input": _tool_input("".join(item.pieces))})
+        return blocks
 
     def _finished_item(self, item: _Item, status: str, out: list[bytes] | None) -> dict[str, Any]:
         """The item as it ends, `status` if it has one; with `out`, the events that close its parts first."""
@@ -333,6 +349,14 @@ class ResponsesEncoder:
         response = response_object(self._turn, output, status="failed", error=failed)
         out.append(self._event("response.failed", {"response": response}))
         self.response, self.finished = response, True
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return {}  # cut short by the output limit
+    return value if isinstance(value, dict) else {}
 
 
 def _delta_at(location: dict[str, Any]) -> bytes:
