@@ -320,6 +320,28 @@ class KeyConfig:
     organization: str = _field(DEFAULT_ORGANIZATION, check=_non_empty)  # a declared [[organizations]] name
 
 
+ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads
+
+
+@dataclass(frozen=True)
+class AdminTokenConfig:
+    """An admin token declared in the file, by its SHA-256 digest (tokens made with the CLI live
+    in the store)."""
+
+    name: str = _field(check=_non_empty)  # who made a change, in the audit log
+    role: str = _field(check=_rule(lambda v: v in ADMIN_ROLES, 'expected "admin" or "viewer"'))
+    token_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the token itself is never kept
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """The admin API (/admin/v1/…): on when the file has an [admin] table."""
+
+    tokens: tuple[AdminTokenConfig, ...] = ()
+    # Failed sign-ins one client address may make in a minute, per process; past them, 429.
+    failed_attempts_per_minute: int = _field(10, check=_positive)
+
+
 @dataclass(frozen=True)
 class Config:
     server: ServerConfig = ServerConfig()
@@ -336,6 +358,7 @@ class Config:
     models: tuple[Model, ...] = ()
     organizations: tuple[OrganizationConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
+    admin: AdminConfig | None = None  # None: no [admin] table, no admin API
 
     def model(self, model_id: str) -> Model | None:
         return self._models_by_id.get(model_id)
@@ -664,6 +687,9 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
     _report_duplicates(data, "models", "id", "model id", problems)
     _report_taken_aliases(data, problems)
     _report_dangling_organizations(data, problems)
+    admin = data.get("admin")
+    if isinstance(admin, dict):
+        _report_duplicates({"admin.tokens": admin.get("tokens", [])}, "admin.tokens", "name", "token name", problems)
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
     if deployment_names is None:
         return
