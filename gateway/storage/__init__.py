@@ -1,4 +1,4 @@
-"""Keys, the usage ledger and stored responses, in SQLite (one process or machine) or PostgreSQL
+"""Keys, the usage ledger, stored responses, admin tokens and the audit log, in SQLite (one process or machine) or PostgreSQL
 (replicas)."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from typing import Any, Protocol
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     DEFAULT_ORGANIZATION_ID,
+    AdminTokenRecord,
+    AuditEntry,
+    AuditNote,
     Hold,
     KeyRecord,
     LedgerRow,
@@ -21,6 +24,9 @@ from gateway.storage.records import (
 
 __all__ = [
     "DEFAULT_ORGANIZATION_ID",
+    "AdminTokenRecord",
+    "AuditEntry",
+    "AuditNote",
     "Hold",
     "KeyRecord",
     "LedgerRow",
@@ -47,14 +53,22 @@ class Store(Protocol):
         """Create or update the keys the config file declares, and revoke those it declared
         before and no longer does: the file is their source of truth."""
 
-    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
+    # Each change below takes `audit`: who makes it and what it is called; given, the change's
+    # entry in the audit log (the thing before and after, as records.key_view and the others
+    # show it) is written in the change's own transaction. (gateway/administration.py makes them.)
+
+    async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         """`fields` are KeyRecord's; `organization_id` places it (default: the default organization)."""
 
     async def list_keys(self) -> list[KeyRecord]: ...
 
-    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
+    async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
         """The key with `fields` (KeyRecord's, and `organization_id`) changed; None if there is
         no such key. (The command line finds a key by its name or id: gateway/admin.py.)"""
+
+    async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
+        """The key given a new secret (its digest), its id, settings and spend kept: the old
+        secret finds no key from the commit on. None if there is no such key."""
 
     async def sync_config_organizations(self, organizations: Sequence[OrganizationConfig]) -> None:
         """Create or update the organizations the config file declares (before its keys, which
@@ -62,7 +76,12 @@ class Store(Protocol):
         they were, but is no longer from the file: the CLI may change it from then on."""
 
     async def create_organization(
-        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+        self,
+        name: str,
+        *,
+        balance_usd: Decimal | None = None,
+        suspended: bool = False,
+        audit: AuditNote | None = None,
     ) -> OrganizationRecord | None:
         """None when an organization has that name already."""
 
@@ -70,8 +89,32 @@ class Store(Protocol):
 
     async def list_organizations(self) -> list[OrganizationRecord]: ...
 
-    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
+    async def update_organization(
+        self, name: str, *, audit: AuditNote | None = None, **fields: Any
+    ) -> OrganizationRecord | None:
         """`balance_usd` and `suspended`; None when no organization has that name."""
+
+    async def top_up_organization(
+        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+    ) -> OrganizationRecord | None:
+        """Its balance raised by `amount_usd`, in one transaction; one with no balance limit is
+        returned unchanged (and nothing audited). None when no organization has that name."""
+
+    async def create_admin_token(
+        self, name: str, role: str, token_sha256: str, *, audit: AuditNote | None = None
+    ) -> AdminTokenRecord | None:
+        """None when a token has that name already (a revoked one too)."""
+
+    async def find_admin_token(self, token_sha256: str) -> AdminTokenRecord | None:
+        """The token with that digest, revoked or not."""
+
+    async def list_admin_tokens(self) -> list[AdminTokenRecord]: ...
+
+    async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
+        """None when there is no such token; one revoked already is returned as it is."""
+
+    async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
+        """The newest `limit` entries, newest first; `before`: only entries with a smaller id."""
 
     async def organizations_reserved(self) -> dict[int, Decimal]:
         """What each organization's admitted requests hold now, by organization id."""
@@ -107,8 +150,21 @@ class Store(Protocol):
         """write_ledger without leaving the event loop, where that cannot wait (SQLite's own
         file, unlocked); False, with nothing written, where it would."""
 
-    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        """The ledger's rows, oldest first: one key's (by id), from `since` on."""
+    async def ledger(
+        self, *, key_id: int | None = None, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerRow]:
+        """The ledger's rows, oldest first: one key's (by id), finished from `since` on and before `until`."""
+
+    async def ledger_page(
+        self,
+        *,
+        key_id: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[int, LedgerRow]]:
+        """ledger()'s rows with their ids, past the row `after` (an id), `limit` at most."""
 
     async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
         """Keep Responses API responses, in one transaction, each until its `expires_at`, once its

@@ -22,8 +22,24 @@ import asyncpg
 import orjson
 
 from gateway.config import KeyConfig, OrganizationConfig
-from gateway.storage.records import Hold, KeyRecord, LedgerRow, OrganizationRecord, Shortfall, StoredResponse, take
+from gateway.storage.records import (
+    AdminTokenRecord,
+    AuditEntry,
+    AuditNote,
+    Hold,
+    KeyRecord,
+    LedgerRow,
+    OrganizationRecord,
+    Shortfall,
+    StoredResponse,
+    admin_token_view,
+    key_view,
+    organization_view,
+    take,
+)
 from gateway.storage.schema import (
+    ADMIN_TOKEN_COLUMNS,
+    AUDIT_COLUMNS,
     KEY_COLUMNS,
     KEY_FIELDS,
     KEY_TABLES,
@@ -143,34 +159,49 @@ class PostgresStore:
                 [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization) for k in keys],
             )
 
-    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
+    async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
-        key_id = await self._pool.fetchval(
-            "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
-            " organization_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
-            key_sha256,
-            *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
-            record.organization_id,
-        )
-        return await self._key_by_id(key_id)
+        async with self._pool.acquire() as db, db.transaction():
+            key_id = await db.fetchval(
+                "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,"
+                " max_concurrent, organization_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+                key_sha256,
+                *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
+                record.organization_id,
+            )
+            made = await _key_in(db, key_id)
+            await _audit(db, audit, f"key:{key_id}", None, key_view(made))
+            return made
 
     async def list_keys(self) -> list[KeyRecord]:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
 
-    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
-        row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = $1", key_id)
-        if row is None:
-            return None
-        found = _key(row)
-        merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
-        assignments = ", ".join(f"{f} = ${i}" for i, f in enumerate(KEY_FIELDS, start=2))
-        await self._pool.execute(
-            f"UPDATE keys SET {assignments}, organization_id = ${len(KEY_FIELDS) + 2} WHERE id = $1",
-            found.id,
-            *_key_values(*(merged[f] for f in KEY_FIELDS)),
-            fields.get("organization_id", found.organization_id),
-        )
-        return await self._key_by_id(found.id)
+    async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
+        async with self._pool.acquire() as db, db.transaction():
+            found = await _key_in(db, key_id, lock=True)
+            if found is None or not fields:
+                return found
+            merged = {f: fields.get(f, getattr(found, f)) for f in KEY_FIELDS}
+            assignments = ", ".join(f"{f} = ${i}" for i, f in enumerate(KEY_FIELDS, start=2))
+            await db.execute(
+                f"UPDATE keys SET {assignments}, organization_id = ${len(KEY_FIELDS) + 2} WHERE id = $1",
+                found.id,
+                *_key_values(*(merged[f] for f in KEY_FIELDS)),
+                fields.get("organization_id", found.organization_id),
+            )
+            changed = await _key_in(db, key_id)
+            await _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+            return changed
+
+    async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
+        async with self._pool.acquire() as db, db.transaction():
+            found = await _key_in(db, key_id, lock=True)
+            if found is None:
+                return None
+            await db.execute("UPDATE keys SET key_sha256 = $2 WHERE id = $1", key_id, key_sha256)
+            changed = await _key_in(db, key_id)
+            await _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+            return changed
 
     # --- organizations
 
@@ -190,16 +221,26 @@ class PostgresStore:
             )
 
     async def create_organization(
-        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+        self,
+        name: str,
+        *,
+        balance_usd: Decimal | None = None,
+        suspended: bool = False,
+        audit: AuditNote | None = None,
     ) -> OrganizationRecord | None:
-        inserted = await self._pool.fetchval(
-            "INSERT INTO organizations (name, balance_usd, suspended) VALUES ($1, $2, $3)"
-            " ON CONFLICT (name) DO NOTHING RETURNING id",
-            name,
-            balance_usd,
-            suspended,
-        )
-        return None if inserted is None else await self.find_organization(name)
+        async with self._pool.acquire() as db, db.transaction():
+            inserted = await db.fetchval(
+                "INSERT INTO organizations (name, balance_usd, suspended) VALUES ($1, $2, $3)"
+                " ON CONFLICT (name) DO NOTHING RETURNING id",
+                name,
+                balance_usd,
+                suspended,
+            )
+            if inserted is None:
+                return None
+            made = await _organization_in(db, name)
+            await _audit(db, audit, f"organization:{made.id}", None, organization_view(made))
+            return made
 
     async def find_organization(self, name: str) -> OrganizationRecord | None:
         row = await self._pool.fetchrow(f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o WHERE o.name = $1", name)
@@ -209,17 +250,102 @@ class PostgresStore:
         rows = await self._pool.fetch(f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o ORDER BY o.id")
         return [OrganizationRecord(*row) for row in rows]
 
-    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
-        found = await self.find_organization(name)
-        if found is None or not fields:
-            return found
-        await self._pool.execute(
-            "UPDATE organizations SET balance_usd = $2, suspended = $3 WHERE id = $1",
-            found.id,
-            fields.get("balance_usd", found.balance_usd),
-            fields.get("suspended", found.suspended),
+    async def update_organization(
+        self, name: str, *, audit: AuditNote | None = None, **fields: Any
+    ) -> OrganizationRecord | None:
+        async with self._pool.acquire() as db, db.transaction():
+            found = await _organization_in(db, name, lock=True)
+            if found is None or not fields:
+                return found
+            await db.execute(
+                "UPDATE organizations SET balance_usd = $2, suspended = $3 WHERE id = $1",
+                found.id,
+                fields.get("balance_usd", found.balance_usd),
+                fields.get("suspended", found.suspended),
+            )
+            changed = await _organization_in(db, name)
+            await _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
+            return changed
+
+    async def top_up_organization(
+        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+    ) -> OrganizationRecord | None:
+        """The balance raised by `amount_usd`; one with no balance limit is left as it is (unaudited)."""
+        async with self._pool.acquire() as db, db.transaction():
+            found = await _organization_in(db, name, lock=True)
+            if found is None or found.balance_usd is None:
+                return found
+            await db.execute(
+                "UPDATE organizations SET balance_usd = balance_usd + $2 WHERE id = $1", found.id, amount_usd
+            )
+            changed = await _organization_in(db, name)
+            await _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
+            return changed
+
+    # --- admin tokens and the audit log
+
+    async def create_admin_token(
+        self, name: str, role: str, token_sha256: str, *, audit: AuditNote | None = None
+    ) -> AdminTokenRecord | None:
+        async with self._pool.acquire() as db, db.transaction():
+            row = await db.fetchrow(
+                "INSERT INTO admin_tokens (name, role, token_sha256) VALUES ($1, $2, $3)"
+                f" ON CONFLICT (name) DO NOTHING RETURNING {ADMIN_TOKEN_COLUMNS}",
+                name,
+                role,
+                token_sha256,
+            )
+            if row is None:
+                return None
+            made = _admin_token(row)
+            await _audit(db, audit, f"admin_token:{made.id}", None, admin_token_view(made))
+            return made
+
+    async def find_admin_token(self, token_sha256: str) -> AdminTokenRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens WHERE token_sha256 = $1", token_sha256
         )
-        return await self.find_organization(name)
+        return None if row is None else _admin_token(row)
+
+    async def list_admin_tokens(self) -> list[AdminTokenRecord]:
+        rows = await self._pool.fetch(f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens ORDER BY id")
+        return [_admin_token(row) for row in rows]
+
+    async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
+        """One revoked already stays as it was (unaudited)."""
+        async with self._pool.acquire() as db, db.transaction():
+            row = await db.fetchrow(
+                f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens WHERE id = $1 FOR UPDATE", token_id
+            )
+            if row is None or row["revoked_at"] is not None:
+                return None if row is None else _admin_token(row)
+            revoked = _admin_token(
+                await db.fetchrow(
+                    f"UPDATE admin_tokens SET revoked_at = now() WHERE id = $1 RETURNING {ADMIN_TOKEN_COLUMNS}",
+                    token_id,
+                )
+            )
+            before = admin_token_view(_admin_token(row))
+            await _audit(db, audit, f"admin_token:{token_id}", before, admin_token_view(revoked))
+            return revoked
+
+    async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
+        rows = await self._pool.fetch(
+            f"SELECT {AUDIT_COLUMNS} FROM audit_log WHERE id < $1 ORDER BY id DESC LIMIT $2",
+            before if before is not None else 2**63 - 1,
+            limit,
+        )
+        return [
+            AuditEntry(
+                row["id"],
+                row["at"].astimezone(UTC),
+                row["actor"],
+                row["action"],
+                row["target"],
+                *(None if row[c] is None else orjson.loads(row[c]) for c in ("before", "after")),
+            )
+            for row in rows
+        ]
 
     async def organizations_reserved(self) -> dict[int, Decimal]:
         rows = await self._pool.fetch(
@@ -392,17 +518,75 @@ class PostgresStore:
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         return None  # every write is a round trip to the server
 
-    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {LEDGER_SELECT} FROM ledger WHERE TRUE"
+    async def ledger(
+        self, *, key_id: int | None = None, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerRow]:
+        return [row for _, row in await self.ledger_page(key_id=key_id, since=since, until=until)]
+
+    async def ledger_page(
+        self,
+        *,
+        key_id: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[int, LedgerRow]]:
+        query = f"SELECT ledger.id AS row_id, {LEDGER_SELECT} FROM ledger WHERE TRUE"
         params: list[Any] = []
-        if key_id is not None:
-            params.append(key_id)
-            query += f" AND ledger.key_id = ${len(params)}"
-        if since is not None:
-            params.append(since)
-            query += f" AND ledger.finished_at >= ${len(params)}"
-        rows = await self._pool.fetch(query + " ORDER BY ledger.id", *params)
-        return [LedgerRow(*row) for row in rows]
+        for condition, value in (
+            ("ledger.key_id = $", key_id),
+            ("ledger.finished_at >= $", since),
+            ("ledger.finished_at < $", until),
+            ("ledger.id > $", after),
+        ):
+            if value is not None:
+                params.append(value)
+                query += f" AND {condition}{len(params)}"
+        query += " ORDER BY ledger.id"
+        if limit is not None:
+            params.append(limit)
+            query += f" LIMIT ${len(params)}"
+        rows = await self._pool.fetch(query, *params)
+        return [(row[0], LedgerRow(*tuple(row)[1:])) for row in rows]
+
+
+async def _key_in(db, key_id: int, *, lock: bool = False) -> KeyRecord | None:
+    """The key, read in `db`'s transaction; `lock`: its row locked until the transaction ends
+    (NO KEY UPDATE, as hold() locks it)."""
+    query = f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = $1"
+    row = await db.fetchrow(query + (" FOR NO KEY UPDATE OF k" if lock else ""), key_id)
+    return None if row is None else _key(row)
+
+
+async def _organization_in(db, name: str, *, lock: bool = False) -> OrganizationRecord | None:
+    query = f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o WHERE o.name = $1"
+    row = await db.fetchrow(query + (" FOR NO KEY UPDATE OF o" if lock else ""), name)
+    return None if row is None else OrganizationRecord(*row)
+
+
+async def _audit(db, note: AuditNote | None, target: str, before: dict | None, after: dict | None) -> None:
+    """The audit log's entry for a change, in the change's own transaction."""
+    if note is None:
+        return
+    await db.execute(
+        "INSERT INTO audit_log (actor, action, target, before, after) VALUES ($1, $2, $3, $4, $5)",
+        note.actor,
+        note.action,
+        target,
+        *(None if value is None else orjson.dumps(value).decode() for value in (before, after)),
+    )
+
+
+def _admin_token(row) -> AdminTokenRecord:
+    return AdminTokenRecord(
+        row["id"],
+        row["name"],
+        row["role"],
+        row["token_sha256"],
+        row["created_at"].astimezone(UTC),
+        row["revoked_at"].astimezone(UTC) if row["revoked_at"] else None,
+    )
 
 
 def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:

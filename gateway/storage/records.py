@@ -11,7 +11,21 @@ import orjson
 
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
-__all__ = ["Hold", "KeyRecord", "LedgerRow", "OrganizationRecord", "Shortfall", "StoredResponse", "cost_by_key"]
+__all__ = [
+    "AdminTokenRecord",
+    "AuditEntry",
+    "AuditNote",
+    "Hold",
+    "KeyRecord",
+    "LedgerRow",
+    "OrganizationRecord",
+    "Shortfall",
+    "StoredResponse",
+    "admin_token_view",
+    "cost_by_key",
+    "key_view",
+    "organization_view",
+]
 
 DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
 
@@ -38,6 +52,90 @@ class OrganizationRecord(NamedTuple):
     spent_usd: Decimal  # by all its keys, since the organization was made
     from_config: bool  # declared in the config file, which alone may change it
     keys: int  # how many keys belong to it
+
+
+class AdminTokenRecord(NamedTuple):
+    """An admin token made with the CLI (the config file's are its own): only its digest is kept."""
+
+    id: int
+    name: str
+    role: str  # "admin" or "viewer"
+    token_sha256: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class AuditNote(NamedTuple):
+    """Who is making a change, and what it is called in the audit log ("key.create", …): a store
+    writes the entry in the change's own transaction."""
+
+    actor: str
+    action: str
+
+
+class AuditEntry(NamedTuple):
+    """One change: who made it, what, to what (`target`, "key:12"), and the thing before and
+    after (its view: key_view and the others, which hold no secret nor digest; None for a thing
+    made or ended)."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+    def view(self) -> dict[str, Any]:
+        return {**self._asdict(), "at": self.at.isoformat()}
+
+
+def _money(amount: Decimal | None) -> str | None:
+    # Exact decimal text: JSON numbers would come back as binary floats.
+    return None if amount is None else str(amount)
+
+
+def key_view(key: KeyRecord) -> dict[str, Any]:
+    """A key as the admin API and the audit log show it: its settings as [[keys]] names them, and
+    its spend; never its digest."""
+    return {
+        "id": key.id,
+        "name": key.name,
+        "models": list(key.models),
+        "spend_limit_usd": _money(key.spend_limit_usd),
+        "rpm": key.rpm,
+        "tpm": key.tpm,
+        "max_concurrent": key.max_concurrent,
+        "expires_at": key.expires_at.isoformat() if key.expires_at else None,
+        "revoked": key.revoked,
+        "organization": key.organization,
+        "spent_usd": _money(key.spent_usd),
+        "from_config": key.from_config,
+    }
+
+
+def organization_view(organization: OrganizationRecord) -> dict[str, Any]:
+    """An organization as the admin API and the audit log show it."""
+    return {
+        "id": organization.id,
+        "name": organization.name,
+        "balance_usd": _money(organization.balance_usd),
+        "suspended": organization.suspended,
+        "spent_usd": _money(organization.spent_usd),
+        "keys": organization.keys,
+        "from_config": organization.from_config,
+    }
+
+
+def admin_token_view(token: AdminTokenRecord) -> dict[str, Any]:
+    """An admin token without its digest."""
+    return {
+        "id": token.id,
+        "name": token.name,
+        "role": token.role,
+        "created_at": token.created_at.isoformat(),
+        "revoked_at": token.revoked_at.isoformat() if token.revoked_at else None,
+    }
 
 
 class StoredResponse(NamedTuple):

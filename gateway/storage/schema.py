@@ -107,6 +107,28 @@ SQLITE = [
     );
     CREATE INDEX responses_by_expiry ON responses (expires_at);
     """,
+    # The admin API's tokens made with the CLI (only their SHA-256), and the audit log of every
+    # change made through the API or the CLI: who, what, to what, the thing before and after
+    # (JSON text, never a secret nor a digest).
+    """
+    CREATE TABLE admin_tokens (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        name         TEXT NOT NULL UNIQUE,
+        role         TEXT NOT NULL,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        created_at   TEXT NOT NULL,
+        revoked_at   TEXT
+    );
+    CREATE TABLE audit_log (
+        id     INTEGER PRIMARY KEY AUTOINCREMENT,
+        at     TEXT NOT NULL,
+        actor  TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        before TEXT,
+        after  TEXT
+    );
+    """,
 ]
 
 POSTGRES = [
@@ -198,6 +220,27 @@ POSTGRES = [
     );
     CREATE INDEX responses_by_expiry ON responses (expires_at);
     """,
+    # The admin API's tokens made with the CLI (only their SHA-256), and the audit log of every
+    # change made through the API or the CLI (JSON text, as written: never a secret nor a digest).
+    """
+    CREATE TABLE admin_tokens (
+        id           BIGSERIAL PRIMARY KEY,
+        name         TEXT NOT NULL UNIQUE,
+        role         TEXT NOT NULL,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+        revoked_at   TIMESTAMPTZ
+    );
+    CREATE TABLE audit_log (
+        id     BIGSERIAL PRIMARY KEY,
+        at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+        actor  TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        before TEXT,
+        after  TEXT
+    );
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -217,6 +260,8 @@ LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row ho
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
 # The responses table's columns, in the order both stores write and read them.
+ADMIN_TOKEN_COLUMNS = "id, name, role, token_sha256, created_at, revoked_at"
+AUDIT_COLUMNS = "id, at, actor, action, target, before, after"
 RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
 # Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
 # which other writers interleave with.

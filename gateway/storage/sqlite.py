@@ -46,15 +46,23 @@ import orjson
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
+    AdminTokenRecord,
+    AuditEntry,
+    AuditNote,
     Hold,
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
     Shortfall,
     StoredResponse,
+    admin_token_view,
     cost_by_key,
+    key_view,
+    organization_view,
 )
 from gateway.storage.schema import (
+    ADMIN_TOKEN_COLUMNS,
+    AUDIT_COLUMNS,
     KEY_COLUMNS,
     KEY_FIELDS,
     KEY_TABLES,
@@ -203,7 +211,7 @@ class SQLiteStore:
         values = [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization, now) for k in keys]
         await self._writer.call(_transaction, _upsert_config_keys, values)
 
-    async def create_key(self, key_sha256: str, **fields: Any) -> KeyRecord:
+    async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
         values = (
             key_sha256,
@@ -211,14 +219,16 @@ class SQLiteStore:
             record.organization_id,
             _text(datetime.now(UTC)),
         )
-        await self._writer.call(_insert_key, values)
-        return await self._writer.call(_select_key, "k.key_sha256 = ?", key_sha256)
+        return await self._writer.call(_transaction, _create_key, values, audit)
 
     async def list_keys(self) -> list[KeyRecord]:
         return await self._reader.call(_select_keys)
 
-    async def update_key(self, key_id: int, **fields: Any) -> KeyRecord | None:
-        return await self._writer.call(_transaction, _update_key, key_id, fields)
+    async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
+        return await self._writer.call(_transaction, _update_key, key_id, fields, audit)
+
+    async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
+        return await self._writer.call(_transaction, _rotate_key, key_id, key_sha256, audit)
 
     # --- organizations
 
@@ -227,9 +237,16 @@ class SQLiteStore:
         await self._writer.call(_transaction, _upsert_config_organizations, values)
 
     async def create_organization(
-        self, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+        self,
+        name: str,
+        *,
+        balance_usd: Decimal | None = None,
+        suspended: bool = False,
+        audit: AuditNote | None = None,
     ) -> OrganizationRecord | None:
-        return await self._writer.call(_transaction, _insert_organization, name, _money(balance_usd), int(suspended))
+        return await self._writer.call(
+            _transaction, _insert_organization, name, _money(balance_usd), int(suspended), audit
+        )
 
     async def find_organization(self, name: str) -> OrganizationRecord | None:
         return await self._reader.call(_select_organization, name)
@@ -238,8 +255,44 @@ class SQLiteStore:
         rows = await self._reader.call(_fetch_all, f"SELECT {ORGANIZATION_COLUMNS} FROM organizations o ORDER BY o.id")
         return [_organization(row) for row in rows]
 
-    async def update_organization(self, name: str, **fields: Any) -> OrganizationRecord | None:
-        return await self._writer.call(_transaction, _update_organization, name, fields)
+    async def update_organization(
+        self, name: str, *, audit: AuditNote | None = None, **fields: Any
+    ) -> OrganizationRecord | None:
+        return await self._writer.call(_transaction, _update_organization, name, fields, audit)
+
+    async def top_up_organization(
+        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+    ) -> OrganizationRecord | None:
+        return await self._writer.call(_transaction, _top_up_organization, name, str(amount_usd), audit)
+
+    # --- admin tokens and the audit log
+
+    async def create_admin_token(
+        self, name: str, role: str, token_sha256: str, *, audit: AuditNote | None = None
+    ) -> AdminTokenRecord | None:
+        now = _text(datetime.now(UTC))
+        return await self._writer.call(_transaction, _insert_admin_token, name, role, token_sha256, now, audit)
+
+    async def find_admin_token(self, token_sha256: str) -> AdminTokenRecord | None:
+        rows = await self._reader.call(
+            _fetch_all, f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens WHERE token_sha256 = ?", (token_sha256,)
+        )
+        return _admin_token(rows[0]) if rows else None
+
+    async def list_admin_tokens(self) -> list[AdminTokenRecord]:
+        rows = await self._reader.call(_fetch_all, f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens ORDER BY id")
+        return [_admin_token(row) for row in rows]
+
+    async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
+        return await self._writer.call(_transaction, _revoke_admin_token, token_id, _text(datetime.now(UTC)), audit)
+
+    async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
+        rows = await self._reader.call(
+            _fetch_all,
+            f"SELECT {AUDIT_COLUMNS} FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before if before is not None else 2**63 - 1, limit),
+        )
+        return [_audit_entry(row) for row in rows]
 
     async def organizations_reserved(self) -> dict[int, Decimal]:
         rows = await self._reader.call(
@@ -386,19 +439,39 @@ class SQLiteStore:
         except Exception as exc:
             log.warning("deleting expired stored responses failed: %r", exc)
 
-    async def ledger(self, *, key_id: int | None = None, since: datetime | None = None) -> list[LedgerRow]:
-        query = f"SELECT {LEDGER_SELECT} FROM ledger"
+    async def ledger(
+        self, *, key_id: int | None = None, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerRow]:
+        return [row for _, row in await self.ledger_page(key_id=key_id, since=since, until=until)]
+
+    async def ledger_page(
+        self,
+        *,
+        key_id: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[int, LedgerRow]]:
+        query = f"SELECT ledger.id, {LEDGER_SELECT} FROM ledger"
         where, params = [], []
-        if key_id is not None:
-            where.append("ledger.key_id = ?")
-            params.append(key_id)
-        if since is not None:
-            where.append("ledger.finished_at >= ?")
-            params.append(_text(since))
+        for condition, value in (
+            ("ledger.key_id = ?", key_id),
+            ("ledger.finished_at >= ?", _text(since)),
+            ("ledger.finished_at < ?", _text(until)),
+            ("ledger.id > ?", after),
+        ):
+            if value is not None:
+                where.append(condition)
+                params.append(value)
         if where:
             query += " WHERE " + " AND ".join(where)
-        rows = await self._reader.call(_fetch_all, query + " ORDER BY ledger.id", params)
-        return [_ledger_row(row) for row in rows]
+        query += " ORDER BY ledger.id"
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(limit)
+        rows = await self._reader.call(_fetch_all, query, params)
+        return [(row[0], _ledger_row(row[1:])) for row in rows]
 
 
 def _expiries(holds: Sequence[Hold], now: datetime) -> dict[float, str]:
@@ -479,7 +552,7 @@ def _upsert_config_organizations(db: sqlite3.Connection, values: list[tuple]) ->
 
 
 def _insert_organization(
-    db: sqlite3.Connection, name: str, balance: str | None, suspended: int
+    db: sqlite3.Connection, name: str, balance: str | None, suspended: int, audit: AuditNote | None
 ) -> OrganizationRecord | None:
     """None when the name is taken."""
     inserted = db.execute(
@@ -487,10 +560,16 @@ def _insert_organization(
         " ON CONFLICT (name) DO NOTHING",
         (name, balance, suspended, _text(datetime.now(UTC))),
     ).rowcount
-    return _select_organization(db, name) if inserted else None
+    if not inserted:
+        return None
+    made = _select_organization(db, name)
+    _audit(db, audit, f"organization:{made.id}", None, organization_view(made))
+    return made
 
 
-def _update_organization(db: sqlite3.Connection, name: str, fields: dict[str, Any]) -> OrganizationRecord | None:
+def _update_organization(
+    db: sqlite3.Connection, name: str, fields: dict[str, Any], audit: AuditNote | None
+) -> OrganizationRecord | None:
     found = _select_organization(db, name)
     if found is None or not fields:
         return found
@@ -501,7 +580,68 @@ def _update_organization(db: sqlite3.Connection, name: str, fields: dict[str, An
         (_money(balance), int(suspended), found.id),
     )
     reservations.reconcile(db)
-    return _select_organization(db, name)
+    changed = _select_organization(db, name)
+    _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
+    return changed
+
+
+def _top_up_organization(
+    db: sqlite3.Connection, name: str, amount: str, audit: AuditNote | None
+) -> OrganizationRecord | None:
+    """The balance raised by `amount`; one with no balance limit is left as it is (unaudited)."""
+    found = _select_organization(db, name)
+    if found is None or found.balance_usd is None:
+        return found
+    db.execute(
+        "UPDATE organizations SET balance_usd = ? WHERE id = ?", (str(found.balance_usd + Decimal(amount)), found.id)
+    )
+    changed = _select_organization(db, name)
+    _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
+    return changed
+
+
+def _insert_admin_token(
+    db: sqlite3.Connection, name: str, role: str, digest: str, now: str, audit: AuditNote | None
+) -> AdminTokenRecord | None:
+    """None when the name is taken."""
+    inserted = db.execute(
+        "INSERT INTO admin_tokens (name, role, token_sha256, created_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (name) DO NOTHING",
+        (name, role, digest, now),
+    ).rowcount
+    if not inserted:
+        return None
+    made = _admin_token(
+        db.execute(f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens WHERE name = ?", (name,)).fetchone()
+    )
+    _audit(db, audit, f"admin_token:{made.id}", None, admin_token_view(made))
+    return made
+
+
+def _revoke_admin_token(
+    db: sqlite3.Connection, token_id: int, now: str, audit: AuditNote | None
+) -> AdminTokenRecord | None:
+    """One revoked already stays as it was (unaudited)."""
+    query = f"SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens WHERE id = ?"
+    row = db.execute(query, (token_id,)).fetchone()
+    if row is None or row[-1] is not None:
+        return None if row is None else _admin_token(row)
+    db.execute("UPDATE admin_tokens SET revoked_at = ? WHERE id = ?", (now, token_id))
+    revoked = _admin_token(db.execute(query, (token_id,)).fetchone())
+    _audit(db, audit, f"admin_token:{token_id}", admin_token_view(_admin_token(row)), admin_token_view(revoked))
+    return revoked
+
+
+def _audit(
+    db: sqlite3.Connection, note: AuditNote | None, target: str, before: dict | None, after: dict | None
+) -> None:
+    """The audit log's entry for a change, in the change's own transaction."""
+    if note is None:
+        return
+    db.execute(
+        "INSERT INTO audit_log (at, actor, action, target, before, after) VALUES (?, ?, ?, ?, ?, ?)",
+        (_text(datetime.now(UTC)), note.actor, note.action, target, _document(before), _document(after)),
+    )
 
 
 def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
@@ -534,15 +674,20 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     reservations.reconcile(db)  # a key given a spend limit: what is held counts against it
 
 
-def _insert_key(db: sqlite3.Connection, values: tuple) -> None:
+def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None) -> KeyRecord:
     db.execute(
         "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
         " organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
+    made = _select_key(db, "k.key_sha256 = ?", values[0])
+    _audit(db, audit, f"key:{made.id}", None, key_view(made))
+    return made
 
 
-def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> KeyRecord | None:
+def _update_key(
+    db: sqlite3.Connection, key_id: int, fields: dict[str, Any], audit: AuditNote | None
+) -> KeyRecord | None:
     found = _select_key(db, "k.id = ?", key_id)
     if found is None or not fields:
         return found
@@ -553,7 +698,20 @@ def _update_key(db: sqlite3.Connection, key_id: int, fields: dict[str, Any]) -> 
         (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id),
     )
     reservations.reconcile(db)
-    return _select_key(db, "k.id = ?", found.id)
+    changed = _select_key(db, "k.id = ?", found.id)
+    _audit(db, audit, f"key:{found.id}", key_view(found), key_view(changed))
+    return changed
+
+
+def _rotate_key(db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNote | None) -> KeyRecord | None:
+    """The key's secret replaced (its digest): the old one finds no key from this commit on."""
+    found = _select_key(db, "k.id = ?", key_id)
+    if found is None:
+        return None
+    db.execute("UPDATE keys SET key_sha256 = ? WHERE id = ?", (digest, key_id))
+    changed = _select_key(db, "k.id = ?", key_id)
+    _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+    return changed
 
 
 def _upsert_responses(db: sqlite3.Connection, rows: list[tuple]) -> None:
@@ -701,6 +859,22 @@ def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, ma
 
 def _money(amount: Decimal | None) -> str | None:
     return None if amount is None else str(amount)
+
+
+def _document(value: dict | None) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
+
+
+def _admin_token(row: tuple) -> AdminTokenRecord:
+    token_id, name, role, digest, created_at, revoked_at = row
+    return AdminTokenRecord(token_id, name, role, digest, _time(created_at), _time(revoked_at))
+
+
+def _audit_entry(row: tuple) -> AuditEntry:
+    entry_id, at, actor, action, target, before, after = row
+    return AuditEntry(
+        entry_id, _time(at), actor, action, target, *(None if v is None else orjson.loads(v) for v in (before, after))
+    )
 
 
 def _organization(row: tuple) -> OrganizationRecord:
