@@ -26,7 +26,8 @@ class KeptResponses:
     each response kept `retention_days` from its creation (0: none is). Writes run beside the
     answers, never delaying nor failing one (a write that fails is logged: that response is not
     kept), in groups (gateway/group_commit.py): what is kept while one group is written goes in
-    the next, one transaction for many responses. A read of a response whose write is still under
+    the next, one transaction for many responses; one alone is written at once where the store
+    can do that without waiting. A read of a response whose write is still under
     way in this process waits for it, so a client's next request finds its last response."""
 
     def __init__(self, store: Store, retention_days: int) -> None:
@@ -57,6 +58,15 @@ class KeptResponses:
             messages,
             system,
         )
+        if self._commit.alone() and not self._pending:
+            # Nothing to share a transaction with: written here and now where the store can
+            # (SQLite's file, unlocked), sparing the hop to its thread, as the ledger's lone rows are.
+            try:
+                if self._store.put_responses_now([stored]):
+                    self._commit.written_alone()
+                    return
+            except Exception as exc:  # the usual way below tries again
+                log.warning("keeping response %s at once failed: %r", stored.response_id, exc)
         if self._next_written is None:
             self._next_written = asyncio.get_running_loop().create_future()
         self._pending.append(stored)

@@ -172,6 +172,10 @@ class Store(Protocol):
         SQLite a connection of its own, on PostgreSQL a pool of its own. Expired ones are deleted
         by a sweep that a hold or a write starts once a minute, which nothing waits for."""
 
+    def put_responses_now(self, stored: Sequence[StoredResponse]) -> bool:
+        """put_responses without leaving the event loop, where that cannot wait (SQLite's own
+        file, unlocked); False, with nothing written, where it would."""
+
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         """The response, if `key_id` made it and it has not expired or been deleted; else None
         (another key's is not told apart from one that does not exist)."""

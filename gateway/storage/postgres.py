@@ -456,6 +456,9 @@ class PostgresStore:
 
     # --- stored responses
 
+    def put_responses_now(self, stored: Sequence[StoredResponse]) -> bool:
+        return False  # every write waits for the server
+
     async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
         # A response written again (a retried write) replaces itself; never another key's.
         # (executemany runs in one transaction.)

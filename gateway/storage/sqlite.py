@@ -396,14 +396,21 @@ class SQLiteStore:
 
     # --- stored responses
 
+    def put_responses_now(self, stored: Sequence[StoredResponse]) -> bool:
+        rows = _response_rows(stored)
+        if not self._write_inline(_upsert_responses, rows)[0]:
+            return False
+        self._wrote_responses(rows, inline=True)
+        return True
+
     async def put_responses(self, stored: Sequence[StoredResponse]) -> None:
-        # On the event loop: the thread gets text, no live objects.
-        rows = [
-            (one.response_id, one.key_id, _text(one.created_at), _text(one.expires_at), *one.documents())
-            for one in stored
-        ]
+        rows = _response_rows(stored)  # on the event loop: the thread gets text, no live objects
         await self._responses.call(_transaction, _upsert_responses, rows)
-        self._wrote(len(rows) + sum(len(document) for row in rows for document in row[4:]) // PAGE_BYTES)
+        self._wrote_responses(rows)
+
+    def _wrote_responses(self, rows: list[tuple], *, inline: bool = False) -> None:
+        """The WAL grew by these rows (a write inline counted one already)."""
+        self._wrote(len(rows) - inline + sum(len(document) for row in rows for document in row[4:]) // PAGE_BYTES)
         self._sweep_responses_when_due()  # keys with no spend limit never hold: their responses expire too
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
@@ -712,6 +719,12 @@ def _rotate_key(db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNo
     changed = _select_key(db, "k.id = ?", key_id)
     _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
     return changed
+
+
+def _response_rows(stored: Sequence[StoredResponse]) -> list[tuple]:
+    return [
+        (one.response_id, one.key_id, _text(one.created_at), _text(one.expires_at), *one.documents()) for one in stored
+    ]
 
 
 def _upsert_responses(db: sqlite3.Connection, rows: list[tuple]) -> None:
