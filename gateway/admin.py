@@ -1,13 +1,13 @@
-"""`ezat-gateway keys …`, `ezat-gateway orgs …` and `ezat-gateway usage`: managing keys and
-organizations, and reading the ledger."""
+"""`ezat-gateway keys …`, `ezat-gateway orgs …`, `ezat-gateway usage`, `ezat-gateway admin-tokens …`
+and `ezat-gateway audit`: managing keys, organizations and admin tokens (the changes themselves,
+and their audit entries, are gateway/administration.py's, which the admin API shares), and
+reading the ledger and the audit log."""
 
 from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import io
-import secrets
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -19,8 +19,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
+from gateway import administration
+from gateway.administration import AdminError
 from gateway.config import MAX_PER_MINUTE
-from gateway.storage import KeyRecord, LedgerRow, OrganizationRecord, open_store
+from gateway.storage import AdminTokenRecord, KeyRecord, LedgerRow, OrganizationRecord, Store, open_store
 
 
 def add_commands(commands: argparse._SubParsersAction, storage_options: argparse.ArgumentParser) -> None:
@@ -37,6 +39,8 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     update.add_argument("--name", default=argparse.SUPPRESS)
     update.add_argument("--unrevoke", action="store_true", help="make a revoked key usable again")
     _key_options(update)
+    rotate = actions.add_parser("rotate", parents=[storage_options], help="give a key a new secret (shown once)")
+    rotate.add_argument("key", help="the key's name or id")
 
     orgs = commands.add_parser("orgs", help="create, list, suspend and update organizations")
     actions = orgs.add_subparsers(dest="action", required=True)
@@ -63,18 +67,37 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     suspension.add_argument(
         "--unsuspend", dest="suspended", action="store_const", const=False, default=argparse.SUPPRESS
     )
+    resume = actions.add_parser("resume", parents=[storage_options], help="let its keys' requests through again")
+    resume.add_argument("name")
+    top_up = actions.add_parser("top-up", parents=[storage_options], help="add credit to its balance")
+    top_up.add_argument("name")
+    top_up.add_argument("--amount", type=_amount, required=True, metavar="USD", help="USD to add (above 0)")
 
     usage = commands.add_parser("usage", parents=[storage_options], help="what was spent, from the ledger")
     usage.add_argument("--key", help="only this key (name or id)")
     usage.add_argument("--since", type=_since, help="only requests finished since (ISO date or datetime, UTC)")
+    usage.add_argument("--until", type=_since, help="only requests finished before (ISO date or datetime, UTC)")
     usage.add_argument(
         "--by",
-        choices=("day", "model", "key", "org", "session"),
+        choices=USAGE_GROUPS,
         default="day",
-        help="org: by each key's organization (as it is now); session: by conversation "
+        help="org (or organization): by each key's organization (as it is now); session: by conversation "
         "(x-ezat-session, prompt_cache_key or Claude Code's session id)",
     )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
+
+    tokens = commands.add_parser("admin-tokens", help="create, list and revoke the admin API's tokens")
+    actions = tokens.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", parents=[storage_options], help="make a new admin token (shown once)")
+    create.add_argument("--name", type=_name, required=True, help="who its changes are by, in the audit log")
+    create.add_argument("--role", choices=administration.ROLES, required=True, help="viewer reads; admin also writes")
+    actions.add_parser("list", parents=[storage_options], help="every admin token, without secrets")
+    revoke = actions.add_parser("revoke", parents=[storage_options], help="revoke an admin token")
+    revoke.add_argument("token", help="the token's name or id")
+
+    audit = commands.add_parser("audit", parents=[storage_options], help="who changed what: the audit log")
+    audit.add_argument("--limit", type=whole_number(1, 100_000), default=50, help="entries shown (default: 50)")
+    audit.add_argument("--format", choices=("table", "json"), default="table")
 
 
 def _key_options(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +129,13 @@ def _limit(text: str) -> Decimal | None:
         value = None
     if value is None or not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f'expected an amount of USD of 0 or more, or "none", not {text!r}')
+    return value
+
+
+def _amount(text: str) -> Decimal:
+    value = _limit(text) if text.lower() != "none" else None
+    if value is None or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected an amount of USD above 0, not {text!r}")
     return value
 
 
@@ -157,7 +187,7 @@ def _since(text: str) -> datetime:
 # The commands that may make a new SQLite file: a first key or organization may come before the
 # gateway's first start. The others only read or change what a database holds: on a file that is
 # not there they would make an empty one (in whatever folder they run in) and report nothing.
-MAKES_A_DATABASE = {("keys", "create"), ("orgs", "create")}
+MAKES_A_DATABASE = {("keys", "create"), ("orgs", "create"), ("admin-tokens", "create")}
 
 
 async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> int:
@@ -181,68 +211,95 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
         made = f"{path.name} did not exist: created an empty one in {path.parent}"
         print(f"{made}; {hint}" if hint else made, file=sys.stderr)
     try:
-        if args.command == "usage":
-            keys = await store.list_keys()
-            key = None if args.key is None else _one_key(keys, args.key)
-            if isinstance(key, str):
-                print(key)
-                return 1
-            rows = await store.ledger(key_id=None if key is None else key.id, since=args.since)
-            if args.by == "org":
-                names = {key.id: key.organization for key in keys}
-            else:
-                shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
-                names = {
-                    key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys
-                }
-            print(usage_report(rows, names, by=args.by, format=args.format), end="")
-            return 0
-        if args.command == "orgs":
-            return await _orgs(store, args)
-        if args.action == "list":
-            reserved = await store.reserved()
-            print(_table(KEY_COLUMNS, [_key_row(key, reserved) for key in await store.list_keys()]), end="")
-            return 0
-        fields = _changes(args)
-        if "org" in fields:
-            organization = await store.find_organization(fields.pop("org"))
-            if organization is None:
-                print(f"no organization named {args.org!r}")
-                return 1
-            fields["organization_id"] = organization.id
-        if args.action == "create":
-            secret = "sk-ezat-" + secrets.token_urlsafe(32)
-            key = await store.create_key(hashlib.sha256(secret.encode()).hexdigest(), **fields)
-            print(f"created key {key.id} ({key.name}); it is shown only this once:\n{secret}")
-            return 0
-        if args.action == "revoke":
-            fields = {"revoked": True}
-        elif args.unrevoke:
-            fields["revoked"] = False
-        key = _one_key(await store.list_keys(), args.key)
+        return await _command(store, args)
+    except AdminError as refused:
+        print(refused.message)
+        return 1
+    finally:
+        await store.close()
+
+
+async def _command(store: Store, args: argparse.Namespace) -> int:
+    actor = administration.cli_actor()
+    if args.command == "usage":
+        keys = await store.list_keys()
+        key = None if args.key is None else _one_key(keys, args.key)
         if isinstance(key, str):
             print(key)
             return 1
-        if key.from_config:
-            # The next start would undo the change: the file is this key's source of truth.
-            print(f"key {args.key!r} is declared in the config file: change it there (revoked = true to revoke it)")
-            return 1
-        was_revoked = key.revoked
-        key = await store.update_key(key.id, **fields)
-        # The change is kept (it holds once the key is made usable again), but requests with the
-        # key still get 401: an update must not read as if it had made the key work.
-        if args.action == "revoke" and was_revoked:
-            print(f"key {args.key!r} was revoked already", file=sys.stderr)
-        elif args.action == "update" and key.revoked:
-            print(
-                f"key {args.key!r} is revoked: the change is kept, but its requests still get 401 "
-                "(--unrevoke makes it usable again)",
-                file=sys.stderr,
-            )
-        print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
+        key_id = None if key is None else key.id
+        print(
+            await usage(store, by=args.by, key_id=key_id, since=args.since, until=args.until, format=args.format),
+            end="",
+        )
         return 0
-    finally:
-        await store.close()
+    if args.command == "orgs":
+        return await _orgs(store, args, actor)
+    if args.command == "admin-tokens":
+        return await _admin_tokens(store, args, actor)
+    if args.command == "audit":
+        entries = await store.audit_log(limit=args.limit)
+        print(audit_report(entries, format=args.format), end="")
+        return 0
+    if args.action == "list":
+        reserved = await store.reserved()
+        print(_table(KEY_COLUMNS, [_key_row(key, reserved) for key in await store.list_keys()]), end="")
+        return 0
+    fields = _changes(args) if args.action in ("create", "update") else {}
+    organization = fields.pop("org", None)
+    if args.action == "create":
+        key, secret = await administration.create_key(store, actor, organization=organization, **fields)
+        print(f"created key {key.id} ({key.name}); it is shown only this once:\n{secret}")
+        return 0
+    key = _one_key(await store.list_keys(), args.key)
+    if isinstance(key, str):
+        print(key)
+        return 1
+    was_revoked = key.revoked
+    if args.action == "rotate":
+        key, secret = await administration.rotate_key(store, actor, key, ref=args.key)
+        print(f"key {key.id} ({key.name}) has a new secret; the old one no longer works. It is shown only this once:")
+        print(secret)
+        return 0
+    if args.action == "revoke":
+        key = await administration.revoke_key(store, actor, key, ref=args.key)
+    else:
+        if args.unrevoke:
+            fields["revoked"] = False
+        key = await administration.update_key(store, actor, key, organization=organization, ref=args.key, **fields)
+    # The change is kept (it holds once the key is made usable again), but requests with the
+    # key still get 401: an update must not read as if it had made the key work.
+    if args.action == "revoke" and was_revoked:
+        print(f"key {args.key!r} was revoked already", file=sys.stderr)
+    elif args.action == "update" and key.revoked:
+        print(
+            f"key {args.key!r} is revoked: the change is kept, but its requests still get 401 "
+            "(--unrevoke makes it usable again)",
+            file=sys.stderr,
+        )
+    print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
+    return 0
+
+
+async def usage(
+    store: Store,
+    *,
+    by: str,
+    key_id: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    format: str,
+) -> str:
+    """The usage report `ezat-gateway usage` prints and `GET /admin/v1/usage` answers: the same
+    rows, the same groups, the same field names."""
+    keys = await store.list_keys()
+    rows = await store.ledger(key_id=key_id, since=since, until=until)
+    if by in ("org", "organization"):
+        names = {key.id: key.organization for key in keys}
+    else:
+        shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
+        names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys}
+    return usage_report(rows, names, by=by, format=format)
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -277,38 +334,84 @@ def _where_hint(url: str, named_by: str) -> str:
     return ""
 
 
-async def _orgs(store, args: argparse.Namespace) -> int:
+async def _orgs(store: Store, args: argparse.Namespace, actor: str) -> int:
     if args.action == "list":
         reserved = await store.organizations_reserved()
         print(_table(ORG_COLUMNS, [_org_row(o, reserved) for o in await store.list_organizations()]), end="")
         return 0
     if args.action == "create":
-        made = await store.create_organization(args.name, balance_usd=args.balance, suspended=args.suspended)
-        if made is None:
-            print(f"an organization named {args.name!r} exists already")
-            return 1
+        made = await administration.create_organization(
+            store, actor, args.name, balance_usd=args.balance, suspended=args.suspended
+        )
         print(_table(ORG_COLUMNS, [_org_row(made, {})]), end="")
         return 0
-    fields = (
-        {"suspended": True}
-        if args.action == "suspend"
-        else {
-            field: getattr(args, option)
-            for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
-            if hasattr(args, option)
-        }
-    )
     found = await store.find_organization(args.name)
     if found is None:
         print(f"no organization named {args.name!r}")
         return 1
-    if found.from_config:
-        # The next start would undo the change: the file is this organization's source of truth.
-        print(f"organization {args.name!r} is declared in the config file: change it there")
-        return 1
-    changed = await store.update_organization(args.name, **fields)
+    if args.action == "suspend":
+        changed = await administration.suspend_organization(store, actor, found)
+    elif args.action == "resume":
+        changed = await administration.resume_organization(store, actor, found)
+    elif args.action == "top-up":
+        changed = await administration.top_up_organization(store, actor, found, args.amount)
+    else:
+        fields = {
+            field: getattr(args, option)
+            for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
+            if hasattr(args, option)
+        }
+        changed = await administration.update_organization(store, actor, found, **fields)
     print(_table(ORG_COLUMNS, [_org_row(changed, await store.organizations_reserved())]), end="")
     return 0
+
+
+async def _admin_tokens(store: Store, args: argparse.Namespace, actor: str) -> int:
+    if args.action == "create":
+        token, secret = await administration.create_admin_token(store, actor, args.name, args.role)
+        print(f"created admin token {token.id} ({token.name}, {token.role}); it is shown only this once:")
+        print(secret)  # last, alone on its line: a script takes the output's last line
+        return 0
+    if args.action == "revoke":
+        token = await administration.revoke_admin_token(store, actor, args.token)
+        print(_table(TOKEN_COLUMNS, [_token_row(token)]), end="")
+        return 0
+    print(_table(TOKEN_COLUMNS, [_token_row(token) for token in await store.list_admin_tokens()]), end="")
+    return 0
+
+
+TOKEN_COLUMNS = ["id", "name", "role", "created_at", "revoked_at"]
+
+
+def _token_row(token: AdminTokenRecord) -> list[Any]:
+    return [
+        token.id,
+        token.name,
+        token.role,
+        token.created_at.isoformat(timespec="seconds"),
+        token.revoked_at.isoformat(timespec="seconds") if token.revoked_at else None,
+    ]
+
+
+AUDIT_COLUMNS = ["id", "at", "actor", "action", "target", "before", "after"]
+
+
+def audit_report(entries: list, *, format: str) -> str:
+    """The audit log's entries, newest first: a table (before and after as compact JSON) or JSON."""
+    if format == "json":
+        return orjson.dumps([entry.view() for entry in entries], option=orjson.OPT_INDENT_2).decode() + "\n"
+    lines = [
+        [
+            entry.id,
+            entry.at.isoformat(timespec="seconds"),
+            entry.actor,
+            entry.action,
+            entry.target,
+            *(None if value is None else orjson.dumps(value).decode() for value in (entry.before, entry.after)),
+        ]
+        for entry in entries
+    ]
+    return _table(AUDIT_COLUMNS, lines)
 
 
 ORG_COLUMNS = ["id", "name", "balance_usd", "spent_usd", "reserved_usd", "suspended", "keys"]
@@ -395,9 +498,13 @@ USAGE_COLUMNS = [
 ]
 
 
+USAGE_GROUPS = ("day", "model", "key", "org", "organization", "session")
+
+
 def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
-    """The rows added up by `by`. By session, requests that named no conversation are one group,
-    None (an empty cell; null in JSON), last."""
+    """The rows added up by `by` (its name the group's column: "org" and "organization" group
+    alike). By session, requests that named no conversation are one group, None (an empty
+    cell; null in JSON), last."""
     groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
     for row in rows:
         group = {
@@ -405,6 +512,7 @@ def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, f
             "model": row.answered_model,
             "key": key_names.get(row.key_id, str(row.key_id)),
             "org": key_names.get(row.key_id, "default"),
+            "organization": key_names.get(row.key_id, "default"),
             "session": row.session,
         }[by]
         totals = groups[group]

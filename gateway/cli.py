@@ -1,4 +1,4 @@
-"""`ezat-gateway`: serve, check-config, keys, orgs, usage, mock-upstream."""
+"""`ezat-gateway`: serve, check-config, keys, orgs, usage, admin-tokens, audit, mock-upstream."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as error:  # the only thing it does that the system may refuse
                 raise CannotListen(args.host, args.port, error) from None
             return 0
-        if args.command in ("keys", "orgs", "usage"):
+        if args.command in ("keys", "orgs", "usage", "admin-tokens", "audit"):
             # Only [storage]: listing keys must not need the upstream's secret in the environment.
             storage = args.storage or (load_storage_config(args.config) if args.config else DEMO_STORAGE).url
             if problem := storage_url_problem(storage):

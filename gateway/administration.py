@@ -1,0 +1,232 @@
+"""The changes an administrator makes to keys, organizations and admin tokens, each written to the
+audit log in the change's own transaction. The command line (gateway/admin.py) and the admin API
+(gateway/admin_api.py) both make their changes here, so the two cannot drift apart: the same
+checks, the same secrets, the same audit entries.
+
+Keys and organizations the config file declares are read-only here: the next start would undo a
+change (the file is their source of truth)."""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import secrets
+from decimal import Decimal
+from typing import Any
+
+from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, Store
+
+KEY_PREFIX = "sk-ezat-"
+ADMIN_TOKEN_PREFIX = "ezat-admin-"
+ROLES = ("admin", "viewer")
+
+
+class AdminError(Exception):
+    """Why a change was refused: an HTTP status, an error type and a message for people (the CLI
+    prints the message; the API sends all three)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(AdminError):
+    status = 404
+    type = "not_found_error"
+
+
+class Conflict(AdminError):
+    status = 409
+    type = "conflict_error"
+
+
+class Invalid(AdminError):
+    pass
+
+
+def cli_actor() -> str:
+    """The audit log's name for the command line's changes: `cli:` and the user running it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's), nor LOGNAME and the like
+        user = "unknown"
+    return f"cli:{user}"
+
+
+def digest(secret: str) -> str:
+    """What the store keeps of a secret: its SHA-256, in hex."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def new_key_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_admin_token() -> str:
+    return ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+# --- keys
+
+
+async def create_key(
+    store: Store, actor: str, *, organization: str | None = None, **fields: Any
+) -> tuple[KeyRecord, str]:
+    """A new key with `fields` (KeyRecord's) in `organization` (a name; default: "default"), and
+    its secret, which is shown once: only its digest is stored."""
+    if organization is not None:
+        fields["organization_id"] = await _organization_id(store, organization)
+    secret = new_key_secret()
+    key = await store.create_key(digest(secret), audit=AuditNote(actor, "key.create"), **fields)
+    return key, secret
+
+
+async def update_key(
+    store: Store,
+    actor: str,
+    key: KeyRecord,
+    *,
+    organization: str | None = None,
+    action: str = "key.update",
+    ref: str | None = None,
+    **fields: Any,
+) -> KeyRecord:
+    """The key with `fields` changed (and moved to `organization`, a name). `ref` is how the
+    caller named the key, for the messages."""
+    _writable_key(key, ref)
+    if organization is not None:
+        fields["organization_id"] = await _organization_id(store, organization)
+    changed = await store.update_key(key.id, audit=AuditNote(actor, action), **fields)
+    if changed is None:
+        raise NotFound(f"no key numbered {key.id}")
+    return changed
+
+
+async def revoke_key(store: Store, actor: str, key: KeyRecord, *, ref: str | None = None) -> KeyRecord:
+    """Requests with it get 401 (within the auth stage's cache time, on processes that looked
+    it up recently). One revoked already stays so, and nothing is audited."""
+    _writable_key(key, ref)
+    if key.revoked:
+        return key
+    return await update_key(store, actor, key, action="key.revoke", ref=ref, revoked=True)
+
+
+async def rotate_key(store: Store, actor: str, key: KeyRecord, *, ref: str | None = None) -> tuple[KeyRecord, str]:
+    """A new secret for the key (shown once); the old one finds no key from now on. Its id,
+    settings, spend and ledger rows stay."""
+    _writable_key(key, ref)
+    secret = new_key_secret()
+    rotated = await store.rotate_key(key.id, digest(secret), audit=AuditNote(actor, "key.rotate"))
+    if rotated is None:
+        raise NotFound(f"no key numbered {key.id}")
+    return rotated, secret
+
+
+def _writable_key(key: KeyRecord, ref: str | None) -> None:
+    if key.from_config:
+        raise Conflict(
+            f"key {ref or key.name or str(key.id)!r} is declared in the config file: "
+            "change it there (revoked = true to revoke it)"
+        )
+
+
+async def _organization_id(store: Store, name: str) -> int:
+    found = await store.find_organization(name)
+    if found is None:
+        raise Invalid(f"no organization named {name!r}")
+    return found.id
+
+
+# --- organizations
+
+
+async def create_organization(
+    store: Store, actor: str, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
+) -> OrganizationRecord:
+    if not name:
+        raise Invalid("an organization's name must not be empty")
+    made = await store.create_organization(
+        name, balance_usd=balance_usd, suspended=suspended, audit=AuditNote(actor, "organization.create")
+    )
+    if made is None:
+        raise Conflict(f"an organization named {name!r} exists already")
+    return made
+
+
+async def update_organization(
+    store: Store, actor: str, organization: OrganizationRecord, *, action: str = "organization.update", **fields: Any
+) -> OrganizationRecord:
+    """`balance_usd` and `suspended` changed."""
+    _writable_organization(organization)
+    changed = await store.update_organization(organization.name, audit=AuditNote(actor, action), **fields)
+    if changed is None:
+        raise NotFound(f"no organization named {organization.name!r}")
+    return changed
+
+
+async def suspend_organization(store: Store, actor: str, organization: OrganizationRecord) -> OrganizationRecord:
+    """Its keys' requests get 403 from now on."""
+    return await update_organization(store, actor, organization, action="organization.suspend", suspended=True)
+
+
+async def resume_organization(store: Store, actor: str, organization: OrganizationRecord) -> OrganizationRecord:
+    return await update_organization(store, actor, organization, action="organization.resume", suspended=False)
+
+
+async def top_up_organization(
+    store: Store, actor: str, organization: OrganizationRecord, amount_usd: Decimal
+) -> OrganizationRecord:
+    """Adds `amount_usd` of credit to its balance, in one transaction (two top-ups at once both
+    count); the audit log records it, the balance before and after."""
+    _writable_organization(organization)
+    if not amount_usd.is_finite() or amount_usd <= 0:
+        raise Invalid(f"amount_usd: expected an amount of USD above 0, not {amount_usd}")
+    if organization.balance_usd is None:
+        raise Conflict(
+            f"organization {organization.name!r} has no balance limit to add to: give it a balance_usd first"
+        )
+    changed = await store.top_up_organization(
+        organization.name, amount_usd, audit=AuditNote(actor, "organization.top_up")
+    )
+    if changed is None:
+        raise NotFound(f"no organization named {organization.name!r}")
+    if changed.balance_usd is None:  # its limit was removed meanwhile: nothing was added
+        raise Conflict(f"organization {organization.name!r} has no balance limit to add to")
+    return changed
+
+
+def _writable_organization(organization: OrganizationRecord) -> None:
+    if organization.from_config:
+        raise Conflict(f"organization {organization.name!r} is declared in the config file: change it there")
+
+
+# --- admin tokens
+
+
+async def create_admin_token(store: Store, actor: str, name: str, role: str) -> tuple[AdminTokenRecord, str]:
+    """A new admin token and its secret, shown once (only its digest is stored)."""
+    if not name:
+        raise Invalid("an admin token's name must not be empty")
+    if role not in ROLES:
+        raise Invalid(f'role: expected "admin" or "viewer", not {role!r}')
+    token = new_admin_token()
+    made = await store.create_admin_token(name, role, digest(token), audit=AuditNote(actor, "admin_token.create"))
+    if made is None:
+        raise Conflict(f"an admin token named {name!r} exists already (revoked ones keep their names)")
+    return made, token
+
+
+async def revoke_admin_token(store: Store, actor: str, ref: str) -> AdminTokenRecord:
+    """The token named `ref` (or, failing that, numbered so) revoked: the admin API refuses it
+    from its next request on."""
+    tokens = await store.list_admin_tokens()
+    found = next((t for t in tokens if t.name == ref), None) or next((t for t in tokens if str(t.id) == ref), None)
+    if found is None:
+        raise NotFound(f"no admin token named or numbered {ref!r}")
+    revoked = await store.revoke_admin_token(found.id, audit=AuditNote(actor, "admin_token.revoke"))
+    if revoked is None:
+        raise NotFound(f"no admin token named or numbered {ref!r}")
+    return revoked
