@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
+from gateway.admin_api import add_admin_routes
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.ledger import Ledger
@@ -82,6 +83,8 @@ def build_app(
     app = application(config, services, stages)
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
+    if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin_api.py)
+        add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget)
     return app
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import math
 import time
 from collections import OrderedDict
 
@@ -35,7 +36,7 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
     a key by the SHA-256 hex digest of its secret (so the secret is never stored), or None.
 
     `cache_seconds` bounds how long a revoked or changed key keeps its old record here (0: no
-    cache). Requests that miss the cache together share one `find_key` call for their key: a
+    cache); the stage's `forget(digest)` drops one key's at once. Requests that miss the cache together share one `find_key` call for their key: a
     replica that starts under load asks its store once, not once per request waiting. Matching
     by digest compares digests, never the secret, so timing says nothing of a key."""
     if not callable(find_key):
@@ -44,6 +45,7 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
         raise ValueError("auth_middleware: cache_seconds must be 0 or more, cache_size a positive integer")
     cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
     finding: dict[str, asyncio.Task] = {}  # the lookups under way, by digest
+    forgotten: dict[str, float] = {}  # digest → when forget() dropped it (a few, for cache_seconds)
 
     async def lookup(digest: str) -> KeyRecord | None:
         hit = cache.get(digest)
@@ -62,6 +64,8 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
             key = await find_key(digest)
         finally:
             del finding[digest]
+        if forgotten.get(digest, -math.inf) >= now:
+            return key  # began before forget(): this record may be the old one, not to be kept
         cache[digest] = (key, now)
         cache.move_to_end(digest)
         if len(cache) > cache_size:  # unknown keys are cached too: bound what a flood of them costs
@@ -84,6 +88,16 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
         request[API_KEY] = key
         return await handler(request)
 
+    def forget(digest: str) -> None:
+        """Drops what this process keeps of the key with that digest: its next request looks it
+        up again (the admin API calls it on revoking or rotating a key)."""
+        now = time.monotonic()
+        for old in [d for d, at in forgotten.items() if now - at > cache_seconds]:
+            del forgotten[old]
+        forgotten[digest] = now
+        cache.pop(digest, None)
+
+    auth.forget = forget
     return auth
 
 

@@ -1,0 +1,531 @@
+"""The admin API, `/admin/v1/…`: keys, organizations, usage, the ledger and the audit log, as JSON,
+for scripts, CI jobs and Terraform (docs/admin.md).
+
+On only when the config has an `[admin]` table. Its routes are not the API's: no chain of stages,
+no billing. A request is authenticated by an admin token (`Authorization: Bearer …`), never by a
+gateway key: the config's tokens by digest, compared in constant time, and the store's, looked up
+by digest on every request (so a revoked token is refused from its next request on). A `viewer`
+reads; an `admin` also writes. Failed attempts are counted per client address, and past
+`failed_attempts_per_minute` every request from it gets 429 for the rest of the minute.
+
+Every change goes through gateway/administration.py, as the CLI's do, which audits it."""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, NamedTuple
+
+import orjson
+from aiohttp import web
+
+from gateway import administration
+from gateway.admin import usage
+from gateway.admin_openapi import OPENAPI
+from gateway.administration import AdminError
+from gateway.config import MAX_PER_MINUTE, AdminConfig
+from gateway.storage import KeyRecord, OrganizationRecord, Store
+from gateway.storage.records import key_view, organization_view
+from middlewares.auth import presented_key
+from middlewares.core.errors import GatewayError
+
+PREFIX = "/admin/v1"
+MAX_PAGE = 1000  # rows a page may hold
+DEFAULT_PAGE = 100
+MAX_CONCURRENT = 2**31 - 1  # the stores keep it as a 32-bit integer
+WINDOW = 60.0  # seconds over which failed attempts are counted
+TRACKED_ADDRESSES = 10_000  # addresses whose failures are kept; the oldest go first
+
+
+class Caller(NamedTuple):
+    name: str  # the audit log's actor
+    role: str
+
+
+class AdminAuth:
+    """Who a request is, by its admin token; failed attempts counted per client address."""
+
+    def __init__(self, config: AdminConfig, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._declared = [(bytes.fromhex(t.token_sha256), Caller(t.name, t.role)) for t in config.tokens]
+        self._store = store
+        self._limit = config.failed_attempts_per_minute
+        self._clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    async def caller(self, request: web.Request) -> Caller:
+        address = request.remote or ""
+        self._refuse_if_limited(address)
+        token = presented_key(request)
+        found = None if token is None else await self._find(token)
+        if found is None:
+            self._failed(address)
+            if token is None:
+                raise _error(
+                    401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
+                )
+            raise _error(401, "Invalid admin token (gateway keys are not admin tokens).", "authentication_error")
+        return found
+
+    async def _find(self, token: str) -> Caller | None:
+        presented = bytes.fromhex(administration.digest(token))
+        found = None
+        for digest, caller in self._declared:  # every one compared, in constant time
+            if hmac.compare_digest(digest, presented):
+                found = caller
+        if found is not None:
+            return found
+        stored = await self._store.find_admin_token(presented.hex())
+        if stored is None or stored.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(bytes.fromhex(stored.token_sha256), presented):
+            return None
+        return Caller(stored.name, stored.role)
+
+    def _refuse_if_limited(self, address: str) -> None:
+        failures = self._failures.get(address)
+        if failures is None:
+            return
+        now = self._clock()
+        while failures and now - failures[0] >= WINDOW:
+            failures.popleft()
+        if len(failures) >= self._limit:
+            wait = max(1, math.ceil(WINDOW - (now - failures[0])))
+            raise _error(
+                429,
+                f"Too many failed admin sign-ins from this address: try again in {wait} s.",
+                "rate_limit_error",
+                headers={"retry-after": str(wait)},
+            )
+
+    def _failed(self, address: str) -> None:
+        failures = self._failures.pop(address, None) or deque()
+        failures.append(self._clock())
+        self._failures[address] = failures  # the newest last
+        while len(self._failures) > TRACKED_ADDRESSES:
+            self._failures.popitem(last=False)
+
+
+def _error(status: int, message: str, type: str, *, headers: dict[str, str] | None = None) -> GatewayError:
+    return GatewayError(status, message, type=type, headers=headers)
+
+
+def add_admin_routes(
+    app: web.Application, config: AdminConfig, store: Store, *, forget_key: Callable[[str], None] | None = None
+) -> None:
+    """The admin API's routes on `app`. `forget_key(digest)` drops a key from the auth stage's
+    cache once it is revoked or rotated, so that this process refuses it at once."""
+    auth = AdminAuth(config, store)
+    handlers = AdminHandlers(store, forget_key or (lambda digest: None))
+
+    def guarded(handler, *, writes: bool):
+        async def guard(request: web.Request) -> web.StreamResponse:
+            caller = await auth.caller(request)
+            if writes and caller.role != "admin":
+                raise _error(
+                    403, f"Admin token {caller.name!r} is a viewer's: it may read, not change.", "permission_error"
+                )
+            try:
+                return await handler(request, caller)
+            except AdminError as refused:
+                raise _error(refused.status, refused.message, refused.type) from None
+
+        return guard
+
+    for method, path, handler, writes in handlers.routes():
+        app.router.add_route(method, PREFIX + path, guarded(handler, writes=writes))
+    app.router.add_get(PREFIX + "/openapi.json", openapi)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """The API's description: public, as it holds nothing but the API's shape."""
+    return _json(OPENAPI)
+
+
+class AdminHandlers:
+    def __init__(self, store: Store, forget_key: Callable[[str], None]) -> None:
+        self.store = store
+        self.forget_key = forget_key
+
+    def routes(self) -> list[tuple[str, str, Callable, bool]]:
+        """(method, path under PREFIX, handler, whether it writes)."""
+        return [
+            ("GET", "/keys", self.list_keys, False),
+            ("POST", "/keys", self.create_key, True),
+            ("GET", "/keys/{id}", self.get_key, False),
+            ("PATCH", "/keys/{id}", self.update_key, True),
+            ("POST", "/keys/{id}/revoke", self.revoke_key, True),
+            ("POST", "/keys/{id}/rotate", self.rotate_key, True),
+            ("GET", "/organizations", self.list_organizations, False),
+            ("POST", "/organizations", self.create_organization, True),
+            ("GET", "/organizations/{id}", self.get_organization, False),
+            ("PATCH", "/organizations/{id}", self.update_organization, True),
+            ("POST", "/organizations/{id}/top-up", self.top_up, True),
+            ("POST", "/organizations/{id}/suspend", self.suspend, True),
+            ("POST", "/organizations/{id}/resume", self.resume, True),
+            ("GET", "/usage", self.usage, False),
+            ("GET", "/ledger", self.ledger, False),
+            ("GET", "/audit", self.audit, False),
+        ]
+
+    # --- keys
+
+    async def list_keys(self, request: web.Request, caller: Caller) -> web.Response:
+        query = request.query
+        limit, after = _page(query)
+        revoked = _flag(query, "revoked")
+        organization, name = query.get("organization"), query.get("name")
+        matching = [
+            key
+            for key in await self.store.list_keys()
+            if key.id > after
+            and (organization is None or key.organization == organization)
+            and (name is None or key.name == name)
+            and (revoked is None or key.revoked == revoked)
+        ]
+        reserved = await self.store.reserved()
+        page = matching[:limit]
+        return _json(
+            {
+                "data": [_key(key, reserved) for key in page],
+                "next": str(page[-1].id) if len(matching) > limit else None,
+            }
+        )
+
+    async def create_key(self, request: web.Request, caller: Caller) -> web.Response:
+        fields = _key_fields(await _body(request), creating=True)
+        key, secret = await administration.create_key(self.store, caller.name, **fields)
+        return _json({**_key(key, {}), "secret": secret}, status=201)
+
+    async def get_key(self, request: web.Request, caller: Caller) -> web.Response:
+        return _json(_key(await self._key(request), await self.store.reserved()))
+
+    async def update_key(self, request: web.Request, caller: Caller) -> web.Response:
+        key = await self._key(request)
+        fields = _key_fields(await _body(request), creating=False)
+        changed = await administration.update_key(self.store, caller.name, key, **fields)
+        self.forget_key(key.key_sha256)
+        return _json(_key(changed, await self.store.reserved()))
+
+    async def revoke_key(self, request: web.Request, caller: Caller) -> web.Response:
+        key = await self._key(request)
+        revoked = await administration.revoke_key(self.store, caller.name, key)
+        self.forget_key(key.key_sha256)
+        return _json(_key(revoked, await self.store.reserved()))
+
+    async def rotate_key(self, request: web.Request, caller: Caller) -> web.Response:
+        key = await self._key(request)
+        rotated, secret = await administration.rotate_key(self.store, caller.name, key)
+        self.forget_key(key.key_sha256)
+        return _json({**_key(rotated, await self.store.reserved()), "secret": secret})
+
+    async def _key(self, request: web.Request) -> KeyRecord:
+        key_id = request.match_info["id"]
+        found = next((key for key in await self.store.list_keys() if str(key.id) == key_id), None)
+        if found is None:
+            raise administration.NotFound(f"no key numbered {key_id!r}")
+        return found
+
+    # --- organizations
+
+    async def list_organizations(self, request: web.Request, caller: Caller) -> web.Response:
+        limit, after = _page(request.query)
+        matching = [o for o in await self.store.list_organizations() if o.id > after]
+        reserved = await self.store.organizations_reserved()
+        page = matching[:limit]
+        return _json(
+            {
+                "data": [_organization(o, reserved) for o in page],
+                "next": str(page[-1].id) if len(matching) > limit else None,
+            }
+        )
+
+    async def create_organization(self, request: web.Request, caller: Caller) -> web.Response:
+        body = await _body(request)
+        _known(body, ("name", "balance_usd", "suspended"))
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise administration.Invalid("name: expected a non-empty string")
+        made = await administration.create_organization(
+            self.store,
+            caller.name,
+            name,
+            balance_usd=_money(body.get("balance_usd"), "balance_usd"),
+            suspended=_boolean(body.get("suspended", False), "suspended"),
+        )
+        return _json(_organization(made, {}), status=201)
+
+    async def get_organization(self, request: web.Request, caller: Caller) -> web.Response:
+        found = await self._organization(request)
+        return _json(_organization(found, await self.store.organizations_reserved()))
+
+    async def update_organization(self, request: web.Request, caller: Caller) -> web.Response:
+        found = await self._organization(request)
+        body = await _body(request)
+        _known(body, ("balance_usd", "suspended"))
+        fields: dict[str, Any] = {}
+        if "balance_usd" in body:
+            fields["balance_usd"] = _money(body["balance_usd"], "balance_usd")
+        if "suspended" in body:
+            fields["suspended"] = _boolean(body["suspended"], "suspended")
+        changed = await administration.update_organization(self.store, caller.name, found, **fields)
+        return await self._changed(changed)
+
+    async def top_up(self, request: web.Request, caller: Caller) -> web.Response:
+        found = await self._organization(request)
+        body = await _body(request)
+        _known(body, ("amount_usd",))
+        if "amount_usd" not in body:
+            raise administration.Invalid("amount_usd: required")
+        amount = _money(body["amount_usd"], "amount_usd")
+        if amount is None:
+            raise administration.Invalid("amount_usd: expected an amount of USD above 0")
+        changed = await administration.top_up_organization(self.store, caller.name, found, amount)
+        return await self._changed(changed)
+
+    async def suspend(self, request: web.Request, caller: Caller) -> web.Response:
+        changed = await administration.suspend_organization(self.store, caller.name, await self._organization(request))
+        return await self._changed(changed)
+
+    async def resume(self, request: web.Request, caller: Caller) -> web.Response:
+        changed = await administration.resume_organization(self.store, caller.name, await self._organization(request))
+        return await self._changed(changed)
+
+    async def _changed(self, organization: OrganizationRecord) -> web.Response:
+        """The organization as it is now; its keys' records (which carry its balance and
+        suspension) dropped from this process's auth cache, so the change holds here at once."""
+        for key in await self.store.list_keys():
+            if key.organization_id == organization.id:
+                self.forget_key(key.key_sha256)
+        return _json(_organization(organization, await self.store.organizations_reserved()))
+
+    async def _organization(self, request: web.Request) -> OrganizationRecord:
+        """By its id, else by its name."""
+        ref = request.match_info["id"]
+        organizations = await self.store.list_organizations()
+        found = next((o for o in organizations if str(o.id) == ref), None) or next(
+            (o for o in organizations if o.name == ref), None
+        )
+        if found is None:
+            raise administration.NotFound(f"no organization numbered or named {ref!r}")
+        return found
+
+    # --- usage, the ledger and the audit log
+
+    async def usage(self, request: web.Request, caller: Caller) -> web.Response:
+        query = request.query
+        group_by = query.get("group_by", "day")
+        if group_by not in ("key", "organization", "org", "model", "day", "session"):
+            raise administration.Invalid("group_by: expected key, organization, model, day or session")
+        output = query.get("format", "json")
+        if output not in ("json", "csv"):
+            raise administration.Invalid("format: expected json or csv")
+        since, until = _moment_param(query, "since"), _moment_param(query, "until")
+        key_id = _int_param(query, "key_id", 1, 2**63 - 1)
+        text = await usage(self.store, by=group_by, key_id=key_id, since=since, until=until, format=output)
+        if output == "csv":
+            return web.Response(text=text, content_type="text/csv")
+        return _json(
+            {
+                "group_by": group_by,
+                "since": since.isoformat() if since else None,
+                "until": until.isoformat() if until else None,
+                "data": orjson.loads(text),
+            }
+        )
+
+    async def ledger(self, request: web.Request, caller: Caller) -> web.Response:
+        query = request.query
+        limit, after = _page(query)
+        rows = await self.store.ledger_page(
+            key_id=_int_param(query, "key_id", 1, 2**63 - 1),
+            since=_moment_param(query, "since"),
+            until=_moment_param(query, "until"),
+            after=after,
+            limit=limit + 1,  # one more: whether there is a next page
+        )
+        names = {key.id: key.name for key in await self.store.list_keys()}
+        page = rows[:limit]
+        return _json(
+            {
+                "data": [_ledger_row(row, names) for _, row in page],
+                "next": str(page[-1][0]) if len(rows) > limit else None,
+            }
+        )
+
+    async def audit(self, request: web.Request, caller: Caller) -> web.Response:
+        query = request.query
+        limit = _int_param(query, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
+        before = _int_param(query, "before", 1, 2**63 - 1)
+        entries = await self.store.audit_log(limit=limit + 1, before=before)
+        page = entries[:limit]
+        return _json(
+            {"data": [entry.view() for entry in page], "next": str(page[-1].id) if len(entries) > limit else None}
+        )
+
+
+# --- What goes out.
+
+
+def _json(value: Any, *, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+
+
+def _key(key: KeyRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:
+    return {**key_view(key), "reserved_usd": str(reserved.get(key.id, Decimal(0)))}
+
+
+def _organization(organization: OrganizationRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:
+    return {**organization_view(organization), "reserved_usd": str(reserved.get(organization.id, Decimal(0)))}
+
+
+def _ledger_row(row, names: dict[int, str]) -> dict[str, Any]:
+    return {
+        "request_id": row.request_id,
+        "key_id": row.key_id,
+        "key": names.get(row.key_id),
+        "model": row.model,
+        "answered_model": row.answered_model,
+        "deployment": row.deployment,
+        "input_tokens": row.input_tokens,
+        "cache_write_tokens": row.cache_write_tokens,
+        "cache_write_1h_tokens": row.cache_write_1h_tokens,
+        "cache_read_tokens": row.cache_read_tokens,
+        "output_tokens": row.output_tokens,
+        "reasoning_tokens": row.reasoning_tokens,
+        "cost_usd": str(row.cost_usd),
+        "status": row.outcome,
+        "session": row.session,
+        "started_at": row.started_at.isoformat(),
+        "finished_at": row.finished_at.isoformat(),
+    }
+
+
+# --- What comes in: each problem a 400 that names the field.
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise administration.Invalid("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise administration.Invalid("the body must be a JSON object")
+    return body
+
+
+def _known(body: dict[str, Any], fields: tuple[str, ...]) -> None:
+    unknown = [name for name in body if name not in fields]
+    if unknown:
+        raise administration.Invalid(f"{unknown[0]}: unknown field (expected {', '.join(fields)})")
+
+
+KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "max_concurrent", "expires_at", "organization")
+
+
+def _key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
+    """The key's settings in `body`, as administration.create_key and update_key take them
+    (a PATCH may also set `revoked`; null, and 0 for the counts, remove a limit)."""
+    _known(body, KEY_FIELDS if creating else (*KEY_FIELDS, "revoked"))
+    if creating and not isinstance(body.get("name"), str):
+        raise administration.Invalid("name: required, a string")
+    fields: dict[str, Any] = {}
+    for name, value in body.items():
+        if name == "name":
+            if not isinstance(value, str):
+                raise administration.Invalid("name: expected a string")
+            fields["name"] = value
+        elif name == "models":
+            if not isinstance(value, list) or not value or not all(isinstance(m, str) and m for m in value):
+                raise administration.Invalid(
+                    'models: expected a non-empty list of model id globs, e.g. ["anthropic/*"]'
+                )
+            fields["models"] = tuple(value)
+        elif name == "spend_limit_usd":
+            fields["spend_limit_usd"] = _money(value, name)
+        elif name in ("rpm", "tpm", "max_concurrent"):
+            fields[name] = _count(value, name, MAX_PER_MINUTE if name != "max_concurrent" else MAX_CONCURRENT)
+        elif name == "expires_at":
+            fields["expires_at"] = None if value is None else _moment(value, name)
+        elif name == "organization":
+            if not isinstance(value, str) or not value:
+                raise administration.Invalid("organization: expected an organization's name")
+            fields["organization"] = value
+        elif name == "revoked":
+            fields["revoked"] = _boolean(value, name)
+    return fields
+
+
+def _money(value: Any, name: str) -> Decimal | None:
+    """An amount of USD, as a JSON number or a decimal string; null: none."""
+    if value is None:
+        return None
+    amount = None
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            amount = Decimal(str(value))
+        except InvalidOperation:
+            amount = None
+    if amount is None or not amount.is_finite() or amount < 0:
+        raise administration.Invalid(f"{name}: expected an amount of USD of 0 or more (a number or a string), or null")
+    return amount
+
+
+def _count(value: Any, name: str, most: int) -> int | None:
+    if value is None or value == 0 and type(value) is int:
+        return None
+    if type(value) is not int or not 0 < value <= most:
+        raise administration.Invalid(f"{name}: expected a whole number from 0 (no limit) to {most}, or null")
+    return value
+
+
+def _boolean(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise administration.Invalid(f"{name}: expected true or false")
+    return value
+
+
+def _moment(value: Any, name: str) -> datetime:
+    """An ISO date or datetime; UTC unless it has an offset."""
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except (ValueError, OverflowError, AttributeError):  # not ISO; past year 1 or 9999 in UTC; not a string
+        raise administration.Invalid(f"{name}: expected an ISO datetime such as 2030-01-31T12:00:00Z") from None
+
+
+def _moment_param(query, name: str) -> datetime | None:
+    return None if name not in query else _moment(query[name], name)
+
+
+def _int_param(query, name: str, low: int, high: int, *, default: int | None = None) -> int | None:
+    if name not in query:
+        return default
+    text = query[name]
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise administration.Invalid(f"{name}: expected a whole number from {low} to {high}")
+    return int(text)
+
+
+def _page(query) -> tuple[int, int]:
+    """(limit, after): a page's size, and the cursor (`next` of the page before; an id)."""
+    return (
+        _int_param(query, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE),
+        _int_param(query, "after", 0, 2**63 - 1, default=0),
+    )
+
+
+def _flag(query, name: str) -> bool | None:
+    if name not in query:
+        return None
+    value = query[name].lower()
+    if value not in ("true", "false"):
+        raise administration.Invalid(f"{name}: expected true or false")
+    return value == "true"
