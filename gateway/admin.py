@@ -19,10 +19,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from gateway import administration
+from gateway import administration, clock
 from gateway.administration import AdminError
 from gateway.config import MAX_PER_MINUTE
 from gateway.storage import AdminTokenRecord, KeyRecord, LedgerRow, OrganizationRecord, Store, open_store
+from middlewares.core.periods import PERIODS
 
 
 def add_commands(commands: argparse._SubParsersAction, storage_options: argparse.ArgumentParser) -> None:
@@ -114,10 +115,24 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     add("--max-concurrent", type=_count, metavar="N", help="requests running at once (0: no limit)")
     add("--expires", type=_moment, metavar="DATETIME", help='ISO datetime (UTC), or "never"')
     add("--org", metavar="NAME", help='the organization it belongs to (default: "default")')
+    add(
+        "--budget-period",
+        type=_period,
+        metavar="PERIOD",
+        help='the period the spend limit counts over: day, week or month (UTC); "none": the key\'s whole life',
+    )
 
 
 # Each raises ArgumentTypeError with what it expected, which argparse prints after the option's
 # name (any other exception would end in a traceback, or name the function).
+
+
+def _period(text: str) -> str | None:
+    if text.lower() == "none":
+        return None
+    if text not in PERIODS:
+        raise argparse.ArgumentTypeError(f'expected day, week, month or "none", not {text!r}')
+    return text
 
 
 def _limit(text: str) -> Decimal | None:
@@ -431,6 +446,7 @@ _KEY_OPTIONS = {
     "max_concurrent": "max_concurrent",
     "expires": "expires_at",
     "org": "org",
+    "budget_period": "budget_period",
 }
 
 
@@ -455,6 +471,8 @@ KEY_COLUMNS = [
     "expires_at",
     "revoked",
     "organization",
+    "budget_period",
+    "period_spent_usd",
 ]
 
 
@@ -482,6 +500,8 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
         key.expires_at.isoformat() if key.expires_at else None,
         key.revoked,
         key.organization,
+        key.budget_period,
+        key.spent_in_period(clock.now()) if key.budget_period else None,
     ]
 
 

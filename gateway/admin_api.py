@@ -33,6 +33,7 @@ from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
 from middlewares.auth import presented_key
 from middlewares.core.errors import GatewayError
+from middlewares.core.periods import PERIODS
 
 PREFIX = "/admin/v1"
 MAX_PAGE = 1000  # rows a page may hold
@@ -427,7 +428,17 @@ def _known(body: dict[str, Any], fields: tuple[str, ...]) -> None:
         raise administration.Invalid(f"{unknown[0]}: unknown field (expected {', '.join(fields)})")
 
 
-KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "max_concurrent", "expires_at", "organization")
+KEY_FIELDS = (
+    "name",
+    "models",
+    "spend_limit_usd",
+    "budget_period",
+    "rpm",
+    "tpm",
+    "max_concurrent",
+    "expires_at",
+    "organization",
+)
 
 
 def _key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
@@ -450,6 +461,12 @@ def _key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             fields["models"] = tuple(value)
         elif name == "spend_limit_usd":
             fields["spend_limit_usd"] = _money(value, name)
+        elif name == "budget_period":
+            if value is not None and value not in PERIODS:
+                raise administration.Invalid(
+                    'budget_period: expected "day", "week", "month" or null (the key\'s whole life)'
+                )
+            fields["budget_period"] = value
         elif name in ("rpm", "tpm", "max_concurrent"):
             fields[name] = _count(value, name, MAX_PER_MINUTE if name != "max_concurrent" else MAX_CONCURRENT)
         elif name == "expires_at":

@@ -45,12 +45,18 @@ MONEY_IN = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, {"type": "null"}],
     "description": "USD: a number or a decimal string; null: no limit.",
 }
+BUDGET_PERIOD = {
+    "type": ["string", "null"],
+    "enum": ["day", "week", "month", None],
+    "description": "The UTC calendar period spend_limit_usd counts over; null: the key's whole life.",
+}
 COUNT_IN = {"type": ["integer", "null"], "minimum": 0, "description": "0 or null: no limit."}
 
 KEY_SETTINGS = {
     "name": {"type": "string"},
     "models": {"type": "array", "items": {"type": "string"}, "description": 'Model id globs, e.g. "anthropic/*".'},
     "spend_limit_usd": MONEY_IN,
+    "budget_period": BUDGET_PERIOD,
     "rpm": COUNT_IN,
     "tpm": COUNT_IN,
     "max_concurrent": COUNT_IN,
@@ -82,6 +88,7 @@ SCHEMAS: dict[str, Any] = {
             "name": {"type": "string"},
             "models": {"type": "array", "items": {"type": "string"}},
             "spend_limit_usd": MONEY,
+            "budget_period": BUDGET_PERIOD,
             "rpm": {"type": ["integer", "null"]},
             "tpm": {"type": ["integer", "null"]},
             "max_concurrent": {"type": ["integer", "null"]},
@@ -89,6 +96,10 @@ SCHEMAS: dict[str, Any] = {
             "revoked": {"type": "boolean"},
             "organization": {"type": "string"},
             "spent_usd": {"type": "string"},
+            "period_spent_usd": {
+                "type": ["string", "null"],
+                "description": "What the current budget period has spent; null without a period.",
+            },
             "reserved_usd": {"type": "string", "description": "What its running requests hold."},
             "from_config": {"type": "boolean", "description": "Declared in the config file: read-only here."},
         },

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
+from gateway import clock
 from gateway.admin_api import add_admin_routes
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
@@ -172,6 +173,7 @@ def make_stages(config: Config, services: Services, *, key_cache_seconds: float,
             spending=services.spending,
             limiter=services.limiter,
             reservation_ttl=reservation_ttl,
+            now=clock.now,
         ),
         images=images,
         anthropic_images=images.for_api("anthropic"),

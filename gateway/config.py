@@ -25,6 +25,7 @@ from typing import Any, get_args, get_origin
 from urllib.parse import urlsplit
 
 from middlewares.bounds import DEFAULT_BOUNDS
+from middlewares.core.periods import PERIODS
 from middlewares.core.sizes import MiB
 from middlewares.images import DEFAULT_LIMITS as IMAGES
 
@@ -318,6 +319,8 @@ class KeyConfig:
     expires_at: datetime | None = None  # always timezone-aware (UTC)
     revoked: bool = False
     organization: str = _field(DEFAULT_ORGANIZATION, check=_non_empty)  # a declared [[organizations]] name
+    # The period spend_limit_usd counts over (UTC calendar); None: the key's whole life.
+    budget_period: str | None = _field(None, check=_rule(lambda v: v in PERIODS, 'expected "day", "week" or "month"'))
 
 
 ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads

@@ -9,6 +9,8 @@ more."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +19,7 @@ from aiohttp import web
 from middlewares.core.chain import stage
 from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE, request_id
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
+from middlewares.core.periods import EVERY, next_start
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending
 from middlewares.core.records import KeyRecord, Shortfall
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
@@ -39,6 +42,7 @@ def limits_middleware(
     reserve: bool = True,
     reservation_ttl: float = RESERVATION_TTL,
     api: str = "openai",
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -57,8 +61,10 @@ def limits_middleware(
       `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
       at the dearest prices of every model that may answer; and, in the same step, within its
       organization's `organization_balance_usd`, which all the organization's keys share (402
-      naming the organization). A reservation never settled (its process died) expires after
-      `reservation_ttl` seconds: longer than any request may run.
+      naming the organization). A key with a `budget_period` ("day", "week" or "month") has its
+      limit for each such period (UTC calendar; `now()` says which it is): its 402 says what is
+      left of this period's and when the next begins. A reservation never settled (its process
+      died) expires after `reservation_ttl` seconds: longer than any request may run.
     Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
     requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
     key's rpm: nothing is taken from or checked against its tpm, and no place among its running
@@ -114,7 +120,7 @@ def limits_middleware(
                 short = await spending.reserve(
                     rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
                 )
-                _check_spend(key, short, models, input_tokens, cost, output_fields[-1])
+                _check_spend(key, short, models, input_tokens, cost, output_fields[-1], now)
                 reservation.spending = spending
             request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
@@ -209,10 +215,11 @@ def _check_spend(
     input_tokens: int,
     cost: Decimal,
     output_field: str,
+    now: Callable[[], datetime],
 ) -> None:
     """`short`, the spend reservation's answer (None: `cost` is held): a 402 saying whose limit,
-    the key's spend limit or its organization's balance, has less left than `cost` (and, when
-    the input alone fits, that a lower `output_field` would)."""
+    the key's spend limit (or its budget for the period) or its organization's balance, has less
+    left than `cost` (and, when the input alone fits, that a lower `output_field` would)."""
     if short is None:
         return
     input_cost = _worst_cost(models, input_tokens, 0)
@@ -226,6 +233,20 @@ def _check_spend(
             cost,
             input_cost,
             output_field,
+        )
+    if key.budget_period is not None:
+        every = EVERY[key.budget_period]
+        resets = f"; it resets on {next_start(key.budget_period, now()).isoformat()}"
+        raise _over_limit(
+            "This key",
+            f"{every} budget",
+            f"has used up its {every} budget of",
+            key.spend_limit_usd,
+            short.left,
+            cost,
+            input_cost,
+            output_field,
+            resets,
         )
     raise _over_limit(
         "This key",
@@ -285,14 +306,16 @@ def _over_limit(
     cost: Decimal,
     input_cost: Decimal,
     output_field: str,
+    resets: str = "",
 ) -> GatewayError:
-    """The 402 for a request whose worst case does not fit what is left of `who`'s `limit`."""
+    """The 402 for a request whose worst case does not fit what is left of `who`'s `limit`
+    (`resets`: when a period's limit begins again, said last)."""
     if left <= 0:
-        message = f"{who} {exhausted} ${total}."
+        message = f"{who} {exhausted} ${total}{resets}."
     else:
         message = (
             f"{who} has ${_usd(left)} left of its {limit} of ${total}, less than this request may cost "
-            f"(${_usd(cost)})" + (f"; a lower {output_field} would fit." if input_cost < left else ".")
+            f"(${_usd(cost)})" + (f"; a lower {output_field} would fit" if input_cost < left else "") + f"{resets}."
         )
     return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota", refusal="spend")
 

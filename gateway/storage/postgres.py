@@ -14,13 +14,14 @@ import contextvars
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
 import asyncpg
 import orjson
 
+from gateway import clock
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     AdminTokenRecord,
@@ -50,6 +51,7 @@ from gateway.storage.schema import (
     RESPONSE_COLUMNS,
     SWEEP_BATCH,
 )
+from middlewares.core.periods import PERIODS, period_start
 
 log = logging.getLogger("ezat.storage")
 
@@ -149,13 +151,15 @@ class PostgresStore:
             )
             await db.executemany(
                 """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                                     max_concurrent, organization_id, from_config)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, (SELECT id FROM organizations WHERE name = $10), TRUE)
+                                     max_concurrent, budget_period, organization_id, from_config)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                           (SELECT id FROM organizations WHERE name = $11), TRUE)
                    ON CONFLICT (key_sha256) DO UPDATE SET
                      name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
                      rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
                      revoked = excluded.revoked, max_concurrent = excluded.max_concurrent,
-                     organization_id = excluded.organization_id, from_config = TRUE""",
+                     budget_period = excluded.budget_period, organization_id = excluded.organization_id,
+                     from_config = TRUE""",
                 [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization) for k in keys],
             )
 
@@ -164,7 +168,8 @@ class PostgresStore:
         async with self._pool.acquire() as db, db.transaction():
             key_id = await db.fetchval(
                 "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,"
-                " max_concurrent, organization_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+                " max_concurrent, budget_period, organization_id)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
                 key_sha256,
                 *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
                 record.organization_id,
@@ -373,9 +378,15 @@ class PostgresStore:
             # serialise reservations and ledger writes across replicas; the statements after them
             # see what committed before they were granted. NO KEY UPDATE: the ledger's foreign
             # keys take KEY SHARE locks on keys, which FOR UPDATE would conflict with.
-            spent = dict(
-                await db.fetch("SELECT id, spent_usd FROM keys WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", keys)
-            )
+            starts = _period_starts()
+            spent = {
+                key_id: _counted(spent, period, started, period_spent, starts)
+                for key_id, spent, period, started, period_spent in await db.fetch(
+                    "SELECT id, spent_usd, budget_period, period_start, period_spent_usd FROM keys"
+                    " WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+                    keys,
+                )
+            }
             org_spent = dict(
                 await db.fetch(
                     "SELECT id, spent_usd FROM organizations WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
@@ -439,8 +450,20 @@ class PostgresStore:
             for key_id, cost in inserted:
                 spend[key_id] = spend.get(key_id, Decimal(0)) + cost
             # In key order, then organization order, as hold() locks them, so two replicas'
-            # transactions never wait on each other's locks in a cycle.
-            await db.executemany("UPDATE keys SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(spend.items()))
+            # transactions never wait on each other's locks in a cycle. A key with a budget
+            # period: its period's spend too, from 0 in a new period.
+            starts = _period_starts()
+            await db.executemany(
+                "UPDATE keys SET spent_usd = spent_usd + $2,"
+                " period_spent_usd = CASE WHEN budget_period IS NULL THEN period_spent_usd"
+                f" WHEN period_start = {_CURRENT_START} THEN period_spent_usd + $2 ELSE $2 END,"
+                f" period_start = CASE WHEN budget_period IS NULL THEN NULL ELSE {_CURRENT_START} END"
+                " WHERE id = $1",
+                [
+                    (key_id, cost, starts["day"], starts["week"], starts["month"])
+                    for key_id, cost in sorted(spend.items())
+                ],
+            )
             if spend:
                 by_organization: dict[int, Decimal] = {}
                 for key_id, organization_id in await db.fetch(
@@ -592,8 +615,26 @@ def _admin_token(row) -> AdminTokenRecord:
     )
 
 
-def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:
-    return (name, orjson.dumps(list(models)).decode(), spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent)
+# A key's current budget period's first day, of $3, $4 and $5 (the day's, week's and month's).
+_CURRENT_START = "(CASE budget_period WHEN 'day' THEN $3::date WHEN 'week' THEN $4::date ELSE $5::date END)"
+
+
+def _period_starts() -> dict[str, date]:
+    """Each budget period's current one, by its first day."""
+    now = clock.now()
+    return {period: period_start(period, now) for period in PERIODS}
+
+
+def _counted(spent: Decimal, period: str | None, started: date | None, period_spent: Decimal, starts) -> Decimal:
+    """What counts against a key's spend limit: its whole spend, or its current period's."""
+    if period is None:
+        return spent
+    return period_spent if started == starts[period] else Decimal(0)
+
+
+def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent, budget_period) -> tuple:
+    models = orjson.dumps(list(models)).decode()
+    return (name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent, budget_period)
 
 
 def _key(row) -> KeyRecord:
@@ -614,4 +655,7 @@ def _key(row) -> KeyRecord:
         organization_id=row["organization_id"],
         organization_balance_usd=row["organization_balance_usd"],
         organization_suspended=row["organization_suspended"],
+        budget_period=row["budget_period"],
+        period_start=row["period_start"],
+        period_spent_usd=row["period_spent_usd"],
     )

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from gateway import clock
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 __all__ = [
@@ -103,6 +104,7 @@ def key_view(key: KeyRecord) -> dict[str, Any]:
         "name": key.name,
         "models": list(key.models),
         "spend_limit_usd": _money(key.spend_limit_usd),
+        "budget_period": key.budget_period,
         "rpm": key.rpm,
         "tpm": key.tpm,
         "max_concurrent": key.max_concurrent,
@@ -110,6 +112,8 @@ def key_view(key: KeyRecord) -> dict[str, Any]:
         "revoked": key.revoked,
         "organization": key.organization,
         "spent_usd": _money(key.spent_usd),
+        # What counts against a period's budget now (None without a period).
+        "period_spent_usd": _money(key.spent_in_period(clock.now())) if key.budget_period else None,
         "from_config": key.from_config,
     }
 

@@ -129,6 +129,13 @@ SQLITE = [
         after  TEXT
     );
     """,
+    # Budget periods: the period a key's spend limit counts over, and what it spent in the last
+    # period it spent in (period_start, its first day).
+    """
+    ALTER TABLE keys ADD COLUMN budget_period TEXT;
+    ALTER TABLE keys ADD COLUMN period_start TEXT;
+    ALTER TABLE keys ADD COLUMN period_spent_usd TEXT NOT NULL DEFAULT '0'
+    """,
 ]
 
 POSTGRES = [
@@ -241,15 +248,31 @@ POSTGRES = [
         after  TEXT
     );
     """,
+    """
+    ALTER TABLE keys ADD COLUMN budget_period TEXT;
+    ALTER TABLE keys ADD COLUMN period_start DATE;
+    ALTER TABLE keys ADD COLUMN period_spent_usd NUMERIC NOT NULL DEFAULT 0
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
-KEY_FIELDS = ("name", "models", "spend_limit_usd", "rpm", "tpm", "expires_at", "revoked", "max_concurrent")
+KEY_FIELDS = (
+    "name",
+    "models",
+    "spend_limit_usd",
+    "rpm",
+    "tpm",
+    "expires_at",
+    "revoked",
+    "max_concurrent",
+    "budget_period",
+)
 # Read from keys (k) joined with their organizations (o): KEY_COLUMNS FROM KEY_TABLES.
 KEY_COLUMNS = (
     "k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
     " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
-    " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended"
+    " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended,"
+    " k.budget_period, k.period_start, k.period_spent_usd"
 )
 KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id"
 ORGANIZATION_COLUMNS = (

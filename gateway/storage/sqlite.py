@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -669,13 +669,14 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     )
     db.executemany(
         """INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,
-                             max_concurrent, organization_id, from_config, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT id FROM organizations WHERE name = ?), 1, ?)
+                             max_concurrent, budget_period, organization_id, from_config, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT id FROM organizations WHERE name = ?), 1, ?)
            ON CONFLICT (key_sha256) DO UPDATE SET
              name = excluded.name, models = excluded.models, spend_limit_usd = excluded.spend_limit_usd,
              rpm = excluded.rpm, tpm = excluded.tpm, expires_at = excluded.expires_at,
              revoked = excluded.revoked, max_concurrent = excluded.max_concurrent,
-             organization_id = excluded.organization_id, from_config = 1""",
+             budget_period = excluded.budget_period, organization_id = excluded.organization_id,
+             from_config = 1""",
         values,
     )
     reservations.reconcile(db)  # a key given a spend limit: what is held counts against it
@@ -684,7 +685,7 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
 def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None) -> KeyRecord:
     db.execute(
         "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
-        " organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " budget_period, organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
     made = _select_key(db, "k.key_sha256 = ?", values[0])
@@ -834,13 +835,28 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
             "SELECT key_id, cost_usd FROM ledger WHERE id > ? AND id <= ?", (last - inserted, last)
         ):
             totals[key_id] = totals.get(key_id, Decimal(0)) + Decimal(cost)
-    # Each key's spend, and its organization's, raised in the same transaction.
+    # Each key's spend (and its current period's, if it has one), and its organization's, raised
+    # in the same transaction.
     by_organization: dict[int, Decimal] = {}
+    starts: dict[str, str] | None = None
     for key_id, cost in totals.items():
-        row = db.execute("SELECT spent_usd, organization_id FROM keys WHERE id = ?", (key_id,)).fetchone()
-        if row is not None:
-            db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(row[0]) + cost), key_id))
-            by_organization[row[1]] = by_organization.get(row[1], Decimal(0)) + cost
+        row = db.execute(
+            "SELECT spent_usd, organization_id, budget_period, period_start, period_spent_usd FROM keys WHERE id = ?",
+            (key_id,),
+        ).fetchone()
+        if row is None:
+            continue
+        spent, organization_id, period, started, period_spent = row
+        if period is None:
+            db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(spent) + cost), key_id))
+        else:
+            start = (starts or (starts := reservations.period_starts()))[period]
+            period_spent = Decimal(period_spent) + cost if started == start else cost  # a new period starts at 0
+            db.execute(
+                "UPDATE keys SET spent_usd = ?, period_start = ?, period_spent_usd = ? WHERE id = ?",
+                (str(Decimal(spent) + cost), start, str(period_spent), key_id),
+            )
+        by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + cost
     for organization_id, cost in by_organization.items():
         row = db.execute("SELECT spent_usd FROM organizations WHERE id = ?", (organization_id,)).fetchone()
         if row is not None:
@@ -865,9 +881,10 @@ def _time(text: str | None) -> datetime | None:
     return None if text is None else datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent) -> tuple:
+def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent, budget_period) -> tuple:
     limit = None if spend_limit_usd is None else str(spend_limit_usd)
-    return (name, orjson.dumps(list(models)).decode(), limit, rpm, tpm, _text(expires_at), int(revoked), max_concurrent)
+    models = orjson.dumps(list(models)).decode()
+    return (name, models, limit, rpm, tpm, _text(expires_at), int(revoked), max_concurrent, budget_period)
 
 
 def _money(amount: Decimal | None) -> str | None:
@@ -921,6 +938,9 @@ def _key(row: tuple) -> KeyRecord:
         organization_id,
         balance,
         suspended,
+        budget_period,
+        started,
+        period_spent,
     ) = row
     return KeyRecord(
         id=key_id,
@@ -939,6 +959,9 @@ def _key(row: tuple) -> KeyRecord:
         organization_id=organization_id,
         organization_balance_usd=None if balance is None else Decimal(balance),
         organization_suspended=bool(suspended),
+        budget_period=budget_period,
+        period_start=None if started is None else date.fromisoformat(started),
+        period_spent_usd=Decimal(period_spent),
     )
 
 

@@ -12,7 +12,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from decimal import ROUND_CEILING, Decimal
 
+from gateway import clock
 from gateway.storage.records import Hold, Shortfall, take
+from middlewares.core.periods import PERIODS, period_start
 
 log = logging.getLogger("ezat.storage")
 
@@ -36,13 +38,25 @@ def hold(
     if sweep_at is not None:
         sweep(db, sweep_at)
 
-    def left(table: str, owner: int, total: Decimal) -> Decimal:
-        row = db.execute(f"SELECT spent_usd, reserved_nano_usd FROM {table} WHERE id = ?", (owner,)).fetchone()
-        return total - Decimal(row[0]) - _usd(row[1]) if row else total
+    def key_left(hold: Hold) -> Decimal:
+        row = db.execute(
+            "SELECT spent_usd, reserved_nano_usd, budget_period, period_start, period_spent_usd FROM keys WHERE id = ?",
+            (hold.key_id,),
+        ).fetchone()
+        if row is None:
+            return hold.limit
+        spent, reserved, period, started, period_spent = row
+        if period is not None:  # the current period's spend counts, not the key's whole
+            spent = period_spent if started == period_starts()[period] else 0
+        return hold.limit - Decimal(spent) - _usd(reserved)
 
-    results = take(
-        holds, lambda h: left("keys", h.key_id, h.limit), lambda h: left("organizations", h.organization_id, h.balance)
-    )
+    def organization_left(hold: Hold) -> Decimal:
+        row = db.execute(
+            "SELECT spent_usd, reserved_nano_usd FROM organizations WHERE id = ?", (hold.organization_id,)
+        ).fetchone()
+        return hold.balance - Decimal(row[0]) - _usd(row[1]) if row else hold.balance
+
+    results = take(holds, key_left, organization_left)
     by_key: dict[int, int] = {}
     by_organization: dict[int, int] = {}
     for taken, refused in zip(holds, results):
@@ -62,6 +76,12 @@ def hold(
             by_organization[taken.organization_id] = by_organization.get(taken.organization_id, 0) + nano_usd
     _add(db, by_key, by_organization)
     return results
+
+
+def period_starts() -> dict[str, str]:
+    """Each budget period's current one, by its first day as the file keeps it."""
+    now = clock.now()
+    return {period: period_start(period, now).isoformat() for period in PERIODS}
 
 
 def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:

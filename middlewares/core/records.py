@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from fnmatch import fnmatchcase
 from typing import Literal, NamedTuple
+
+from middlewares.core.periods import period_start
 
 Outcome = Literal["complete", "client_closed"]
 
@@ -40,6 +42,19 @@ class KeyRecord:
     organization_id: int = 1
     organization_balance_usd: Decimal | None = None  # None: no balance limit
     organization_suspended: bool = False  # its keys' requests are refused (403)
+    # The period the spend limit counts over ("day", "week" or "month", UTC calendar;
+    # middlewares.core.periods), None for the key's whole life; and, as of when the record was
+    # read, the period its period_spent_usd counts (None: nothing spent in one yet).
+    budget_period: str | None = None
+    period_start: date | None = None
+    period_spent_usd: Decimal = Decimal(0)
+
+    def spent_in_period(self, now: datetime) -> Decimal:
+        """What counts against the spend limit at `now`: the current period's spend, or the
+        key's whole spend when it has no period."""
+        if self.budget_period is None:
+            return self.spent_usd
+        return self.period_spent_usd if self.period_start == period_start(self.budget_period, now) else Decimal(0)
 
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)

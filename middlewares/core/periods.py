@@ -1,0 +1,32 @@
+"""Budget periods: the UTC calendar day, week (from Monday, as ISO 8601 counts weeks) or month
+that a key's spend limit counts over when it has one. Spend counts in the period its request
+was billed in."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta
+
+PERIODS = ("day", "week", "month")
+EVERY = {"day": "daily", "week": "weekly", "month": "monthly"}  # the period's word in messages
+
+
+def period_start(period: str, now: datetime) -> date:
+    """The first day of the period `now` (UTC) falls in."""
+    today = now.date()
+    if period == "day":
+        return today
+    if period == "week":
+        return today - timedelta(days=today.weekday())
+    if period == "month":
+        return today.replace(day=1)
+    raise ValueError(f"unknown budget period {period!r}")
+
+
+def next_start(period: str, now: datetime) -> date:
+    """The first day of the next period: when what the current one has spent is forgotten."""
+    start = period_start(period, now)
+    if period == "day":
+        return start + timedelta(days=1)
+    if period == "week":
+        return start + timedelta(days=7)
+    return date(start.year + start.month // 12, start.month % 12 + 1, 1)
