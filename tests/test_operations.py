@@ -463,6 +463,7 @@ async def both_listening(served) -> None:
         if len({line["pid"] for line in lines if line["message"].startswith("ezat-gateway listening")}) == 2:
             return
         await asyncio.sleep(0.05)
+    raise AssertionError("both workers did not log that they listen within 10 s:\n" + served.log.read_text())
 
 
 async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
