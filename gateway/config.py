@@ -324,6 +324,11 @@ class KeyConfig:
 
 
 ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads
+SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's session cookies (gateway/console/)
+_session_key = _rule(
+    lambda v: v == "" or reasoning_key_bytes(v) is not None,
+    "expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits (openssl rand -hex 32)",
+)
 
 
 @dataclass(frozen=True)
@@ -343,6 +348,22 @@ class AdminConfig:
     tokens: tuple[AdminTokenConfig, ...] = ()
     # Failed sign-ins one client address may make in a minute, per process; past them, 429.
     failed_attempts_per_minute: int = _field(10, check=_positive)
+    # Signs the console's session cookies: 32 bytes, as base64 or hex, the same on every replica.
+    # Empty: a random key for this process (its workers get it with the config), which no other
+    # replica, nor this one restarted, has: their sessions end there (docs/admin.md).
+    session_key: str = _field("", check=_session_key, shown=False)
+
+    def __post_init__(self) -> None:
+        if not self.session_key:
+            key = secrets.token_bytes(SESSION_KEY_BYTES)
+        elif (key := reasoning_key_bytes(self.session_key)) is None:  # a file's is checked before
+            raise ValueError("admin.session_key: " + _session_key(self.session_key))
+        object.__setattr__(self, "_session_signing_key", key)  # not a field: no repr, pickled to the workers
+
+    @property
+    def session_signing_key(self) -> bytes:
+        """The HMAC-SHA256 key of the console's session cookies: session_key's, else this process's own."""
+        return self._session_signing_key
 
 
 @dataclass(frozen=True)
