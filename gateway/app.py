@@ -14,6 +14,7 @@ from gateway import clock
 from gateway.admin_api import add_admin_routes
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
+from gateway.console import add_console_routes
 from gateway.ledger import Ledger
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
 from gateway.ops.observe import observe_middleware
@@ -86,6 +87,7 @@ def build_app(
     add_stored_response_routes(app, services.kept, stages)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin_api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget)
+        add_console_routes(app, config.admin, services.store, forget_key=stages.auth.forget)  # /console
     return app
 
 

@@ -206,3 +206,30 @@ def _announce(config: pytest.Config, line: str) -> None:
 def ratelimit_url(request) -> str:
     """The rate limiter's URL: in memory (empty), then Redis, which replicas share."""
     return "" if request.param == "memory" else request.getfixturevalue("redis_url")
+
+
+# --- Debian's chromium, for the console's browser test (tests/test_console.py), driven by Playwright
+# by its path: Playwright's own browser builds are downloads this project does not make.
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def chromium(pytestconfig) -> str:
+    """The path of Debian's chromium, installed with apt when it is missing and the tests run as
+    root (CI does). Elsewhere, without it, the test skips; in CI (EZAT_REQUIRE_SERVICES=1) it fails."""
+    if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
+        _announce(pytestconfig, "installing chromium: apt-get install -y chromium (once)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "chromium"], env=env, check=True, capture_output=True, timeout=1200
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            _announce(pytestconfig, f"apt-get install chromium failed: {exc!r}")
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"chromium is required here (EZAT_REQUIRE_SERVICES=1) but {CHROMIUM} is missing")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium, as root); CI runs this test")
+    return CHROMIUM

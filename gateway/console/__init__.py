@@ -1,0 +1,89 @@
+"""The console, `/console`: the gateway's administration in a browser (docs/admin.md, "The console").
+
+Server-rendered HTML with inline SVG plots, no script and nothing loaded from elsewhere, served
+by the gateway itself when the config has an `[admin]` table. Signed in with an admin token (the
+admin API's: a `viewer` sees everything, an `admin` may also change keys); every POST carries the
+session's CSRF token. One concern per module: sessions.py (the cookie, who is signed in),
+headers.py (the CSP and the others), html.py and plots.py (the markup), numbers.py (the figures,
+the usage report's), pages.py (what is shown), actions.py (what the forms do)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from aiohttp import web
+
+from gateway import clock
+from gateway.config import AdminConfig
+from gateway.console.actions import Actions, forbidden, see_other
+from gateway.console.headers import console_headers
+from gateway.console.html import page, text
+from gateway.console.pages import Pages, html
+from gateway.console.sessions import Sessions, csrf_holds
+from gateway.storage import Store
+
+__all__ = ["add_console_routes"]
+
+
+def add_console_routes(
+    app: web.Application,
+    config: AdminConfig,
+    store: Store,
+    *,
+    forget_key: Callable[[str], None] | None = None,
+    now: Callable[[], datetime] = clock.now,
+) -> None:
+    """The console's routes on `app`, and its headers on every answer under /console.
+    `forget_key(digest)` drops a key revoked or rotated from the auth stage's cache; `now` is the
+    gateway's idea of now (EZAT_NOW), for the plots' days."""
+    sessions = Sessions(config, store)
+    pages = Pages(store, now)
+    actions = Actions(sessions, pages, forget_key or (lambda digest: None))
+
+    def reads(handler):
+        async def guard(request: web.Request) -> web.StreamResponse:
+            admin = await sessions.admin(request)
+            if admin is None:
+                return see_other("/console/sign-in")
+            return await handler(request, admin)
+
+        return guard
+
+    def posts(handler, *, writes: bool = True):
+        async def guard(request: web.Request) -> web.StreamResponse:
+            admin = await sessions.admin(request)
+            if admin is None:
+                return forbidden("Sign in first: your session has ended or was never there.")
+            form = await request.post()
+            if not csrf_holds(admin.csrf, str(form.get("csrf", ""))):
+                return forbidden("The form did not come from this console's session: open the page again.")
+            if writes and not admin.writes:
+                return forbidden(f"Admin token {admin.name!r} is a viewer's: it may look, not change.")
+            return await handler(request, admin, form)
+
+        return guard
+
+    app.on_response_prepare.append(console_headers)
+    router = app.router
+    router.add_get("/console/sign-in", actions.sign_in_form)
+    router.add_post("/console/sign-in", actions.sign_in)
+    router.add_post("/console/sign-out", posts(actions.sign_out, writes=False))
+    router.add_get("/console", reads(pages.overview))
+    router.add_get("/console/keys", reads(pages.keys))
+    router.add_post("/console/keys", posts(actions.create_key))
+    router.add_get("/console/keys/{id}", reads(pages.key))
+    router.add_post("/console/keys/{id}/revoke", posts(actions.revoke_key))
+    router.add_post("/console/keys/{id}/rotate", posts(actions.rotate_key))
+    router.add_get("/console/organizations", reads(pages.organizations))
+    router.add_get("/console/audit", reads(pages.audit))
+    router.add_route("*", "/console/{anything:.*}", not_found)  # an HTML 404 (or 405), not the API's JSON
+
+
+async def not_found(request: web.Request) -> web.Response:
+    if request.path == "/console/" and request.method in ("GET", "HEAD"):
+        return see_other("/console")
+    return html(
+        page("Not found", f'<h1>Not found</h1><p>Nothing at {text(request.path)}. <a href="/console">Overview</a></p>'),
+        status=404,
+    )

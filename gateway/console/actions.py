@@ -1,0 +1,143 @@
+"""What the console's forms do: sign in and out, and create, revoke and rotate keys. Every change
+goes through gateway/administration.py, as the CLI's and the admin API's do, so the audit log
+names the signed-in token as its actor. A new or rotated key's secret is shown once, on the page
+that answers the POST: it is kept nowhere but in that answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+
+from aiohttp import web
+
+from gateway import administration
+from gateway.administration import AdminError
+from gateway.console.html import page, text
+from gateway.console.pages import Pages, find_key, html
+from gateway.console.sessions import Admin, Sessions
+
+MAX_NAME = 200
+
+
+def see_other(location: str) -> web.Response:
+    """303: the browser GETs `location` (a reload there posts nothing again)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+class Actions:
+    def __init__(self, sessions: Sessions, pages: Pages, forget_key: Callable[[str], None]) -> None:
+        self.sessions = sessions
+        self.pages = pages
+        self.store = pages.store
+        self.forget_key = forget_key
+
+    # --- signing in and out
+
+    async def sign_in_form(self, request: web.Request) -> web.Response:
+        if await self.sessions.admin(request) is not None:
+            return see_other("/console")
+        return self._sign_in_page(request)
+
+    def _sign_in_page(self, request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+        response = html("", status=status)
+        csrf = self.sessions.sign_in_nonce(request, response)
+        problem = f'<p class="error">{text(error)}</p>' if error else ""
+        response.text = page(
+            "Sign in",
+            '<form class="sign-in" method="post" action="/console/sign-in">'
+            "<h1>ezat-gateway console</h1>"
+            f"{problem}"
+            f'<input type="hidden" name="csrf" value="{text(csrf)}">'
+            '<label>Admin token<input type="password" name="token" autocomplete="off" required autofocus></label>'
+            "<button>Sign in</button>"
+            '<p class="muted">An admin token from the config file\'s [[admin.tokens]], or from '
+            "<code>ezat-gateway admin-tokens create</code>.</p></form>",
+        )
+        return response
+
+    async def sign_in(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if not self.sessions.sign_in_csrf_holds(request, str(form.get("csrf", ""))):
+            return forbidden("The form has expired or did not come from this console: open the sign-in page again.")
+        address = request.remote or ""
+        if wait := self.sessions.failures.wait(address):
+            response = self._sign_in_page(
+                request, error=f"Too many failed sign-ins from this address: try again in {wait} s.", status=429
+            )
+            response.headers["Retry-After"] = str(wait)
+            return response
+        response = see_other("/console")
+        if await self.sessions.sign_in(request, response, str(form.get("token", "")).strip()) is None:
+            self.sessions.failures.failed(address)
+            return self._sign_in_page(request, error="That is not a valid admin token.", status=401)
+        return response
+
+    async def sign_out(self, request: web.Request, admin: Admin, form) -> web.Response:
+        response = see_other("/console/sign-in")
+        self.sessions.sign_out(response)
+        return response
+
+    # --- keys
+
+    async def create_key(self, request: web.Request, admin: Admin, form) -> web.Response:
+        name = str(form.get("name", "")).strip()
+        organization = str(form.get("organization", "")).strip() or None
+        limit_text = str(form.get("spend_limit_usd", "")).strip()
+        if not name or len(name) > MAX_NAME:
+            return await self._refused(request, admin, f"A key needs a name of 1 to {MAX_NAME} characters.")
+        fields: dict = {"name": name}
+        if limit_text and limit_text.lower() != "none":
+            try:
+                fields["spend_limit_usd"] = Decimal(limit_text)
+            except InvalidOperation:
+                fields["spend_limit_usd"] = None
+            if fields["spend_limit_usd"] is None or not fields["spend_limit_usd"].is_finite():
+                return await self._refused(
+                    request, admin, f"Spend limit: expected an amount of USD, not {limit_text!r}."
+                )
+            if fields["spend_limit_usd"] < 0:
+                return await self._refused(request, admin, "Spend limit: expected an amount of 0 or more.")
+        try:
+            key, secret = await administration.create_key(self.store, admin.name, organization=organization, **fields)
+        except AdminError as refused:
+            return await self._refused(request, admin, refused.message, refused.status)
+        return await self.pages.keys(
+            request, admin, notice=_secret_notice(f"Key {key.id} ({key.name}) was created.", secret)
+        )
+
+    async def revoke_key(self, request: web.Request, admin: Admin, form) -> web.Response:
+        key = await find_key(self.store, request.match_info["id"])
+        if key is None:
+            return await self._refused(request, admin, "No such key.", 404)
+        try:
+            await administration.revoke_key(self.store, admin.name, key)
+        except AdminError as refused:
+            return await self._refused(request, admin, refused.message, refused.status)
+        self.forget_key(key.key_sha256)
+        return see_other("/console/keys")
+
+    async def rotate_key(self, request: web.Request, admin: Admin, form) -> web.Response:
+        key = await find_key(self.store, request.match_info["id"])
+        if key is None:
+            return await self._refused(request, admin, "No such key.", 404)
+        try:
+            rotated, secret = await administration.rotate_key(self.store, admin.name, key)
+        except AdminError as refused:
+            return await self._refused(request, admin, refused.message, refused.status)
+        self.forget_key(key.key_sha256)
+        said = f"Key {rotated.id} ({rotated.name}) has a new secret; the old one no longer works."
+        return await self.pages.keys(request, admin, notice=_secret_notice(said, secret))
+
+    async def _refused(self, request: web.Request, admin: Admin, message: str, status: int = 400) -> web.Response:
+        return await self.pages.keys(request, admin, error=message, status=status)
+
+
+def _secret_notice(said: str, secret: str) -> str:
+    return (
+        f'<div class="notice"><p>{text(said)} Its secret is shown only this once: copy it now.</p>'
+        f'<p><code class="secret" id="secret">{text(secret)}</code></p></div>'
+    )
+
+
+def forbidden(message: str) -> web.Response:
+    return html(page("Forbidden", f"<h1>Forbidden</h1><p>{text(message)}</p>"), status=403)

@@ -1,0 +1,45 @@
+"""What the console's pages show, read from the store: the usage report's groups (gateway/admin.py's
+usage_report, which `ezat-gateway usage` prints and GET /admin/v1/usage answers), so the console
+and the API cannot disagree on a figure."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from gateway.admin import usage_report
+from gateway.storage import LedgerRow
+
+DAYS = 30  # the plots' span, today included
+
+
+def window(now: datetime) -> tuple[date, date]:
+    """The plots' first and last day: the last DAYS days, today (UTC) the last."""
+    today = now.astimezone(UTC).date()
+    return today - timedelta(days=DAYS - 1), today
+
+
+def midnight(day: date) -> datetime:
+    return datetime.combine(day, time(0), tzinfo=UTC)
+
+
+def groups(rows: list[LedgerRow], *, by: str, key_ids: bool = False) -> list[dict[str, Any]]:
+    """usage_report's JSON rows, grouped `by` day, model or key (by key: the key's id, as
+    text, to link to its page and name it as it is now), cost_usd as a Decimal."""
+    names = {row.key_id: str(row.key_id) for row in rows} if key_ids else {}
+    report = orjson.loads(usage_report(rows, names, by=by, format="json"))
+    for group in report:
+        group["cost_usd"] = Decimal(str(group["cost_usd"]))
+    return report
+
+
+def spend_by_day(rows: list[LedgerRow]) -> dict[date, Decimal]:
+    return {date.fromisoformat(group["day"]): group["cost_usd"] for group in groups(rows, by="day")}
+
+
+def top(report: list[dict[str, Any]], n: int = 10) -> list[dict[str, Any]]:
+    """The `n` groups that cost most, most first."""
+    return sorted(report, key=lambda group: group["cost_usd"], reverse=True)[:n]

@@ -1,0 +1,307 @@
+"""The console's pages, each read from the store as it is now: the overview, the keys, a key's own
+page, the organizations and the audit log. (The forms they carry post to actions.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import orjson
+from aiohttp import web
+
+from gateway.console import numbers
+from gateway.console.html import button_form, csrf_field, page, table, text, usd
+from gateway.console.plots import budget_bar, spend_per_day
+from gateway.console.sessions import Admin
+from gateway.storage import KeyRecord, Store
+
+RECENT_REQUESTS = 50  # a key's page lists its newest requests, up to this many
+AUDIT_PAGE = 100
+
+
+def html(body: str, *, status: int = 200) -> web.Response:
+    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+
+class Pages:
+    def __init__(self, store: Store, now: Callable[[], datetime]) -> None:
+        self.store = store
+        self.now = now
+
+    def _page(self, admin: Admin, title: str, body: str, *, here: str = "", status: int = 200) -> web.Response:
+        who = f"{admin.name} ({admin.role})"
+        return html(page(title, body, here=here, who=who, csrf=admin.csrf), status=status)
+
+    # --- the overview
+
+    async def overview(self, request: web.Request, admin: Admin) -> web.Response:
+        now = self.now()
+        first, last = numbers.window(now)
+        month = last.replace(day=1)
+        until = numbers.midnight(last + timedelta(days=1))
+        recent = await self.store.ledger(since=numbers.midnight(first), until=until)
+        this_month = await self.store.ledger(since=numbers.midnight(month), until=until)
+        month_total = sum((group["cost_usd"] for group in numbers.groups(this_month, by="day")), start=0)
+        by_day = numbers.spend_by_day(recent)
+        by_key = numbers.top(numbers.groups(recent, by="key", key_ids=True))
+        by_model = numbers.top(numbers.groups(recent, by="model"))
+        keys = {str(key.id): key for key in await self.store.list_keys()}
+        figures = (
+            (f"This month ({month.strftime('%B %Y')})", usd(month_total)),
+            (f"Last {numbers.DAYS} days", usd(sum(by_day.values(), start=0))),
+            (f"Requests, last {numbers.DAYS} days", str(len(recent))),
+        )
+        body = [
+            "<h1>Overview</h1>",
+            '<div class="figures">'
+            + "".join(f'<div class="figure">{text(label)}<b>{text(value)}</b></div>' for label, value in figures)
+            + "</div>",
+            f"<h2>Spend per day, {first.isoformat()} to {last.isoformat()} (UTC)</h2>",
+            spend_per_day(by_day, first, last, label=f"Spend per day, last {numbers.DAYS} days"),
+            f"<h2>Top keys, last {numbers.DAYS} days</h2>",
+            table(
+                ("key", "organization", "requests", "cost"),
+                (
+                    (
+                        _key_link(keys.get(group["key"]), _key_label(keys.get(group["key"]), group["key"])),
+                        text(keys[group["key"]].organization) if group["key"] in keys else "",
+                        str(group["requests"]),
+                        text(usd(group["cost_usd"])),
+                    )
+                    for group in by_key
+                ),
+                numeric=(2, 3),
+            ),
+            f"<h2>Top models, last {numbers.DAYS} days</h2>",
+            table(
+                ("model", "requests", "output tokens", "cost"),
+                (
+                    (
+                        text(group["model"]),
+                        str(group["requests"]),
+                        str(group["output_tokens"]),
+                        text(usd(group["cost_usd"])),
+                    )
+                    for group in by_model
+                ),
+                numeric=(1, 2, 3),
+            ),
+        ]
+        return self._page(admin, "Overview", "".join(body), here="/console")
+
+    # --- keys
+
+    async def keys(
+        self,
+        request: web.Request,
+        admin: Admin,
+        *,
+        notice: str = "",
+        error: str = "",
+        status: int = 200,
+    ) -> web.Response:
+        """Every key, its spend against its budget; for an admin, the create form and each key's
+        buttons. `notice`: HTML shown above (a new secret, once); `error`: why a change was refused."""
+        now = self.now()
+        keys = await self.store.list_keys()
+        organizations = await self.store.list_organizations()
+        rows = [
+            (
+                _key_link(key, str(key.id)),
+                _key_link(key, key.name or "(no name)"),
+                text(key.organization),
+                budget_bar(_budget_spent(key, now), key.spend_limit_usd),
+                text(_period(key)),
+                text(_status(key, now)),
+                _key_buttons(key, admin) if admin.writes else "",
+            )
+            for key in keys
+        ]
+        body = ["<h1>Keys</h1>"]
+        if error:
+            body.append(f'<div class="error">{text(error)}</div>')
+        if notice:
+            body.append(notice)
+        if admin.writes:
+            options = "".join(
+                f'<option value="{text(o.name)}"{" selected" if o.name == "default" else ""}>{text(o.name)}</option>'
+                for o in organizations
+            )
+            body.append(
+                '<h2>New key</h2><form class="inline" method="post" action="/console/keys">'
+                + csrf_field(admin.csrf)
+                + '<label>Name <input name="name" required maxlength="200"></label> '
+                + f'<label>Organization <select name="organization">{options}</select></label> '
+                + '<label>Spend limit (USD) <input name="spend_limit_usd" inputmode="decimal" size="8" '
+                + 'placeholder="none"></label> '
+                + "<button>Create key</button></form>"
+            )
+        body.append("<h2>All keys</h2>")
+        body.append(table(("id", "name", "organization", "spend / budget", "period", "status", ""), rows))
+        return self._page(admin, "Keys", "".join(body), here="/console/keys", status=status)
+
+    async def key(self, request: web.Request, admin: Admin) -> web.Response:
+        key = await find_key(self.store, request.match_info["id"])
+        if key is None:
+            return self._page(admin, "No such key", "<h1>No such key</h1>", status=404)
+        now = self.now()
+        first, last = numbers.window(now)
+        rows = await self.store.ledger(
+            key_id=key.id, since=numbers.midnight(first), until=numbers.midnight(last + timedelta(days=1))
+        )
+        by_model = numbers.top(numbers.groups(rows, by="model"), n=50)
+        settings = (
+            ("organization", text(key.organization)),
+            ("models it may use", text(", ".join(key.models))),
+            ("spend / budget", budget_bar(_budget_spent(key, now), key.spend_limit_usd)),
+            ("budget period", text(_period(key))),
+            ("spent in all", text(usd(key.spent_usd))),
+            ("requests per minute", text(key.rpm or "no limit")),
+            ("tokens per minute", text(key.tpm or "no limit")),
+            ("requests at once", text(key.max_concurrent or "no limit")),
+            ("expires", text(key.expires_at.isoformat() if key.expires_at else "never")),
+            ("status", text(_status(key, now))),
+        )
+        recent = rows[-RECENT_REQUESTS:][::-1]
+        body = [
+            f"<h1>Key {key.id}: {text(key.name or '(no name)')}</h1>",
+            _key_buttons(key, admin) if admin.writes else "",
+            table(("setting", "value"), settings),
+            f"<h2>Spend per day, {first.isoformat()} to {last.isoformat()} (UTC)</h2>",
+            spend_per_day(numbers.spend_by_day(rows), first, last, label=f"Spend per day of key {key.id}"),
+            f"<h2>Models, last {numbers.DAYS} days</h2>",
+            table(
+                ("model", "requests", "input tokens", "output tokens", "cost"),
+                (
+                    (
+                        text(g["model"]),
+                        str(g["requests"]),
+                        str(g["input_tokens"]),
+                        str(g["output_tokens"]),
+                        text(usd(g["cost_usd"])),
+                    )
+                    for g in by_model
+                ),
+                numeric=(1, 2, 3, 4),
+            ),
+            f"<h2>Recent requests (the newest {RECENT_REQUESTS}, last {numbers.DAYS} days)</h2>",
+            table(
+                ("finished (UTC)", "request id", "model", "answered by", "input", "output", "cost", "outcome"),
+                (
+                    (
+                        text(row.finished_at.strftime("%Y-%m-%d %H:%M:%S")),
+                        f"<code>{text(row.request_id)}</code>",
+                        text(row.model),
+                        text(row.answered_model),
+                        str(row.input_tokens + row.cache_write_tokens + row.cache_read_tokens),
+                        str(row.output_tokens),
+                        text(usd(row.cost_usd)),
+                        text(row.outcome),
+                    )
+                    for row in recent
+                ),
+                numeric=(4, 5, 6),
+            ),
+        ]
+        return self._page(admin, f"Key {key.id}", "".join(body), here="/console/keys")
+
+    # --- organizations and the audit log
+
+    async def organizations(self, request: web.Request, admin: Admin) -> web.Response:
+        reserved = await self.store.organizations_reserved()
+        rows = (
+            (
+                text(o.id),
+                text(o.name),
+                budget_bar(o.spent_usd, o.balance_usd),
+                text(usd(reserved.get(o.id, 0))),
+                text(o.keys),
+                "suspended" if o.suspended else "active",
+                "config file" if o.from_config else "store",
+            )
+            for o in await self.store.list_organizations()
+        )
+        body = "<h1>Organizations</h1>" + table(
+            ("id", "name", "spent / balance", "held now", "keys", "status", "declared in"), rows, numeric=(3, 4)
+        )
+        return self._page(admin, "Organizations", body, here="/console/organizations")
+
+    async def audit(self, request: web.Request, admin: Admin) -> web.Response:
+        before = request.query.get("before", "")
+        entries = await self.store.audit_log(limit=AUDIT_PAGE, before=int(before) if before.isdigit() else None)
+        rows = (
+            (
+                text(entry.id),
+                text(entry.at.strftime("%Y-%m-%d %H:%M:%S")),
+                text(entry.actor),
+                text(entry.action),
+                text(entry.target),
+                *_changes(entry.before, entry.after),
+            )
+            for entry in entries
+        )
+        body = ["<h1>Audit log</h1>", table(("id", "at (UTC)", "actor", "action", "target", "before", "after"), rows)]
+        if len(entries) == AUDIT_PAGE:
+            body.append(f'<p><a href="/console/audit?before={entries[-1].id}">Older entries</a></p>')
+        return self._page(admin, "Audit log", "".join(body), here="/console/audit")
+
+
+async def find_key(store: Store, ref: str) -> KeyRecord | None:
+    if not ref.isdigit():
+        return None
+    return next((key for key in await store.list_keys() if key.id == int(ref)), None)
+
+
+def _key_link(key: KeyRecord | None, label: str) -> str:
+    if key is None:
+        return text(label)
+    return f'<a href="/console/keys/{key.id}">{text(label)}</a>'
+
+
+def _key_label(key: KeyRecord | None, ref: str) -> str:
+    return f"{key.name or '(no name)'} ({key.id})" if key is not None else f"key {ref}"
+
+
+def _key_buttons(key: KeyRecord, admin: Admin) -> str:
+    """Rotate and revoke, for a key the console may change (the config file's are its own)."""
+    if key.from_config or key.revoked:
+        return ""
+    return button_form(f"/console/keys/{key.id}/rotate", "Rotate", admin.csrf) + button_form(
+        f"/console/keys/{key.id}/revoke", "Revoke", admin.csrf, danger=True
+    )
+
+
+def _budget_spent(key: KeyRecord, now: datetime):
+    """What counts against the key's spend limit now: this period's spend, or its whole."""
+    return key.spent_in_period(now)
+
+
+def _period(key: KeyRecord) -> str:
+    return key.budget_period or ("lifetime" if key.spend_limit_usd is not None else "")
+
+
+def _status(key: KeyRecord, now: datetime) -> str:
+    if key.revoked:
+        return "revoked"
+    if key.expired(now):
+        return "expired"
+    return "active (config file)" if key.from_config else "active"
+
+
+def _changes(before: dict | None, after: dict | None) -> tuple[str, str]:
+    """An audit entry's before and after: of a thing changed, the fields that changed (the whole
+    of each in a <details>); of one made or ended, the whole of it."""
+    if before is None or after is None:
+        return _json(before), _json(after)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    return tuple(
+        _json({name: whole.get(name) for name in changed})
+        + f"<details><summary>all fields</summary>{_json(whole)}</details>"
+        for whole in (before, after)
+    )
+
+
+def _json(value) -> str:
+    if value is None:
+        return ""
+    return f"<pre>{text(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode())}</pre>"

@@ -1,0 +1,403 @@
+"""The console (/console) through a real gateway on loopback and a real SQLite file: who may sign
+in and for how long, the CSRF token on every POST, what a viewer may not do, the headers on every
+answer, names shown as text; and a real browser (Debian's chromium, driven by Playwright) that
+signs in, reads the overview's plot, creates a key and sees its secret once, revokes it, and finds
+both in the audit log, saving a screenshot of the overview for docs/admin.md."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from http.cookies import SimpleCookie
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway import administration
+from gateway.config import AdminConfig, AdminTokenConfig
+from gateway.storage import LedgerRow, open_store
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
+
+ROOT_TOKEN = "ezat-admin-console-root-token"
+VIEWER_TOKEN = "ezat-admin-console-viewer-token"
+ADMIN = AdminConfig(
+    tokens=(
+        AdminTokenConfig(name="root", role="admin", token_sha256=hashlib.sha256(ROOT_TOKEN.encode()).hexdigest()),
+        AdminTokenConfig(name="watcher", role="viewer", token_sha256=hashlib.sha256(VIEWER_TOKEN.encode()).hexdigest()),
+    )
+)
+NOW = datetime(2026, 11, 20, 15, 30, tzinfo=UTC)  # the gateway's idea of now here (EZAT_NOW)
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "console-overview.png"
+SESSION_COOKIE = "ezat_console_session"
+
+
+@pytest.fixture
+def storage_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'ezat.db'}"
+
+
+@pytest.fixture
+async def gateway(start_gateway, upstream, storage_url, monkeypatch):
+    monkeypatch.setenv("EZAT_NOW", NOW.isoformat())
+    return await start_gateway(replace(make_config(upstream.url, storage_url), admin=ADMIN))
+
+
+class Browserless:
+    """One visitor of the console over plain HTTP, keeping its cookies by hand (to read their
+    flags): each answer is (status, text, headers), redirects not followed."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.cookies: dict[str, str] = {}
+        self.set_cookies: list[SimpleCookie] = []  # every Set-Cookie seen, for their flags
+
+    async def call(self, method: str, path: str, data: dict | None = None):
+        headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.request(
+                method, self.url + path, data=data, headers=headers, allow_redirects=False
+            ) as response:
+                body = await response.text()
+                for line in response.headers.getall("Set-Cookie", []):
+                    cookie = SimpleCookie(line)
+                    self.set_cookies.append(cookie)
+                    for name, morsel in cookie.items():
+                        if morsel.value and morsel["max-age"] != "0":
+                            self.cookies[name] = morsel.value
+                        else:
+                            self.cookies.pop(name, None)
+                return response.status, body, response.headers
+
+    async def sign_in(self, token: str):
+        status, body, _ = await self.call("GET", "/console/sign-in")
+        assert status == 200, body
+        return await self.call("POST", "/console/sign-in", {"token": token, "csrf": csrf(body)})
+
+    async def page(self, path: str) -> str:
+        status, body, _ = await self.call("GET", path)
+        assert status == 200, (path, status, body)
+        return body
+
+
+def csrf(body: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', body).group(1)
+
+
+def secrets_in(body: str) -> list[str]:
+    return re.findall(r"sk-ezat-[A-Za-z0-9_-]+", body)
+
+
+async def signed_in(gateway, token: str = ROOT_TOKEN) -> tuple[Browserless, str]:
+    """A visitor signed in with `token`, and its session's CSRF token."""
+    visitor = Browserless(gateway.url)
+    status, body, headers = await visitor.sign_in(token)
+    assert (status, headers.get("Location")) == (303, "/console"), body
+    return visitor, csrf(await visitor.page("/console/keys"))
+
+
+def ledger_row(n: int, key_id: int, cost: str, finished: datetime, model: str = MODEL) -> LedgerRow:
+    return LedgerRow(
+        request_id=f"req_console_{n}",
+        key_id=key_id,
+        model=model,
+        answered_model=model,
+        deployment="primary",
+        input_tokens=1000,
+        cache_write_tokens=0,
+        cache_read_tokens=0,
+        output_tokens=200,
+        reasoning_tokens=0,
+        cost_usd=Decimal(cost),
+        outcome="complete",
+        started_at=finished - timedelta(seconds=2),
+        finished_at=finished,
+    )
+
+
+async def in_store(storage_url: str, change):
+    """`await change(store)` on another connection to the gateway's database (as the CLI would)."""
+    store = open_store(storage_url)
+    await store.open()
+    try:
+        return await change(store)
+    finally:
+        await store.close()
+
+
+async def test_signing_in_and_out(gateway):
+    visitor = Browserless(gateway.url)
+    status, _, headers = await visitor.call("GET", "/console")
+    assert (status, headers["Location"]) == (303, "/console/sign-in")
+    status, body, _ = await visitor.call("GET", "/console/sign-in")
+    assert status == 200 and 'name="token"' in body
+    form_csrf = csrf(body)
+
+    # No CSRF token, a wrong token, a gateway key: no session.
+    status, _, _ = await visitor.call("POST", "/console/sign-in", {"token": ROOT_TOKEN})
+    assert status == 403
+    for wrong in ("ezat-admin-not-a-token", KEY, ""):
+        status, body, _ = await visitor.call("POST", "/console/sign-in", {"token": wrong, "csrf": form_csrf})
+        assert status == 401 and "not a valid admin token" in body
+    assert SESSION_COOKIE not in visitor.cookies
+
+    status, _, headers = await visitor.call("POST", "/console/sign-in", {"token": ROOT_TOKEN, "csrf": form_csrf})
+    assert (status, headers["Location"]) == (303, "/console")
+    (session,) = [c[SESSION_COOKIE] for c in visitor.set_cookies if SESSION_COOKIE in c]
+    assert session["httponly"] and session["samesite"] == "Strict" and session["path"] == "/console"
+    assert session["max-age"] == str(8 * 3600)
+    assert not session["secure"]  # plain HTTP here; over TLS it is Secure
+    assert ROOT_TOKEN not in session.value
+    assert "root (admin)" in await visitor.page("/console")
+
+    # A cookie changed by one character is no session.
+    tampered = Browserless(gateway.url)
+    value = visitor.cookies[SESSION_COOKIE]
+    tampered.cookies[SESSION_COOKIE] = value[:-1] + ("A" if value[-1] != "A" else "B")
+    assert (await tampered.call("GET", "/console"))[0] == 303
+    # Nor is one signed with another key (another gateway's, or this one before a restart).
+    other = Browserless(gateway.url)
+    other.cookies[SESSION_COOKIE] = value.split(".")[0] + "." + "A" * 43
+    assert (await other.call("GET", "/console"))[0] == 303
+
+    # Signing out needs the session's CSRF token, then ends it.
+    assert (await visitor.call("POST", "/console/sign-out", {}))[0] == 403
+    session_csrf = csrf(await visitor.page("/console"))
+    status, _, headers = await visitor.call("POST", "/console/sign-out", {"csrf": session_csrf})
+    assert (status, headers["Location"]) == (303, "/console/sign-in")
+    assert SESSION_COOKIE not in visitor.cookies
+    assert (await visitor.call("GET", "/console"))[0] == 303
+
+
+async def test_failed_sign_ins_are_limited_per_address(start_gateway, upstream, storage_url):
+    admin = replace(ADMIN, failed_attempts_per_minute=3)
+    gateway = await start_gateway(replace(make_config(upstream.url, storage_url), admin=admin))
+    visitor = Browserless(gateway.url)
+    for _ in range(3):
+        assert (await visitor.sign_in("ezat-admin-wrong"))[0] == 401
+    status, body, headers = await visitor.sign_in(ROOT_TOKEN)  # the right token too, for the minute
+    assert status == 429 and "Too many failed sign-ins" in body and 1 <= int(headers["Retry-After"]) <= 60
+    assert SESSION_COOKIE not in visitor.cookies
+
+
+async def test_csrf_and_what_a_viewer_may_do(gateway, storage_url):
+    root, root_csrf = await signed_in(gateway)
+    viewer, viewer_csrf = await signed_in(gateway, VIEWER_TOKEN)
+    assert root_csrf != viewer_csrf
+
+    # Without the session's own CSRF token a POST changes nothing: 403.
+    for form in ({"name": "no-csrf"}, {"name": "wrong", "csrf": "x" * 43}, {"name": "other", "csrf": viewer_csrf}):
+        status, body, _ = await root.call("POST", "/console/keys", form)
+        assert status == 403, body
+    assert (await root.call("POST", "/console/keys/1/revoke", {}))[0] == 403
+    # With no session at all, neither.
+    assert (await Browserless(gateway.url).call("POST", "/console/keys", {"name": "x", "csrf": root_csrf}))[0] == 403
+
+    # A viewer sees the keys but no form that changes them, and its POSTs are refused.
+    page = await viewer.page("/console/keys")
+    assert "watcher (viewer)" in page and ">test<" in page
+    assert 'action="/console/keys"' not in page and "Revoke" not in page and "Rotate" not in page
+    status, body, _ = await viewer.call("POST", "/console/keys", {"name": "by-viewer", "csrf": viewer_csrf})
+    assert status == 403 and "viewer" in body
+
+    # An admin makes one (its secret shown on that answer alone), rotates it, revokes it.
+    status, body, _ = await root.call("POST", "/console/keys", {"name": "made-here", "csrf": root_csrf})
+    assert status == 200, body
+    (secret,) = secrets_in(body)
+    assert secrets_in(await root.page("/console/keys")) == []
+    made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
+    assert made.name == "made-here" and made.key_sha256 == administration.digest(secret)
+    status, body, _ = await viewer.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": viewer_csrf})
+    assert status == 403
+    status, body, _ = await root.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": root_csrf})
+    (rotated,) = secrets_in(body)
+    assert status == 200 and rotated != secret
+    status, _, headers = await root.call("POST", f"/console/keys/{made.id}/revoke", {"csrf": root_csrf})
+    assert (status, headers["Location"]) == (303, "/console/keys")
+    # The config file's key is its own: no buttons, and a POST is refused with the reason.
+    status, body, _ = await root.call("POST", "/console/keys/1/revoke", {"csrf": root_csrf})
+    assert status == 409 and "declared in the config file" in body
+
+    entries = await in_store(storage_url, lambda store: store.audit_log())
+    assert [(e.actor, e.action, e.target) for e in entries] == [
+        ("root", "key.revoke", f"key:{made.id}"),
+        ("root", "key.rotate", f"key:{made.id}"),
+        ("root", "key.create", f"key:{made.id}"),
+    ]
+    assert not any(secret in str(e) or rotated in str(e) for e in entries)
+
+
+async def test_a_revoked_token_ends_its_sessions(gateway, storage_url):
+    _, token = await in_store(
+        storage_url, lambda store: administration.create_admin_token(store, "cli:test", "ops", "admin")
+    )
+    visitor, _ = await signed_in(gateway, token)
+    assert "ops (admin)" in await visitor.page("/console")
+    await in_store(storage_url, lambda store: administration.revoke_admin_token(store, "cli:test", "ops"))
+    status, _, headers = await visitor.call("GET", "/console")
+    assert (status, headers["Location"]) == (303, "/console/sign-in")
+    status, body, _ = await Browserless(gateway.url).sign_in(token)
+    assert status == 401
+
+
+ADMIN_TOML = """
+[admin]
+{session_key}
+
+[[admin.tokens]]
+name = "root"
+role = "admin"
+token_sha256 = "{digest}"
+"""
+
+
+async def test_a_session_holds_across_workers_and_replicas(upstream, tmp_path):
+    """Two workers of one process share its key (the config carries it to them); two replicas
+    share `[admin] session_key`. A replica with another key does not take the cookie."""
+
+    def serve(name: str, session_key: str) -> ServeProcess:
+        admin = ADMIN_TOML.format(session_key=session_key, digest=ADMIN.tokens[0].token_sha256)
+        return ServeProcess(
+            tmp_path, name, SERVE_CONFIG + admin, upstream_url=upstream.url, storage_url=f"sqlite:///{tmp_path}/ezat.db"
+        )
+
+    shared = 'session_key = "' + base64.b64encode(bytes(range(32))).decode() + '"'
+    first, second, other = serve("first", shared), serve("second", shared), serve("other", "")
+    try:
+        await first.start("--workers", "2")
+        await second.start()
+        await other.start()
+        visitor, _ = await signed_in(first)
+        for _ in range(8):  # a new connection each time, which the kernel spreads over the workers
+            assert "root (admin)" in await visitor.page("/console")
+        visitor.url = second.url
+        assert "root (admin)" in await visitor.page("/console/keys")
+        visitor.url = other.url
+        assert (await visitor.call("GET", "/console"))[0] == 303
+    finally:
+        for process in (first, second, other):
+            await process.stop()
+
+
+async def test_every_answer_has_the_headers(gateway):
+    visitor, session_csrf = await signed_in(gateway)
+    answers = [
+        await Browserless(gateway.url).call("GET", "/console/sign-in"),
+        await Browserless(gateway.url).call("GET", "/console"),  # the redirect to sign in
+        await visitor.call("GET", "/console"),
+        await visitor.call("GET", "/console/keys/1"),
+        await visitor.call("GET", "/console/organizations"),
+        await visitor.call("GET", "/console/audit"),
+        await visitor.call("POST", "/console/keys", {"name": "no-csrf"}),  # 403
+        await visitor.call("GET", "/console/no-such-page"),  # 404
+        await visitor.call("GET", "/console/keys/999"),  # 404
+        await visitor.call("DELETE", "/console/keys"),
+    ]
+    statuses = [status for status, _, _ in answers]
+    assert statuses == [200, 303, 200, 200, 200, 200, 403, 404, 404, 404]
+    for _, body, headers in answers:
+        policy = dict(part.strip().split(" ", 1) for part in headers["Content-Security-Policy"].split(";"))
+        assert policy["default-src"] == "'none'" and policy["base-uri"] == "'none'"
+        assert policy["frame-ancestors"] == "'none'" and policy["form-action"] == "'self'"
+        assert policy["img-src"] == "'self' data:" and re.fullmatch(r"'sha256-[A-Za-z0-9+/]+=*'", policy["style-src"])
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert headers["Referrer-Policy"] == "no-referrer"
+        assert headers["Cache-Control"] == "no-store"
+        assert "<script" not in body and "http://" not in body.replace("http://www.w3.org/2000/svg", "")
+    # The API's routes are not the console's: no CSP there.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/healthz") as response:
+            assert "Content-Security-Policy" not in response.headers
+
+
+async def test_names_are_shown_as_text(gateway, storage_url):
+    visitor, session_csrf = await signed_in(gateway)
+    name = "<script>alert(1)</script>"
+    status, body, _ = await visitor.call("POST", "/console/keys", {"name": name, "csrf": session_csrf})
+    assert status == 200, body
+    made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
+
+    async def seed(store):
+        await administration.create_organization(store, "cli:test", '<img src=x onerror="alert(2)">')
+        await store.write_ledger([ledger_row(1, made.id, "0.50", NOW - timedelta(hours=1), model="<b>model</b>")])
+
+    await in_store(storage_url, seed)
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    for path in ("/console", "/console/keys", f"/console/keys/{made.id}", "/console/audit"):
+        page = await visitor.page(path)
+        assert escaped in page, path
+        assert "<script" not in page and "<b>model" not in page, path
+    assert "&lt;b&gt;model&lt;/b&gt;" in await visitor.page("/console")
+    page = await visitor.page("/console/organizations")
+    assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page and "<img" not in page
+
+
+async def test_the_console_in_a_browser(gateway, storage_url, chromium):
+    from playwright.async_api import async_playwright
+
+    # Spend on four days of the last thirty (two requests on one of them), one day whose
+    # requests cost nothing, and one day before the plot's window.
+    days = [0, 0, 1, 4, 4, 9, 12, 45]
+    costs = ["0.40", "0.35", "1.20", "0.25", "0.50", "0", "2.10", "9.99"]
+    rows = [ledger_row(i, 1, cost, NOW - timedelta(days=d, hours=1)) for i, (d, cost) in enumerate(zip(days, costs))]
+    await in_store(storage_url, lambda store: store.write_ledger(rows))
+    spent_days = sorted({(NOW - timedelta(days=d, hours=1)).date().isoformat() for d in (0, 1, 4, 12)})
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = await browser.new_page(viewport={"width": 1180, "height": 900})
+            refused = []  # anything the page's own Content-Security-Policy blocked
+            page.on(
+                "console", lambda message: refused.append(message.text) if "Content Security" in message.text else 0
+            )
+
+            await page.goto(gateway.url + "/console")
+            assert page.url == gateway.url + "/console/sign-in"
+            await page.fill('input[name="token"]', ROOT_TOKEN)
+            await page.click('button:has-text("Sign in")')
+            await page.wait_for_url(gateway.url + "/console")
+
+            bars = page.locator("svg.spend-per-day rect.bar")
+            assert sorted([await bar.get_attribute("data-day") for bar in await bars.all()]) == spent_days
+            costs_drawn = {
+                await bar.get_attribute("data-day"): await bar.get_attribute("data-cost-usd")
+                for bar in await bars.all()
+            }
+            assert Decimal(costs_drawn[(NOW - timedelta(days=4, hours=1)).date().isoformat()]) == Decimal("0.75")
+            # The stylesheet applies (its hash is in the policy): the bars are its blue.
+            assert await bars.first.evaluate("bar => getComputedStyle(bar).fill") == "rgb(62, 111, 216)"
+            assert "$4.80" in await page.locator(".figures").inner_text()  # this month: November's four days
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+            await page.click('header a:has-text("Keys")')
+            await page.fill('input[name="name"]', "from-the-browser")
+            await page.click('button:has-text("Create key")')
+            secret = await page.locator("#secret").inner_text()
+            assert secret.startswith("sk-ezat-")
+            await page.goto(page.url)  # the same page again, by GET: the secret is not there
+            assert secret not in await page.content() and await page.locator("#secret").count() == 0
+            async with aiohttp.ClientSession() as http:  # and it is a working key
+                async with http.get(gateway.url + "/v1/models", headers={"Authorization": f"Bearer {secret}"}) as r:
+                    assert r.status == 200
+
+            row = page.locator("tr", has_text="from-the-browser")
+            await row.locator('button:has-text("Revoke")').click()
+            await page.wait_for_url(gateway.url + "/console/keys")
+            row = page.locator("tr", has_text="from-the-browser")
+            assert "revoked" in await row.inner_text() and await row.locator("button").count() == 0
+            made_id = (await row.locator("td").first.inner_text()).strip()
+
+            await page.click('header a:has-text("Audit log")')
+            entries = [await row.locator("td").all_inner_texts() for row in await page.locator("tbody tr").all()]
+            made = f"key:{made_id}"
+            assert [cells[2:5] for cells in entries[:2]] == [["root", "key.revoke", made], ["root", "key.create", made]]
+            assert secret not in await page.content()
+            assert refused == []
+        finally:
+            await browser.close()
