@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway import clock
 from gateway.admin_api import add_admin_routes
+from gateway.alerts import Alerts
 from gateway.catalog import catalog_handlers, speaks_anthropic
 from gateway.config import Config
 from gateway.console import add_console_routes
@@ -107,6 +108,7 @@ class Services(NamedTuple):
     attempts: Attempts
     readiness: Readiness
     kept: KeptResponses
+    alerts: Alerts | None  # [[alerts]]' webhooks, when the config has any
 
 
 def make_services(config: Config, *, ping_interval: float, tracing: Tracing | None) -> Services:
@@ -115,7 +117,8 @@ def make_services(config: Config, *, ping_interval: float, tracing: Tracing | No
     tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
     store = open_store(config.storage.url)
-    ledger = Ledger(store, metrics=metrics)
+    alerts = Alerts(config.alerts, store, metrics=metrics) if config.alerts else None
+    ledger = Ledger(store, metrics=metrics, committed=alerts.spent if alerts else None)
     spending = SpendReservations(store)
     limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
     return Services(
@@ -130,6 +133,7 @@ def make_services(config: Config, *, ping_interval: float, tracing: Tracing | No
         attempts=Attempts(config, metrics=metrics, tracing=tracing),  # every route's: the deployments are the same
         readiness=Readiness(store, limiter),
         kept=KeptResponses(store, config.responses.retention_days),
+        alerts=alerts,
     )
 
 
@@ -287,6 +291,8 @@ def application(config: Config, services: Services, stages: Stages) -> web.Appli
     app.cleanup_ctx.append(services.streams.lifespan)
     if services.tracing is not None:
         app.cleanup_ctx.append(services.tracing.lifespan)
+    if services.alerts is not None:
+        app.cleanup_ctx.append(services.alerts.lifespan)
     app.on_response_prepare.append(_request_id_headers)
     app.on_response_prepare.append(server_header)  # no versions, on every answer the app makes
     app.on_shutdown.append(end_streams_before_the_deadline)

@@ -60,6 +60,7 @@ _non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
 _zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
 _positive_number = _rule(lambda v: v > 0, "expected a positive number")
 _non_empty = _rule(bool, "expected a non-empty string")
+_share = _rule(lambda v: 0 < v <= 1, "expected a share of the limit above 0 and at most 1 (0.8 is 80 %)")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
 _sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
@@ -367,6 +368,21 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class AlertConfig:
+    """A webhook told when a key has used a share of its spend limit (of its period's, with a
+    budget_period) or an organization of its balance: one POST per threshold crossed, per period
+    (gateway/alerts.py)."""
+
+    webhook_url: str = _field(check=_http_url)
+    secret: str = _field(check=_non_empty, shown=False)  # signs each POST's body: x-ezat-signature
+    thresholds: tuple[float, ...] = _field(
+        (0.5, 0.8, 1.0), check=_rule(bool, "expected at least one threshold"), check_each=_share
+    )
+    # The webhook's host may be a private or loopback address (else it must be public, as images').
+    allow_private_hosts: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
@@ -383,6 +399,7 @@ class Config:
     organizations: tuple[OrganizationConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
     admin: AdminConfig | None = None  # None: no [admin] table, no admin API
+    alerts: tuple[AlertConfig, ...] = ()
 
     def model(self, model_id: str) -> Model | None:
         return self._models_by_id.get(model_id)

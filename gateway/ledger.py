@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 
 from gateway.group_commit import MAX_GROUP, GroupCommit
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
@@ -29,9 +30,17 @@ class LedgerError(GatewayError):
 
 class Ledger:
     def __init__(
-        self, store: Store, *, max_batch: int = MAX_GROUP, attempts: int = 3, metrics: Metrics | NoMetrics = NO_METRICS
+        self,
+        store: Store,
+        *,
+        max_batch: int = MAX_GROUP,
+        attempts: int = 3,
+        metrics: Metrics | NoMetrics = NO_METRICS,
+        committed: Callable[[Sequence[LedgerRow]], None] | None = None,
     ) -> None:
+        """`committed(rows)`, when given, is told of each commit's rows (the alerts check spend)."""
         self._store = store
+        self._on_commit = committed
         self._metrics = metrics
         self._max_batch = max_batch
         self._attempts = attempts
@@ -104,8 +113,10 @@ class Ledger:
     def _committed(self, rows: list[LedgerRow], started: float) -> None:
         try:
             self._metrics.committed(rows, time.monotonic() - started)
-        except Exception:  # a count that failed must not fail the rows, which are written
-            log.exception("the ledger's metrics failed")
+            if self._on_commit is not None:
+                self._on_commit(rows)
+        except Exception:  # a count or a check that failed must not fail the rows, which are written
+            log.exception("what follows the ledger's commit failed")
 
 
 def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:

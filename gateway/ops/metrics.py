@@ -96,6 +96,12 @@ class Metrics:
         self._downloads = Counter(
             "ezat_image_downloads", "Image and PDF downloads, by what came of them.", ["outcome"], registry=r
         )
+        self._alerts = Counter(
+            "ezat_alerts",
+            "Spend alerts' deliveries, by what came of them: sent, failed (tried again later), given_up.",
+            ["outcome"],
+            registry=r,
+        )
         self._children: dict[tuple, object] = {}
 
     def _child(self, metric, *labels: str | int):
@@ -163,6 +169,9 @@ class Metrics:
 
     def image_download(self, outcome: str) -> None:
         self._child(self._downloads, outcome).inc()
+
+    def alert(self, outcome: str) -> None:
+        self._child(self._alerts, outcome).inc()
 
 
 class NoMetrics:

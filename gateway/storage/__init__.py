@@ -12,6 +12,8 @@ from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     DEFAULT_ORGANIZATION_ID,
     AdminTokenRecord,
+    Alert,
+    AlertDelivery,
     AuditEntry,
     AuditNote,
     Hold,
@@ -25,6 +27,8 @@ from gateway.storage.records import (
 __all__ = [
     "DEFAULT_ORGANIZATION_ID",
     "AdminTokenRecord",
+    "Alert",
+    "AlertDelivery",
     "AuditEntry",
     "AuditNote",
     "Hold",
@@ -175,6 +179,23 @@ class Store(Protocol):
     def put_responses_now(self, stored: Sequence[StoredResponse]) -> bool:
         """put_responses without leaving the event loop, where that cannot wait (SQLite's own
         file, unlocked); False, with nothing written, where it would."""
+
+    async def keys_by_id(self, key_ids: Sequence[int]) -> list[KeyRecord]:
+        """The keys with these ids (those that exist)."""
+
+    async def claim_alert(self, alert: Alert) -> bool:
+        """Record the alert to be sent, once: False, with nothing written, when one for the same
+        webhook, subject, period and threshold is recorded already (by any process)."""
+
+    async def due_alerts(self, lease_seconds: float, give_up_after: float) -> tuple[list[AlertDelivery], int]:
+        """The recorded alerts not yet delivered whose next attempt is due, each leased to the
+        caller for `lease_seconds` (no other process takes it meanwhile); and how many were given
+        up now, not delivered `give_up_after` seconds after they were recorded."""
+
+    async def alert_sent(self, alert_id: int) -> None: ...
+
+    async def alert_failed(self, alert_id: int, retry_in: float, error: str) -> None:
+        """An attempt failed: the next is due in `retry_in` seconds."""
 
     async def get_response(self, response_id: str, key_id: int) -> StoredResponse | None:
         """The response, if `key_id` made it and it has not expired or been deleted; else None

@@ -25,6 +25,8 @@ from gateway import clock
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     AdminTokenRecord,
+    Alert,
+    AlertDelivery,
     AuditEntry,
     AuditNote,
     Hold,
@@ -476,6 +478,51 @@ class PostgresStore:
             # A row's request gives up its reservation as its cost becomes spend, in one commit;
             # last, as hold() takes reservations after keys and organizations.
             await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", [row[0] for row in rows])
+
+    # --- alerts
+
+    async def keys_by_id(self, key_ids: Sequence[int]) -> list[KeyRecord]:
+        rows = await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = ANY($1)", list(key_ids))
+        return [_key(row) for row in rows]
+
+    async def claim_alert(self, alert: Alert) -> bool:
+        status = await self._pool.execute(
+            "INSERT INTO alerts (webhook_url, subject, period, threshold, payload) VALUES ($1, $2, $3, $4, $5)"
+            " ON CONFLICT DO NOTHING",
+            *alert,
+        )
+        return status == "INSERT 0 1"
+
+    async def due_alerts(self, lease_seconds: float, give_up_after: float) -> tuple[list[AlertDelivery], int]:
+        async with self._pool.acquire(timeout=_TIMEOUT) as db, db.transaction():
+            status = await db.execute(
+                "UPDATE alerts SET given_up_at = now() WHERE delivered_at IS NULL AND given_up_at IS NULL"
+                " AND created_at < now() - make_interval(secs => $1)",
+                give_up_after,
+            )
+            # SKIP LOCKED: replicas polling at once each lease different alerts, never the same.
+            rows = await db.fetch(
+                "UPDATE alerts SET next_attempt_at = now() + make_interval(secs => $1) WHERE id IN ("
+                " SELECT id FROM alerts WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= now()"
+                " ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING id, webhook_url, payload, attempts",
+                lease_seconds,
+            )
+        deliveries = sorted(AlertDelivery(*row) for row in rows)
+        return deliveries, int(status.split()[-1])
+
+    async def alert_sent(self, alert_id: int) -> None:
+        await self._pool.execute(
+            "UPDATE alerts SET delivered_at = now(), attempts = attempts + 1, last_error = NULL WHERE id = $1", alert_id
+        )
+
+    async def alert_failed(self, alert_id: int, retry_in: float, error: str) -> None:
+        await self._pool.execute(
+            "UPDATE alerts SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2),"
+            " last_error = $3 WHERE id = $1",
+            alert_id,
+            retry_in,
+            error,
+        )
 
     # --- stored responses
 

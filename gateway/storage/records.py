@@ -74,6 +74,26 @@ class AuditNote(NamedTuple):
     action: str
 
 
+class Alert(NamedTuple):
+    """A threshold crossed: for whom (`subject`, "key:12" or "organization:3"), in which period
+    (its first day, or what a lifetime limit or a balance was), and the JSON body its webhook gets."""
+
+    webhook_url: str
+    subject: str
+    period: str
+    threshold: str
+    payload: bytes
+
+
+class AlertDelivery(NamedTuple):
+    """An alert to POST now: its row, where, the body, and how many times it was tried before."""
+
+    id: int
+    webhook_url: str
+    payload: bytes
+    attempts: int
+
+
 class AuditEntry(NamedTuple):
     """One change: who made it, what, to what (`target`, "key:12"), and the thing before and
     after (its view: key_view and the others, which hold no secret nor digest; None for a thing

@@ -136,6 +136,25 @@ SQLITE = [
     ALTER TABLE keys ADD COLUMN period_start TEXT;
     ALTER TABLE keys ADD COLUMN period_spent_usd TEXT NOT NULL DEFAULT '0'
     """,
+    # Alerts: each threshold crossed, once (the unique key), and its webhook delivery.
+    """
+    CREATE TABLE alerts (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        webhook_url     TEXT NOT NULL,
+        subject         TEXT NOT NULL,
+        period          TEXT NOT NULL,
+        threshold       TEXT NOT NULL,
+        payload         BLOB NOT NULL,
+        created_at      TEXT NOT NULL,
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT NOT NULL,
+        delivered_at    TEXT,
+        given_up_at     TEXT,
+        last_error      TEXT,
+        UNIQUE (webhook_url, subject, period, threshold)
+    );
+    CREATE INDEX alerts_due ON alerts (next_attempt_at) WHERE delivered_at IS NULL AND given_up_at IS NULL
+    """,
 ]
 
 POSTGRES = [
@@ -252,6 +271,24 @@ POSTGRES = [
     ALTER TABLE keys ADD COLUMN budget_period TEXT;
     ALTER TABLE keys ADD COLUMN period_start DATE;
     ALTER TABLE keys ADD COLUMN period_spent_usd NUMERIC NOT NULL DEFAULT 0
+    """,
+    """
+    CREATE TABLE alerts (
+        id              BIGSERIAL PRIMARY KEY,
+        webhook_url     TEXT NOT NULL,
+        subject         TEXT NOT NULL,
+        period          TEXT NOT NULL,
+        threshold       TEXT NOT NULL,
+        payload         BYTEA NOT NULL,
+        created_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        delivered_at    TIMESTAMPTZ,
+        given_up_at     TIMESTAMPTZ,
+        last_error      TEXT,
+        UNIQUE (webhook_url, subject, period, threshold)
+    );
+    CREATE INDEX alerts_due ON alerts (next_attempt_at) WHERE delivered_at IS NULL AND given_up_at IS NULL;
     """,
 ]
 

@@ -47,6 +47,8 @@ from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
     AdminTokenRecord,
+    Alert,
+    AlertDelivery,
     AuditEntry,
     AuditNote,
     Hold,
@@ -394,6 +396,33 @@ class SQLiteStore:
         finally:
             self._checkpoint = None
 
+    # --- alerts
+
+    async def keys_by_id(self, key_ids: Sequence[int]) -> list[KeyRecord]:
+        return [key for key_id in key_ids if (key := await self._reader.call(_select_key, "k.id = ?", key_id))]
+
+    async def claim_alert(self, alert: Alert) -> bool:
+        now = _text(datetime.now(UTC))
+        return await self._writer.call(_transaction, _insert_alert, (*alert, now, now))
+
+    async def due_alerts(self, lease_seconds: float, give_up_after: float) -> tuple[list[AlertDelivery], int]:
+        now = datetime.now(UTC)
+        times = (
+            _text(now),
+            _text(now + timedelta(seconds=lease_seconds)),
+            _text(now - timedelta(seconds=give_up_after)),
+        )
+        return await self._writer.call(_transaction, _lease_due_alerts, *times)
+
+    async def alert_sent(self, alert_id: int) -> None:
+        statement = "UPDATE alerts SET delivered_at = ?, attempts = attempts + 1, last_error = NULL WHERE id = ?"
+        await self._writer.call(_transaction, _execute, statement, (_text(datetime.now(UTC)), alert_id))
+
+    async def alert_failed(self, alert_id: int, retry_in: float, error: str) -> None:
+        statement = "UPDATE alerts SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?"
+        retry_at = _text(datetime.now(UTC) + timedelta(seconds=retry_in))
+        await self._writer.call(_transaction, _execute, statement, (retry_at, error, alert_id))
+
     # --- stored responses
 
     def put_responses_now(self, stored: Sequence[StoredResponse]) -> bool:
@@ -720,6 +749,34 @@ def _rotate_key(db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNo
     changed = _select_key(db, "k.id = ?", key_id)
     _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
     return changed
+
+
+def _insert_alert(db: sqlite3.Connection, values: tuple) -> bool:
+    return bool(
+        db.execute(
+            "INSERT INTO alerts (webhook_url, subject, period, threshold, payload, created_at, next_attempt_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            values,
+        ).rowcount
+    )
+
+
+def _lease_due_alerts(db: sqlite3.Connection, now: str, lease_until: str, too_old: str) -> tuple[list, int]:
+    given_up = db.execute(
+        "UPDATE alerts SET given_up_at = ? WHERE delivered_at IS NULL AND given_up_at IS NULL AND created_at < ?",
+        (now, too_old),
+    ).rowcount
+    due = db.execute(
+        "SELECT id, webhook_url, payload, attempts FROM alerts"
+        " WHERE delivered_at IS NULL AND given_up_at IS NULL AND next_attempt_at <= ? ORDER BY id LIMIT 100",
+        (now,),
+    ).fetchall()
+    db.executemany("UPDATE alerts SET next_attempt_at = ? WHERE id = ?", [(lease_until, row[0]) for row in due])
+    return [AlertDelivery(row[0], row[1], bytes(row[2]), row[3]) for row in due], given_up
+
+
+def _execute(db: sqlite3.Connection, statement: str, values: tuple) -> None:
+    db.execute(statement, values)
 
 
 def _response_rows(stored: Sequence[StoredResponse]) -> list[tuple]:

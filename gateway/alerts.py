@@ -1,0 +1,229 @@
+"""Alerts ([[alerts]]): a webhook told when a key has used a share of its spend limit (its
+period's, with a budget_period) or an organization a share of its balance.
+
+Each ledger commit names the keys whose spend it raised (`Alerts.spent`); a check beside the
+requests reads them, and each threshold they have crossed is recorded in the store once
+(`Store.claim_alert`, whose unique key makes it once across workers, replicas and restarts).
+Each process then POSTs what is due, an alert leased to one process at a time, retried with
+backoff until it is delivered or a day old. The body is signed: `x-ezat-signature:
+sha256=<hex HMAC-SHA256 of the body with the entry's secret>`. A webhook must be at a public
+address, as image downloads must, unless its entry says `allow_private_hosts`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import hmac
+import logging
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from yarl import URL
+
+from gateway import clock
+from gateway.config import AlertConfig
+from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
+from gateway.storage import Alert, AlertDelivery, KeyRecord, LedgerRow, OrganizationRecord, Store
+from middlewares.core.periods import next_start, period_start
+from middlewares.images.addresses import PublicOnlyResolver, is_public, literal_address
+
+log = logging.getLogger("ezat.alerts")
+
+SIGNATURE = "x-ezat-signature"
+TIMEOUT = 10.0  # seconds a webhook has to answer
+LEASE = 60.0  # seconds an alert is one process's to send: longer than an attempt takes
+FIRST_RETRY, LONGEST_RETRY = 2.0, 600.0  # seconds before the next attempt: doubling, at most this
+GIVE_UP_AFTER = 86400.0  # an alert not delivered a day after it was recorded is given up
+POLL = 15.0  # seconds between looks for alerts due (another process's, or one retried)
+MAX_REMEMBERED = 100_000  # alerts known to be recorded, kept in memory (then forgotten, and asked again)
+
+
+class Alerts:
+    """Checks spend against the [[alerts]] entries' thresholds and delivers what they cross."""
+
+    def __init__(
+        self,
+        entries: Sequence[AlertConfig],
+        store: Store,
+        *,
+        metrics: Metrics | NoMetrics = NO_METRICS,
+        poll_seconds: float = POLL,
+        first_retry: float = FIRST_RETRY,
+    ) -> None:
+        self._entries = tuple(entries)
+        self._by_url = {entry.webhook_url: entry for entry in reversed(self._entries)}  # the first entry wins
+        self._store, self._metrics = store, metrics
+        self._poll, self._first_retry = poll_seconds, first_retry
+        self._changed: set[int] = set()  # keys whose spend rose, not checked yet
+        self._checking: asyncio.Task[None] | None = None
+        self._due = asyncio.Event()  # set: look for alerts due now
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}  # allow_private_hosts → its session
+        self._running = False  # between the app's start and its cleanup
+        # Alerts this process knows are recorded (webhook, subject, period, threshold): not
+        # claimed again at every commit of a key past a threshold.
+        self._recorded: set[tuple[str, str, str, str]] = set()
+
+    def spent(self, rows: Sequence[LedgerRow]) -> None:
+        """The ledger committed `rows`: their keys are checked soon, nothing waits for it."""
+        if not self._running:
+            return  # the app is stopping: its last rows are not checked
+        self._changed.update(row.key_id for row in rows)
+        if self._checking is None:
+            self._checking = asyncio.create_task(self._check(), context=contextvars.Context())
+
+    async def lifespan(self, app: web.Application):
+        """aiohttp cleanup context: the webhooks' connections and the delivery loop."""
+        for private in {entry.allow_private_hosts for entry in self._entries}:
+            self._sessions[private] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(resolver=None if private else PublicOnlyResolver()),
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        delivering = asyncio.create_task(self._deliver_loop(), context=contextvars.Context())
+        self._running = True
+        yield
+        self._running = False
+        delivering.cancel()
+        for task in (delivering, self._checking):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+        for session in self._sessions.values():
+            await session.close()
+
+    # --- crossing thresholds
+
+    async def _check(self) -> None:
+        try:
+            while self._changed:
+                key_ids, self._changed = sorted(self._changed), set()
+                try:
+                    claimed = await self._claim_crossed(await self._store.keys_by_id(key_ids))
+                except Exception:  # the next commit checks these keys again
+                    log.exception("checking spend against the alerts' thresholds failed")
+                    continue
+                if claimed:
+                    self._due.set()
+        finally:
+            self._checking = None
+
+    async def _claim_crossed(self, keys: list[KeyRecord]) -> bool:
+        now = clock.now()
+        alerts = [alert for key in keys for alert in self._key_alerts(key, now)]
+        if any(key.organization_balance_usd for key in keys):
+            named = {key.organization_id for key in keys}
+            organizations = [o for o in await self._store.list_organizations() if o.id in named]
+            alerts += [
+                alert for organization in organizations for alert in self._organization_alerts(organization, now)
+            ]
+        claimed = False
+        for alert in alerts:
+            known = alert[:4]
+            if known not in self._recorded:
+                claimed |= await self._store.claim_alert(alert)
+                if len(self._recorded) >= MAX_REMEMBERED:
+                    self._recorded.clear()
+                self._recorded.add(known)
+        return claimed
+
+    def _key_alerts(self, key: KeyRecord, now) -> list[Alert]:
+        limit = key.spend_limit_usd
+        if not limit:
+            return []
+        about = {"kind": "key", "id": key.id, "name": key.name, "organization": key.organization}
+        if key.budget_period is None:
+            period, what = f"lifetime limit {limit}", {"period": None, "period_start": None, "resets_on": None}
+        else:
+            start = period_start(key.budget_period, now)
+            period = start.isoformat()
+            what = {
+                "period": key.budget_period,
+                "period_start": period,
+                "resets_on": next_start(key.budget_period, now).isoformat(),
+            }
+        return self._crossed(f"key:{key.id}", period, about, key.spent_in_period(now), limit, what, now)
+
+    def _organization_alerts(self, organization: OrganizationRecord, now) -> list[Alert]:
+        balance = organization.balance_usd
+        if not balance:
+            return []
+        about = {"kind": "organization", "id": organization.id, "name": organization.name}
+        what = {"period": None, "period_start": None, "resets_on": None}
+        # A top-up changes the balance: its thresholds may be crossed again.
+        period = f"balance {balance}"
+        return self._crossed(
+            f"organization:{organization.id}", period, about, organization.spent_usd, balance, what, now
+        )
+
+    def _crossed(
+        self, subject: str, period: str, about: dict, spent: Decimal, limit: Decimal, what: dict, now
+    ) -> list[Alert]:
+        alerts = []
+        for entry in self._entries:
+            for threshold in entry.thresholds:
+                if spent >= limit * Decimal(str(threshold)):
+                    body: dict[str, Any] = {
+                        "type": "ezat.spend_alert",
+                        "threshold": threshold,
+                        "about": about,
+                        "spent_usd": str(spent),
+                        "limit_usd": str(limit),
+                        **what,
+                        "at": now.isoformat(),
+                    }
+                    alerts.append(Alert(entry.webhook_url, subject, period, str(threshold), orjson.dumps(body)))
+        return alerts
+
+    # --- delivery
+
+    async def _deliver_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._due.wait(), self._poll)
+            except TimeoutError:
+                pass
+            self._due.clear()
+            try:
+                due, given_up = await self._store.due_alerts(LEASE, GIVE_UP_AFTER)
+            except Exception:  # the store may be briefly away: the next look tries again
+                log.exception("looking for alerts to send failed")
+                continue
+            for _ in range(given_up):
+                self._metrics.alert("given_up")
+            if given_up:
+                log.error("%d alerts were given up: not delivered within a day", given_up)
+            await asyncio.gather(*(self._deliver(alert) for alert in due))
+
+    async def _deliver(self, alert: AlertDelivery) -> None:
+        entry = self._by_url.get(alert.webhook_url)
+        try:
+            if entry is None:
+                raise LookupError("no [[alerts]] entry has this webhook_url any more")
+            await self._post(entry, alert.payload)
+        except Exception as exc:  # the webhook, the network, or a refused address: tried again later
+            retry_in = min(self._first_retry * 2**alert.attempts, LONGEST_RETRY)
+            log.warning("alert %d to %s failed (attempt %d): %s", alert.id, alert.webhook_url, alert.attempts + 1, exc)
+            self._metrics.alert("failed")
+            try:
+                await self._store.alert_failed(alert.id, retry_in, str(exc) or type(exc).__name__)
+            except Exception:
+                log.exception("recording alert %d's failure failed", alert.id)
+            asyncio.get_running_loop().call_later(retry_in, self._due.set)
+            return
+        self._metrics.alert("sent")
+        await self._store.alert_sent(alert.id)
+
+    async def _post(self, entry: AlertConfig, body: bytes) -> None:
+        url = URL(entry.webhook_url)
+        literal = literal_address(url.host or "")
+        if literal is not None and not entry.allow_private_hosts and not is_public(literal):
+            raise ValueError(f"{url.host} is not a public address (allow_private_hosts is off)")
+        signature = hmac.new(entry.secret.encode(), body, hashlib.sha256).hexdigest()
+        headers = {"content-type": "application/json", SIGNATURE: f"sha256={signature}"}
+        async with self._sessions[entry.allow_private_hosts].post(url, data=body, headers=headers) as response:
+            if response.status >= 300:
+                raise ValueError(f"the webhook answered {response.status}")

@@ -1,0 +1,243 @@
+"""Spend alerts ([[alerts]]): a webhook on loopback is POSTed once per threshold a key's budget
+(or an organization's balance) crosses, per period, signed; retried when it fails; never twice
+across two workers on one store; and refused a private address unless the entry allows it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+from dataclasses import replace
+from decimal import Decimal
+
+import openai
+import pytest
+from aiohttp import web
+
+from gateway.app import STORE
+from gateway.config import AlertConfig, ConfigError, KeyConfig, OrganizationConfig, StorageConfig, load_config
+from gateway.mock.upstream import Scenario
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
+from tests.test_operations import scrape
+from tests.test_routing import both_workers_listening
+from tests.test_storage import query, store_url  # noqa: F401 (fixture)
+
+SECRET = "webhook-secret"
+# An answer's 1,000 output tokens cost $0.015 at the test model's $15 a million; asking for 100
+# reserves little, so a request passes while the key has $0.0016 left.
+ANSWER = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tokens": 0, "output_tokens": 1000})
+
+
+class Webhook:
+    """A webhook on loopback: it keeps what it was POSTed, and answers 500 to the first `failing`."""
+
+    def __init__(self, failing: int = 0) -> None:
+        self.received: list[tuple[dict, bytes]] = []  # (headers, body)
+        self.failing = failing
+        self.url = ""
+
+    async def start(self) -> Webhook:
+        app = web.Application()
+        app.router.add_post("/hook", self._hook)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"
+        return self
+
+    async def _hook(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if self.failing:
+            self.failing -= 1
+            return web.Response(status=500)
+        self.received.append((dict(request.headers), body))
+        return web.Response(status=204)
+
+    async def receive(self, count: int, within: float = 15.0) -> list[dict]:
+        """The first `count` bodies, their signatures checked, once that many came; then a
+        moment more, in which no other may come."""
+        for _ in range(int(within * 20)):
+            if len(self.received) >= count:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert len(self.received) == count, [json.loads(body) for _, body in self.received]
+        for headers, body in self.received:
+            expected = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+            assert headers["x-ezat-signature"] == f"sha256={expected}"
+            assert headers["Content-Type"] == "application/json"
+        return [json.loads(body) for _, body in self.received]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+async def webhook_started(failing: int = 0) -> Webhook:
+    return await Webhook(failing).start()
+
+
+def alerting_config(upstream, storage_url: str, webhook: Webhook, **key_fields):
+    config = make_config(upstream.url, storage_url)
+    key = KeyConfig(name="team", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(), **key_fields)
+    alert = AlertConfig(webhook_url=webhook.url, secret=SECRET, allow_private_hosts=True)
+    return replace(config, keys=(key,), alerts=(alert,), storage=StorageConfig(url=storage_url))
+
+
+async def spend(client, times: int) -> None:
+    for _ in range(times):
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+
+
+async def test_each_threshold_is_posted_once_signed(start_gateway, upstream, store_url, monkeypatch):
+    monkeypatch.setenv("EZAT_NOW", "2026-12-15T10:00:00Z")
+    webhook = await webhook_started()
+    config = alerting_config(upstream, store_url, webhook, spend_limit_usd=Decimal("0.06"), budget_period="month")
+    gateway = await start_gateway(config)
+    upstream.enqueue(*(Scenario(**ANSWER) for _ in range(4)))
+    async with gateway.client() as client:
+        await spend(client, 2)  # $0.03 of $0.06: half
+        [half] = await webhook.receive(1)
+        await spend(client, 2)  # $0.06: 80 % and all of it, together
+    *_, eighty, used = await webhook.receive(3)
+    assert half == {
+        "type": "ezat.spend_alert",
+        "threshold": 0.5,
+        "about": {"kind": "key", "id": half["about"]["id"], "name": "team", "organization": "default"},
+        "spent_usd": "0.030",
+        "limit_usd": "0.06",
+        "period": "month",
+        "period_start": "2026-12-01",
+        "resets_on": "2027-01-01",
+        "at": "2026-12-15T10:00:00+00:00",
+    }
+    assert [(eighty["threshold"], eighty["spent_usd"]), (used["threshold"], used["spent_usd"])] == [
+        (0.8, "0.060"),
+        (1.0, "0.060"),
+    ]
+    samples = await scrape(gateway.url)
+    assert samples[("ezat_alerts_total", (("outcome", "sent"),))] == 3
+    # Recorded once each, delivered.
+    rows = await query(store_url, "SELECT threshold, attempts, delivered_at IS NOT NULL FROM alerts ORDER BY id")
+    assert [tuple(row) for row in rows] == [("0.5", 1, True), ("0.8", 1, True), ("1.0", 1, True)]
+    await webhook.stop()
+
+
+async def test_a_new_period_alerts_again(start_gateway, upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:00:00Z")
+    webhook = await webhook_started()
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(
+        alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("0.03"), budget_period="month")
+    )
+    upstream.enqueue(*(Scenario(**ANSWER) for _ in range(3)))
+    async with gateway.client() as client:
+        await spend(client, 1)  # half of December's
+        await webhook.receive(1)
+        monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:30:00Z")
+        await spend(client, 1)  # half of January's: a new period, its own alert
+        await webhook.receive(2)
+        await spend(client, 1)  # all of January's
+    posted = await webhook.receive(4)
+    assert [(alert["period_start"], alert["threshold"]) for alert in posted] == [
+        ("2026-12-01", 0.5),
+        ("2027-01-01", 0.5),
+        ("2027-01-01", 0.8),
+        ("2027-01-01", 1.0),
+    ]
+    await webhook.stop()
+
+
+async def test_a_webhook_that_fails_is_tried_again(start_gateway, upstream, tmp_path, caplog):
+    webhook = await webhook_started(failing=1)
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))  # $0.60: half, not 80 %
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    [alert] = await webhook.receive(1, within=10)  # the first attempt got a 500; the next, 2 s on, went through
+    assert (alert["threshold"], alert["period"], alert["spent_usd"], alert["limit_usd"]) == (0.5, None, "0.60", "1")
+    assert "the webhook answered 500" in caplog.text
+    [(attempts, error)] = await query(storage, "SELECT attempts, last_error FROM alerts")
+    assert (attempts, error) == (2, None)
+    samples = await scrape(gateway.url)
+    assert samples[("ezat_alerts_total", (("outcome", "failed"),))] == 1
+    assert samples[("ezat_alerts_total", (("outcome", "sent"),))] == 1
+    await webhook.stop()
+
+
+async def test_a_private_webhook_is_refused_unless_allowed(start_gateway, upstream, tmp_path):
+    webhook = await webhook_started()
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    config = alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1"))
+    config = replace(config, alerts=(replace(config.alerts[0], allow_private_hosts=False),))
+    gateway = await start_gateway(config)
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    for _ in range(100):
+        rows = await query(storage, "SELECT attempts, last_error, delivered_at FROM alerts")
+        if rows and rows[0][0]:
+            break
+        await asyncio.sleep(0.05)
+    [(attempts, error, delivered)] = rows
+    assert (attempts, error, delivered) == (1, "127.0.0.1 is not a public address (allow_private_hosts is off)", None)
+    assert webhook.received == []
+    await webhook.stop()
+
+
+async def test_an_organizations_balance_alerts_too(start_gateway, upstream, tmp_path):
+    webhook = await webhook_started()
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    config = alerting_config(upstream, storage, webhook, organization="acme")
+    config = replace(config, organizations=(OrganizationConfig(name="acme", balance_usd=Decimal("1")),))
+    config = replace(config, alerts=(replace(config.alerts[0], thresholds=(0.5,)),))
+    gateway = await start_gateway(config)
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    [alert] = await webhook.receive(1)
+    assert alert["about"] == {"kind": "organization", "id": alert["about"]["id"], "name": "acme"}
+    assert (alert["threshold"], alert["spent_usd"], alert["limit_usd"]) == (0.5, "0.60", "1")
+    [organization] = [o for o in await gateway.app[STORE].list_organizations() if o.name == "acme"]
+    assert organization.id == alert["about"]["id"]
+    await webhook.stop()
+
+
+async def test_two_workers_post_each_threshold_once(tmp_path, upstream):
+    webhook = await webhook_started()
+    alerts = f'\n[[alerts]]\nwebhook_url = "{webhook.url}"\nsecret = "{SECRET}"\nallow_private_hosts = true\n'
+    served = ServeProcess(
+        tmp_path,
+        "gateway",
+        SERVE_CONFIG,
+        storage_url=f"sqlite:///{tmp_path / 'ezat.db'}",
+        upstream_url=upstream.url,
+        key_fields="spend_limit_usd = 0.3\n" + alerts,
+    )
+    upstream.enqueue(*(Scenario(**ANSWER, delay=0.05) for _ in range(20)))
+    try:
+        await served.start("--workers", "2")
+        await both_workers_listening(served, within=15)
+
+        async def one() -> None:  # a connection each: the kernel spreads them over the workers
+            async with openai.AsyncOpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0) as client:
+                await spend(client, 1)
+
+        await asyncio.gather(*(one() for _ in range(20)))  # $0.30: every threshold, by both workers
+        alerts_posted = await webhook.receive(3)
+    finally:
+        await served.stop()
+        await webhook.stop()
+    assert sorted(alert["threshold"] for alert in alerts_posted) == [0.5, 0.8, 1.0]
+
+
+def test_an_alerts_entry_is_checked_when_the_config_is_read(tmp_path):
+    path = tmp_path / "ezat.toml"
+    path.write_text('[[alerts]]\nwebhook_url = "ftp://hooks.example.com"\nthresholds = [0.5, 1.5]\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    problems = str(error.value)
+    assert "alerts[0].webhook_url:" in problems and "alerts[0].secret:" in problems
+    assert "alerts[0].thresholds[1]: expected a share of the limit above 0 and at most 1 (0.8 is 80 %)" in problems
