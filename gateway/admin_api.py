@@ -12,14 +12,10 @@ Every change goes through gateway/administration.py, as the CLI's do, which audi
 
 from __future__ import annotations
 
-import hmac
-import math
-import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -27,6 +23,7 @@ from aiohttp import web
 from gateway import administration
 from gateway.admin import usage
 from gateway.admin_openapi import OPENAPI
+from gateway.admin_tokens import AdminTokens, FailedAttempts, Holder
 from gateway.administration import AdminError
 from gateway.config import MAX_PER_MINUTE, AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
@@ -43,72 +40,33 @@ WINDOW = 60.0  # seconds over which failed attempts are counted
 TRACKED_ADDRESSES = 10_000  # addresses whose failures are kept; the oldest go first
 
 
-class Caller(NamedTuple):
-    name: str  # the audit log's actor
-    role: str
-
-
 class AdminAuth:
     """Who a request is, by its admin token; failed attempts counted per client address."""
 
-    def __init__(self, config: AdminConfig, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._declared = [(bytes.fromhex(t.token_sha256), Caller(t.name, t.role)) for t in config.tokens]
-        self._store = store
-        self._limit = config.failed_attempts_per_minute
-        self._clock = clock
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+    def __init__(self, config: AdminConfig, store: Store) -> None:
+        self._tokens = AdminTokens(config, store)
+        self._failures = FailedAttempts(config.failed_attempts_per_minute)
 
-    async def caller(self, request: web.Request) -> Caller:
+    async def caller(self, request: web.Request) -> Holder:
         address = request.remote or ""
-        self._refuse_if_limited(address)
-        token = presented_key(request)
-        found = None if token is None else await self._find(token)
-        if found is None:
-            self._failed(address)
-            if token is None:
-                raise _error(
-                    401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
-                )
-            raise _error(401, "Invalid admin token (gateway keys are not admin tokens).", "authentication_error")
-        return found
-
-    async def _find(self, token: str) -> Caller | None:
-        presented = bytes.fromhex(administration.digest(token))
-        found = None
-        for digest, caller in self._declared:  # every one compared, in constant time
-            if hmac.compare_digest(digest, presented):
-                found = caller
-        if found is not None:
-            return found
-        stored = await self._store.find_admin_token(presented.hex())
-        if stored is None or stored.revoked_at is not None:
-            return None
-        if not hmac.compare_digest(bytes.fromhex(stored.token_sha256), presented):
-            return None
-        return Caller(stored.name, stored.role)
-
-    def _refuse_if_limited(self, address: str) -> None:
-        failures = self._failures.get(address)
-        if failures is None:
-            return
-        now = self._clock()
-        while failures and now - failures[0] >= WINDOW:
-            failures.popleft()
-        if len(failures) >= self._limit:
-            wait = max(1, math.ceil(WINDOW - (now - failures[0])))
+        wait = self._failures.wait(address)
+        if wait:
             raise _error(
                 429,
                 f"Too many failed admin sign-ins from this address: try again in {wait} s.",
                 "rate_limit_error",
                 headers={"retry-after": str(wait)},
             )
-
-    def _failed(self, address: str) -> None:
-        failures = self._failures.pop(address, None) or deque()
-        failures.append(self._clock())
-        self._failures[address] = failures  # the newest last
-        while len(self._failures) > TRACKED_ADDRESSES:
-            self._failures.popitem(last=False)
+        token = presented_key(request)
+        found = None if token is None else await self._tokens.holder(administration.digest(token))
+        if found is None:
+            self._failures.failed(address)
+            if token is None:
+                raise _error(
+                    401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
+                )
+            raise _error(401, "Invalid admin token (gateway keys are not admin tokens).", "authentication_error")
+        return found
 
 
 def _error(status: int, message: str, type: str, *, headers: dict[str, str] | None = None) -> GatewayError:
@@ -175,7 +133,7 @@ class AdminHandlers:
 
     # --- keys
 
-    async def list_keys(self, request: web.Request, caller: Caller) -> web.Response:
+    async def list_keys(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
         limit, after = _page(query)
         revoked = _flag(query, "revoked")
@@ -197,28 +155,28 @@ class AdminHandlers:
             }
         )
 
-    async def create_key(self, request: web.Request, caller: Caller) -> web.Response:
+    async def create_key(self, request: web.Request, caller: Holder) -> web.Response:
         fields = _key_fields(await _body(request), creating=True)
         key, secret = await administration.create_key(self.store, caller.name, **fields)
         return _json({**_key(key, {}), "secret": secret}, status=201)
 
-    async def get_key(self, request: web.Request, caller: Caller) -> web.Response:
+    async def get_key(self, request: web.Request, caller: Holder) -> web.Response:
         return _json(_key(await self._key(request), await self.store.reserved()))
 
-    async def update_key(self, request: web.Request, caller: Caller) -> web.Response:
+    async def update_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         fields = _key_fields(await _body(request), creating=False)
         changed = await administration.update_key(self.store, caller.name, key, **fields)
         self.forget_key(key.key_sha256)
         return _json(_key(changed, await self.store.reserved()))
 
-    async def revoke_key(self, request: web.Request, caller: Caller) -> web.Response:
+    async def revoke_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         revoked = await administration.revoke_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
         return _json(_key(revoked, await self.store.reserved()))
 
-    async def rotate_key(self, request: web.Request, caller: Caller) -> web.Response:
+    async def rotate_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         rotated, secret = await administration.rotate_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
@@ -233,7 +191,7 @@ class AdminHandlers:
 
     # --- organizations
 
-    async def list_organizations(self, request: web.Request, caller: Caller) -> web.Response:
+    async def list_organizations(self, request: web.Request, caller: Holder) -> web.Response:
         limit, after = _page(request.query)
         matching = [o for o in await self.store.list_organizations() if o.id > after]
         reserved = await self.store.organizations_reserved()
@@ -245,7 +203,7 @@ class AdminHandlers:
             }
         )
 
-    async def create_organization(self, request: web.Request, caller: Caller) -> web.Response:
+    async def create_organization(self, request: web.Request, caller: Holder) -> web.Response:
         body = await _body(request)
         _known(body, ("name", "balance_usd", "suspended"))
         name = body.get("name")
@@ -260,11 +218,11 @@ class AdminHandlers:
         )
         return _json(_organization(made, {}), status=201)
 
-    async def get_organization(self, request: web.Request, caller: Caller) -> web.Response:
+    async def get_organization(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
         return _json(_organization(found, await self.store.organizations_reserved()))
 
-    async def update_organization(self, request: web.Request, caller: Caller) -> web.Response:
+    async def update_organization(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
         body = await _body(request)
         _known(body, ("balance_usd", "suspended"))
@@ -276,7 +234,7 @@ class AdminHandlers:
         changed = await administration.update_organization(self.store, caller.name, found, **fields)
         return await self._changed(changed)
 
-    async def top_up(self, request: web.Request, caller: Caller) -> web.Response:
+    async def top_up(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
         body = await _body(request)
         _known(body, ("amount_usd",))
@@ -288,11 +246,11 @@ class AdminHandlers:
         changed = await administration.top_up_organization(self.store, caller.name, found, amount)
         return await self._changed(changed)
 
-    async def suspend(self, request: web.Request, caller: Caller) -> web.Response:
+    async def suspend(self, request: web.Request, caller: Holder) -> web.Response:
         changed = await administration.suspend_organization(self.store, caller.name, await self._organization(request))
         return await self._changed(changed)
 
-    async def resume(self, request: web.Request, caller: Caller) -> web.Response:
+    async def resume(self, request: web.Request, caller: Holder) -> web.Response:
         changed = await administration.resume_organization(self.store, caller.name, await self._organization(request))
         return await self._changed(changed)
 
@@ -317,7 +275,7 @@ class AdminHandlers:
 
     # --- usage, the ledger and the audit log
 
-    async def usage(self, request: web.Request, caller: Caller) -> web.Response:
+    async def usage(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
         group_by = query.get("group_by", "day")
         if group_by not in ("key", "organization", "org", "model", "day", "session"):
@@ -339,7 +297,7 @@ class AdminHandlers:
             }
         )
 
-    async def ledger(self, request: web.Request, caller: Caller) -> web.Response:
+    async def ledger(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
         limit, after = _page(query)
         rows = await self.store.ledger_page(
@@ -358,7 +316,7 @@ class AdminHandlers:
             }
         )
 
-    async def audit(self, request: web.Request, caller: Caller) -> web.Response:
+    async def audit(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
         limit = _int_param(query, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
         before = _int_param(query, "before", 1, 2**63 - 1)

@@ -11,10 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import math
 import secrets
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from hashlib import sha256
 from typing import NamedTuple
@@ -23,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from gateway import administration
+from gateway.admin_tokens import AdminTokens, FailedAttempts
 from gateway.config import AdminConfig
 from gateway.storage import Store
 
@@ -45,65 +44,16 @@ class Admin(NamedTuple):
         return self.role == "admin"
 
 
-class FailedSignIns:
-    """Failed sign-ins per client address over the last minute, in this process: past
-    `[admin] failed_attempts_per_minute`, an address may not try again until the minute is over
-    (as the admin API counts its own)."""
-
-    WINDOW = 60.0
-    TRACKED = 10_000  # addresses kept; the oldest go first
-
-    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self._limit = limit
-        self._clock = clock
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def wait(self, address: str) -> int:
-        """Seconds `address` must wait before it may try again; 0: it may now."""
-        failures = self._failures.get(address)
-        now = self._clock()
-        while failures and now - failures[0] >= self.WINDOW:
-            failures.popleft()
-        if not failures or len(failures) < self._limit:
-            return 0
-        return max(1, math.ceil(self.WINDOW - (now - failures[0])))
-
-    def failed(self, address: str) -> None:
-        failures = self._failures.pop(address, None) or deque()
-        failures.append(self._clock())
-        self._failures[address] = failures  # the newest last
-        while len(self._failures) > self.TRACKED:
-            self._failures.popitem(last=False)
-
-
 class Sessions:
     """Signs sessions in and out, and finds a request's."""
 
     def __init__(self, config: AdminConfig, store: Store, *, clock: Callable[[], float] = time.time) -> None:
-        self._declared = [(bytes.fromhex(t.token_sha256), t.name, t.role) for t in config.tokens]
-        self._store = store
+        self._tokens = AdminTokens(config, store)
         self._key = config.session_signing_key
         self._clock = clock
-        self.failures = FailedSignIns(config.failed_attempts_per_minute)
+        self.failures = FailedAttempts(config.failed_attempts_per_minute)
 
-    # --- who a token or a session is
-
-    async def token_holder(self, token_sha256: str) -> tuple[str, str] | None:
-        """(name, role) of the admin token with that digest, if it is one and not revoked: the
-        config's tokens compared in constant time (every one), then the store's."""
-        presented = bytes.fromhex(token_sha256)
-        found = None
-        for digest, name, role in self._declared:
-            if hmac.compare_digest(digest, presented):
-                found = (name, role)
-        if found is not None:
-            return found
-        stored = await self._store.find_admin_token(token_sha256)
-        if stored is None or stored.revoked_at is not None:
-            return None
-        if not hmac.compare_digest(bytes.fromhex(stored.token_sha256), presented):
-            return None
-        return stored.name, stored.role
+    # --- who a session is
 
     async def admin(self, request: web.Request) -> Admin | None:
         """The request's session, if its cookie is ours, unexpired, and its token still valid."""
@@ -114,7 +64,7 @@ class Sessions:
         if not isinstance(digest, str) or not isinstance(csrf, str) or len(digest) != 64:
             return None
         try:
-            holder = await self.token_holder(digest)
+            holder = await self._tokens.holder(digest)
         except ValueError:  # not hex
             return None
         return None if holder is None else Admin(*holder, csrf=csrf)
@@ -124,7 +74,7 @@ class Sessions:
     async def sign_in(self, request: web.Request, response: web.StreamResponse, token: str) -> Admin | None:
         """Sets the session cookie on `response` if `token` is a valid admin token."""
         digest = administration.digest(token)
-        holder = await self.token_holder(digest)
+        holder = await self._tokens.holder(digest)
         if holder is None:
             return None
         csrf = secrets.token_urlsafe(32)

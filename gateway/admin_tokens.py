@@ -1,0 +1,76 @@
+"""Who an admin token is, for the admin API and the console alike: a token declared in the
+config by its digest (every one compared, in constant time), else one the CLI made and the store
+keeps, unless it is revoked. And the failed attempts each client address has made, which both
+limit to `[admin] failed_attempts_per_minute`."""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+from gateway.config import AdminConfig
+from gateway.storage import Store
+
+
+class Holder(NamedTuple):
+    """An admin token's holder: its name (the audit log's actor) and role, as they are now."""
+
+    name: str
+    role: str
+
+
+class AdminTokens:
+    def __init__(self, config: AdminConfig, store: Store) -> None:
+        self._declared = [(bytes.fromhex(t.token_sha256), Holder(t.name, t.role)) for t in config.tokens]
+        self._store = store
+
+    async def holder(self, token_sha256: str) -> Holder | None:
+        """The holder of the admin token with that digest (64 hex digits), if it is one and is
+        not revoked. Looked up on every call: a token revoked is refused from then on."""
+        presented = bytes.fromhex(token_sha256)
+        found = None
+        for digest, holder in self._declared:
+            if hmac.compare_digest(digest, presented):
+                found = holder
+        if found is not None:
+            return found
+        stored = await self._store.find_admin_token(token_sha256)
+        if stored is None or stored.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(bytes.fromhex(stored.token_sha256), presented):
+            return None
+        return Holder(stored.name, stored.role)
+
+
+class FailedAttempts:
+    """Failed attempts per client address over the last minute, in this process: past `limit`,
+    an address waits until the minute is over."""
+
+    WINDOW = 60.0
+    TRACKED = 10_000  # addresses kept; the oldest go first
+
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait(self, address: str) -> int:
+        """Seconds `address` must wait before it may try again; 0: it may now."""
+        failures = self._failures.get(address)
+        now = self._clock()
+        while failures and now - failures[0] >= self.WINDOW:
+            failures.popleft()
+        if not failures or len(failures) < self._limit:
+            return 0
+        return max(1, math.ceil(self.WINDOW - (now - failures[0])))
+
+    def failed(self, address: str) -> None:
+        failures = self._failures.pop(address, None) or deque()
+        failures.append(self._clock())
+        self._failures[address] = failures  # the newest last
+        while len(self._failures) > self.TRACKED:
+            self._failures.popitem(last=False)
