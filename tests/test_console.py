@@ -231,6 +231,17 @@ async def test_csrf_and_what_a_viewer_may_do(gateway, storage_url):
     assert not any(secret in str(e) or rotated in str(e) for e in entries)
 
 
+async def test_a_key_made_in_the_console_may_have_a_budget_period(gateway, storage_url):
+    visitor, session_csrf = await signed_in(gateway)
+    form = {"name": "monthly", "spend_limit_usd": "50", "budget_period": "month", "csrf": session_csrf}
+    status, body, _ = await visitor.call("POST", "/console/keys", form)
+    assert status == 200, body
+    made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
+    assert (made.name, made.spend_limit_usd, made.budget_period) == ("monthly", Decimal("50"), "month")
+    status, body, _ = await visitor.call("POST", "/console/keys", {**form, "name": "yearly", "budget_period": "year"})
+    assert status == 400 and "Budget period: expected day, week or month." in body
+
+
 async def test_a_revoked_token_ends_its_sessions(gateway, storage_url):
     _, token = await in_store(
         storage_url, lambda store: administration.create_admin_token(store, "cli:test", "ops", "admin")

@@ -15,6 +15,7 @@ from gateway.administration import AdminError
 from gateway.console.html import page, text
 from gateway.console.pages import Pages, find_key, html
 from gateway.console.sessions import Admin, Sessions
+from middlewares.core.periods import PERIODS
 
 MAX_NAME = 200
 
@@ -86,6 +87,11 @@ class Actions:
         if not name or len(name) > MAX_NAME:
             return await self._refused(request, admin, f"A key needs a name of 1 to {MAX_NAME} characters.")
         fields: dict = {"name": name}
+        period = str(form.get("budget_period", "")).strip()
+        if period:
+            if period not in PERIODS:
+                return await self._refused(request, admin, "Budget period: expected day, week or month.")
+            fields["budget_period"] = period
         if limit_text and limit_text.lower() != "none":
             try:
                 fields["spend_limit_usd"] = Decimal(limit_text)

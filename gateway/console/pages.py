@@ -14,6 +14,7 @@ from gateway.console.html import button_form, csrf_field, page, table, text, usd
 from gateway.console.plots import budget_bar, spend_per_day
 from gateway.console.sessions import Admin
 from gateway.storage import KeyRecord, Store
+from middlewares.core.periods import PERIODS
 
 RECENT_REQUESTS = 50  # a key's page lists its newest requests, up to this many
 AUDIT_PAGE = 100
@@ -134,6 +135,9 @@ class Pages:
                 + f'<label>Organization <select name="organization">{options}</select></label> '
                 + '<label>Spend limit (USD) <input name="spend_limit_usd" inputmode="decimal" size="8" '
                 + 'placeholder="none"></label> '
+                + '<label>per <select name="budget_period"><option value="">its whole life</option>'
+                + "".join(f'<option value="{period}">{period}</option>' for period in PERIODS)
+                + "</select></label> "
                 + "<button>Create key</button></form>"
             )
         body.append("<h2>All keys</h2>")
