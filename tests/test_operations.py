@@ -489,6 +489,11 @@ async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
     assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered some
 
 
+# Streams open at once, a connection each: the kernel puts a connection on either worker as it
+# hashes it, so all of four landed on one about one run in eight; all of twelve, one in 2,000.
+STREAMS = 12
+
+
 async def test_every_scrape_counts_every_workers_open_streams(tmp_path, upstream):
     """The open streams of both workers, in whichever worker answers the scrape, as they are:
     set when a stream starts or ends, not when the worker itself last answered a scrape."""
@@ -496,14 +501,17 @@ async def test_every_scrape_counts_every_workers_open_streams(tmp_path, upstream
         tmp_path, "gateway", JSON_LOGS, storage_url=f"sqlite:///{tmp_path / 'db'}", upstream_url=upstream.url
     )
     upstream.enqueue(
-        *[Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05) for _ in range(4)]
+        *[
+            Scenario(blocks=[{"type": "text", "text": "slow " * 20}], chunk_size=2, event_delay=0.05)
+            for _ in range(STREAMS)
+        ]
     )
     try:
         await served.start("--workers", "2")
         await both_listening(served)
         async with contextlib.AsyncExitStack() as streams:
             responses = []
-            for _ in range(4):  # a connection each: the kernel spreads them over the workers
+            for _ in range(STREAMS):  # a connection each: the kernel spreads them over the workers
                 http = await streams.enter_async_context(
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
                 )
@@ -524,10 +532,9 @@ async def test_every_scrape_counts_every_workers_open_streams(tmp_path, upstream
     finally:
         await served.stop()
     assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered streams
-    assert (while_open, after) == ([4] * 6, [0] * 6)
+    assert (while_open, after) == ([STREAMS] * 6, [0] * 6)
 
 
-# --- Readiness
 # --- Readiness
 
 
