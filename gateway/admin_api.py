@@ -8,36 +8,31 @@ by digest on every request (so a revoked token is refused from its next request 
 reads; an `admin` also writes. Failed attempts are counted per client address, and past
 `failed_attempts_per_minute` every request from it gets 429 for the rest of the minute.
 
-Every change goes through gateway/administration.py, as the CLI's do, which audits it."""
+Every change goes through gateway/administration.py, as the CLI's do, which audits it. Tokens are
+looked up by gateway/admin_tokens.py (as the console's are), and bodies and query parameters read
+by gateway/admin_input.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway import administration
+from gateway import admin_input, administration
 from gateway.admin import usage
 from gateway.admin_openapi import OPENAPI
 from gateway.admin_tokens import AdminTokens, FailedAttempts, Holder
 from gateway.administration import AdminError
-from gateway.config import MAX_PER_MINUTE, AdminConfig
+from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
 from middlewares.auth import presented_key
 from middlewares.core.errors import GatewayError
-from middlewares.core.periods import PERIODS
 
 PREFIX = "/admin/v1"
-MAX_PAGE = 1000  # rows a page may hold
-DEFAULT_PAGE = 100
-MAX_CONCURRENT = 2**31 - 1  # the stores keep it as a 32-bit integer
-WINDOW = 60.0  # seconds over which failed attempts are counted
-TRACKED_ADDRESSES = 10_000  # addresses whose failures are kept; the oldest go first
 
 
 class AdminAuth:
@@ -135,8 +130,8 @@ class AdminHandlers:
 
     async def list_keys(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit, after = _page(query)
-        revoked = _flag(query, "revoked")
+        limit, after = admin_input.page(query)
+        revoked = admin_input.flag(query, "revoked")
         organization, name = query.get("organization"), query.get("name")
         matching = [
             key
@@ -156,7 +151,7 @@ class AdminHandlers:
         )
 
     async def create_key(self, request: web.Request, caller: Holder) -> web.Response:
-        fields = _key_fields(await _body(request), creating=True)
+        fields = admin_input.key_fields(await admin_input.body(request), creating=True)
         key, secret = await administration.create_key(self.store, caller.name, **fields)
         return _json({**_key(key, {}), "secret": secret}, status=201)
 
@@ -165,7 +160,7 @@ class AdminHandlers:
 
     async def update_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        fields = _key_fields(await _body(request), creating=False)
+        fields = admin_input.key_fields(await admin_input.body(request), creating=False)
         changed = await administration.update_key(self.store, caller.name, key, **fields)
         self.forget_key(key.key_sha256)
         return _json(_key(changed, await self.store.reserved()))
@@ -192,7 +187,7 @@ class AdminHandlers:
     # --- organizations
 
     async def list_organizations(self, request: web.Request, caller: Holder) -> web.Response:
-        limit, after = _page(request.query)
+        limit, after = admin_input.page(request.query)
         matching = [o for o in await self.store.list_organizations() if o.id > after]
         reserved = await self.store.organizations_reserved()
         page = matching[:limit]
@@ -204,8 +199,8 @@ class AdminHandlers:
         )
 
     async def create_organization(self, request: web.Request, caller: Holder) -> web.Response:
-        body = await _body(request)
-        _known(body, ("name", "balance_usd", "suspended"))
+        body = await admin_input.body(request)
+        admin_input.known(body, ("name", "balance_usd", "suspended"))
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise administration.Invalid("name: expected a non-empty string")
@@ -213,8 +208,8 @@ class AdminHandlers:
             self.store,
             caller.name,
             name,
-            balance_usd=_money(body.get("balance_usd"), "balance_usd"),
-            suspended=_boolean(body.get("suspended", False), "suspended"),
+            balance_usd=admin_input.money(body.get("balance_usd"), "balance_usd"),
+            suspended=admin_input.boolean(body.get("suspended", False), "suspended"),
         )
         return _json(_organization(made, {}), status=201)
 
@@ -224,23 +219,23 @@ class AdminHandlers:
 
     async def update_organization(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
-        body = await _body(request)
-        _known(body, ("balance_usd", "suspended"))
+        body = await admin_input.body(request)
+        admin_input.known(body, ("balance_usd", "suspended"))
         fields: dict[str, Any] = {}
         if "balance_usd" in body:
-            fields["balance_usd"] = _money(body["balance_usd"], "balance_usd")
+            fields["balance_usd"] = admin_input.money(body["balance_usd"], "balance_usd")
         if "suspended" in body:
-            fields["suspended"] = _boolean(body["suspended"], "suspended")
+            fields["suspended"] = admin_input.boolean(body["suspended"], "suspended")
         changed = await administration.update_organization(self.store, caller.name, found, **fields)
         return await self._changed(changed)
 
     async def top_up(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
-        body = await _body(request)
-        _known(body, ("amount_usd",))
+        body = await admin_input.body(request)
+        admin_input.known(body, ("amount_usd",))
         if "amount_usd" not in body:
             raise administration.Invalid("amount_usd: required")
-        amount = _money(body["amount_usd"], "amount_usd")
+        amount = admin_input.money(body["amount_usd"], "amount_usd")
         if amount is None:
             raise administration.Invalid("amount_usd: expected an amount of USD above 0")
         changed = await administration.top_up_organization(self.store, caller.name, found, amount)
@@ -283,8 +278,8 @@ class AdminHandlers:
         output = query.get("format", "json")
         if output not in ("json", "csv"):
             raise administration.Invalid("format: expected json or csv")
-        since, until = _moment_param(query, "since"), _moment_param(query, "until")
-        key_id = _int_param(query, "key_id", 1, 2**63 - 1)
+        since, until = admin_input.moment_param(query, "since"), admin_input.moment_param(query, "until")
+        key_id = admin_input.int_param(query, "key_id", 1, 2**63 - 1)
         text = await usage(self.store, by=group_by, key_id=key_id, since=since, until=until, format=output)
         if output == "csv":
             return web.Response(text=text, content_type="text/csv")
@@ -299,11 +294,11 @@ class AdminHandlers:
 
     async def ledger(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit, after = _page(query)
+        limit, after = admin_input.page(query)
         rows = await self.store.ledger_page(
-            key_id=_int_param(query, "key_id", 1, 2**63 - 1),
-            since=_moment_param(query, "since"),
-            until=_moment_param(query, "until"),
+            key_id=admin_input.int_param(query, "key_id", 1, 2**63 - 1),
+            since=admin_input.moment_param(query, "since"),
+            until=admin_input.moment_param(query, "until"),
             after=after,
             limit=limit + 1,  # one more: whether there is a next page
         )
@@ -318,8 +313,8 @@ class AdminHandlers:
 
     async def audit(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit = _int_param(query, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
-        before = _int_param(query, "before", 1, 2**63 - 1)
+        limit = admin_input.int_param(query, "limit", 1, admin_input.MAX_PAGE, default=admin_input.DEFAULT_PAGE)
+        before = admin_input.int_param(query, "before", 1, 2**63 - 1)
         entries = await self.store.audit_log(limit=limit + 1, before=before)
         page = entries[:limit]
         return _json(
@@ -365,142 +360,3 @@ def _ledger_row(row, names: dict[int, str]) -> dict[str, Any]:
 
 
 # --- What comes in: each problem a 400 that names the field.
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise administration.Invalid("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise administration.Invalid("the body must be a JSON object")
-    return body
-
-
-def _known(body: dict[str, Any], fields: tuple[str, ...]) -> None:
-    unknown = [name for name in body if name not in fields]
-    if unknown:
-        raise administration.Invalid(f"{unknown[0]}: unknown field (expected {', '.join(fields)})")
-
-
-KEY_FIELDS = (
-    "name",
-    "models",
-    "spend_limit_usd",
-    "budget_period",
-    "rpm",
-    "tpm",
-    "max_concurrent",
-    "expires_at",
-    "organization",
-)
-
-
-def _key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
-    """The key's settings in `body`, as administration.create_key and update_key take them
-    (a PATCH may also set `revoked`; null, and 0 for the counts, remove a limit)."""
-    _known(body, KEY_FIELDS if creating else (*KEY_FIELDS, "revoked"))
-    if creating and not isinstance(body.get("name"), str):
-        raise administration.Invalid("name: required, a string")
-    fields: dict[str, Any] = {}
-    for name, value in body.items():
-        if name == "name":
-            if not isinstance(value, str):
-                raise administration.Invalid("name: expected a string")
-            fields["name"] = value
-        elif name == "models":
-            if not isinstance(value, list) or not value or not all(isinstance(m, str) and m for m in value):
-                raise administration.Invalid(
-                    'models: expected a non-empty list of model id globs, e.g. ["anthropic/*"]'
-                )
-            fields["models"] = tuple(value)
-        elif name == "spend_limit_usd":
-            fields["spend_limit_usd"] = _money(value, name)
-        elif name == "budget_period":
-            if value is not None and value not in PERIODS:
-                raise administration.Invalid(
-                    'budget_period: expected "day", "week", "month" or null (the key\'s whole life)'
-                )
-            fields["budget_period"] = value
-        elif name in ("rpm", "tpm", "max_concurrent"):
-            fields[name] = _count(value, name, MAX_PER_MINUTE if name != "max_concurrent" else MAX_CONCURRENT)
-        elif name == "expires_at":
-            fields["expires_at"] = None if value is None else _moment(value, name)
-        elif name == "organization":
-            if not isinstance(value, str) or not value:
-                raise administration.Invalid("organization: expected an organization's name")
-            fields["organization"] = value
-        elif name == "revoked":
-            fields["revoked"] = _boolean(value, name)
-    return fields
-
-
-def _money(value: Any, name: str) -> Decimal | None:
-    """An amount of USD, as a JSON number or a decimal string; null: none."""
-    if value is None:
-        return None
-    amount = None
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            amount = Decimal(str(value))
-        except InvalidOperation:
-            amount = None
-    if amount is None or not amount.is_finite() or amount < 0:
-        raise administration.Invalid(f"{name}: expected an amount of USD of 0 or more (a number or a string), or null")
-    return amount
-
-
-def _count(value: Any, name: str, most: int) -> int | None:
-    if value is None or value == 0 and type(value) is int:
-        return None
-    if type(value) is not int or not 0 < value <= most:
-        raise administration.Invalid(f"{name}: expected a whole number from 0 (no limit) to {most}, or null")
-    return value
-
-
-def _boolean(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise administration.Invalid(f"{name}: expected true or false")
-    return value
-
-
-def _moment(value: Any, name: str) -> datetime:
-    """An ISO date or datetime; UTC unless it has an offset."""
-    try:
-        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
-        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    except (ValueError, OverflowError, AttributeError):  # not ISO; past year 1 or 9999 in UTC; not a string
-        raise administration.Invalid(f"{name}: expected an ISO datetime such as 2030-01-31T12:00:00Z") from None
-
-
-def _moment_param(query, name: str) -> datetime | None:
-    return None if name not in query else _moment(query[name], name)
-
-
-def _int_param(query, name: str, low: int, high: int, *, default: int | None = None) -> int | None:
-    if name not in query:
-        return default
-    text = query[name]
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
-        raise administration.Invalid(f"{name}: expected a whole number from {low} to {high}")
-    return int(text)
-
-
-def _page(query) -> tuple[int, int]:
-    """(limit, after): a page's size, and the cursor (`next` of the page before; an id)."""
-    return (
-        _int_param(query, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE),
-        _int_param(query, "after", 0, 2**63 - 1, default=0),
-    )
-
-
-def _flag(query, name: str) -> bool | None:
-    if name not in query:
-        return None
-    value = query[name].lower()
-    if value not in ("true", "false"):
-        raise administration.Invalid(f"{name}: expected true or false")
-    return value == "true"
