@@ -190,7 +190,7 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
         ("anthropic", False): b'"type":"message"',
         ("anthropic", True): b'"type":"message_stop"',
     }[(system.api, scenario.stream)]
-    needs = [expected] + ([b"get_weather"] if scenario.tools else [b"Tokens a"])
+    needs = [expected] + ([scenario.tool_name.encode()] if scenario.tools else [b"Tokens a"])
     if status != 200 or not all(n in data for n in needs):
         raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")
 

@@ -269,6 +269,14 @@ if __name__ == "__main__":
     routes = list(dict.fromkeys(args.routes.split(",")))  # each once: a system per route
     if not routes or any(route not in ROUTES for route in routes):
         parser.error(f"--routes: one or more of {', '.join(ROUTES)}")
+    for name in args.scenarios.split(","):
+        if name not in SCENARIOS:
+            parser.error(f"--scenarios: {name!r} is none of {', '.join(SCENARIOS)}")
+        unspoken = [route for route in routes if GATEWAY_ROUTES[route][1] not in SCENARIOS[name].apis]
+        if unspoken:
+            parser.error(
+                f"--scenarios: {name} is a request in {' and '.join(SCENARIOS[name].apis)} only, not on {', '.join(unspoken)}"
+            )
     with worktree(args.baseline) if args.baseline else nullcontext() as baseline:
         table, result = compare(
             args.rounds,

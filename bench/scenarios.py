@@ -18,6 +18,10 @@ class Scenario:
     tools: bool
     what: str
     seconds: float = 0.0  # how long the mock takes over one answer (paced: 50 deltas 10 ms apart)
+    # The APIs a client of this scenario speaks: the tiny ones every API; a realistic one only its
+    # client's (a Claude Code turn is Anthropic's), which the routes driven must match.
+    apis: tuple[str, ...] = ("openai", "responses", "anthropic")
+    tool_name: str = "get_weather"  # the tool the answer calls, with `tools`
 
 
 SCENARIOS = {
@@ -27,6 +31,16 @@ SCENARIOS = {
         Scenario("stream50", "bench-stream50", True, False, "stream of 50 text deltas, arriving in one burst"),
         Scenario("tool", "bench-tool", True, True, "stream of a short text and a tool call (12 deltas), one burst"),
         Scenario("paced", "bench-paced", True, False, "stream of 50 text deltas arriving one by one, 10 ms apart", 0.5),
+        Scenario(
+            "claude-code",
+            "bench-claude-code",
+            True,
+            True,
+            "a Claude Code turn: 150 KB (20 KB system prompt, 25 tools, 40 turns of history with tool calls and"
+            " results, cache_control set by the client), streamed back with thinking, a line and a tool call",
+            apis=("anthropic",),
+            tool_name="Bash",
+        ),
     )
 }
 SLOW = Scenario("slow", "bench-slow", True, False, "each 10 deltas one second apart, 10 s")
@@ -95,6 +109,8 @@ def responses_request(s: Scenario) -> bytes:
 
 
 def anthropic_request(s: Scenario) -> bytes:
+    if s.name == "claude-code":
+        return claude_code_request(s)
     body = {
         "model": s.model,
         "max_tokens": 1024,
@@ -108,6 +124,85 @@ def anthropic_request(s: Scenario) -> bytes:
         body["tools"] = [
             {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["schema"]}
         ]
+    return orjson.dumps(body)
+
+
+def claude_code_request(s: Scenario) -> bytes:
+    """A request the size and shape of a Claude Code turn well into a session: its system prompt
+    (about 20 KB), 25 tools with their schemas, and 40 turns of history (the assistant's thinking,
+    a line and a tool call; the tool's result, a few KB of a file or a command's output), with
+    the client's own cache breakpoints on the system prompt, the last tool and the newest turn.
+    About 150 KB; the same bytes every time (no randomness)."""
+    rule = "When you edit a file, read it first, keep its style, and run its tests after. "
+    system = [
+        {"type": "text", "text": "You are Claude Code, a coding agent working in the user's repository."},
+        {"type": "text", "text": (rule * 260)[:20_000], "cache_control": {"type": "ephemeral"}},
+    ]
+    tools = []
+    for i in range(25):
+        tools.append(
+            {
+                "name": f"Tool{i:02d}",
+                "description": f"Tool {i}: " + "Does one thing to the workspace and reports what it did. " * 7,
+                "input_schema": {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "An absolute path in the workspace."},
+                        "pattern": {"type": "string", "description": "A glob or a regular expression."},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 2000},
+                        "mode": {"type": "string", "enum": ["read", "write", "append", "list"]},
+                        "options": {
+                            "type": "object",
+                            "properties": {"recursive": {"type": "boolean"}, "hidden": {"type": "boolean"}},
+                            "additionalProperties": False,
+                        },
+                    },
+                    "required": ["path"],
+                    "additionalProperties": False,
+                },
+            }
+        )
+    tools[-1]["cache_control"] = {"type": "ephemeral"}
+    line = "    def parse(self, text: str) -> Node:  # reads one expression of the grammar, or raises\n"
+    messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": "The parser's tests fail: fix it."}]}]
+    for turn in range(20):  # 20 calls and 20 results: 40 turns after the question
+        call_id = f"toolu_{turn:04d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "thinking",
+                        "thinking": f"Step {turn}: look at the next file. " * 8,
+                        "signature": "sig" * 60,
+                    },
+                    {"type": "text", "text": f"Let me read part {turn} of the parser."},
+                    {
+                        "type": "tool_use",
+                        "id": call_id,
+                        "name": f"Tool{turn % 25:02d}",
+                        "input": {"path": f"/repo/src/parser/part{turn}.py", "limit": 400, "mode": "read"},
+                    },
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call_id, "content": line * 50}],
+            }
+        )
+    messages[-1]["content"].append({"type": "text", "text": "Go on.", "cache_control": {"type": "ephemeral"}})
+    body = {
+        "model": s.model,
+        "max_tokens": 32000,
+        "thinking": {"type": "adaptive"},
+        "system": system,
+        "tools": tools,
+        "messages": messages,
+        "metadata": {"user_id": "user_bench_session_0001"},
+        "stream": True,
+    }
     return orjson.dumps(body)
 
 

@@ -106,6 +106,21 @@ FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
         True,
         0.0,
     ),
+    # A Claude Code turn's answer: it thinks, says a line, and runs a command.
+    "bench-claude-code": (
+        [
+            {"type": "thinking", "thinking": _FAST_TEXT * 2, "signature": "bench-signature-" + "s" * 200},
+            {"type": "text", "text": "I'll run the tests to see what fails."},
+            {
+                "type": "tool_use",
+                "id": "toolu_bench_bash",
+                "name": "Bash",
+                "input": {"command": "python -m pytest -q tests/test_parser.py", "description": "Run the tests"},
+            },
+        ],
+        True,
+        0.0,
+    ),
     "bench-paced": ([{"type": "text", "text": _FAST_TEXT}], True, 0.01),  # 50 deltas, 0.5 s
     "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
 }
