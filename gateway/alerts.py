@@ -40,6 +40,7 @@ LEASE = 60.0  # seconds an alert is one process's to send: longer than an attemp
 FIRST_RETRY, LONGEST_RETRY = 2.0, 600.0  # seconds before the next attempt: doubling, at most this
 GIVE_UP_AFTER = 86400.0  # an alert not delivered a day after it was recorded is given up
 POLL = 15.0  # seconds between looks for alerts due (another process's, or one retried)
+RECHECK_AFTER = 5.0  # seconds before a check the store failed is tried again
 MAX_REMEMBERED = 100_000  # alerts known to be recorded, kept in memory (then forgotten, and asked again)
 
 
@@ -67,12 +68,24 @@ class Alerts:
         # Alerts this process knows are recorded (webhook, subject, period, threshold): not
         # claimed again at every commit of a key past a threshold.
         self._recorded: set[tuple[str, str, str, str]] = set()
+        self._used_up: set[tuple[str, int]] = set()  # ("key" | "organization", id): refused for want of budget
 
     def spent(self, rows: Sequence[LedgerRow]) -> None:
         """The ledger committed `rows`: their keys are checked soon, nothing waits for it."""
+        self._check_soon(row.key_id for row in rows)
+
+    def used_up(self, key: KeyRecord, of: str) -> None:
+        """A request was refused because what is left of the key's budget (`of="key"`) or of its
+        organization's balance (`of="organization"`) cannot pay for even its input: used up, though
+        the spend recorded is short of the limit (requests are refused before they would pass it,
+        so spend seldom reaches it). Every threshold is crossed, 1.0 included."""
+        self._used_up.add((of, key.organization_id if of == "organization" else key.id))
+        self._check_soon((key.id,))
+
+    def _check_soon(self, key_ids) -> None:
         if not self._running:
-            return  # the app is stopping: its last rows are not checked
-        self._changed.update(row.key_id for row in rows)
+            return  # the app is stopping: its last changes are not checked
+        self._changed.update(key_ids)
         if self._checking is None:
             self._checking = asyncio.create_task(self._check(), context=contextvars.Context())
 
@@ -103,8 +116,10 @@ class Alerts:
                 key_ids, self._changed = sorted(self._changed), set()
                 try:
                     claimed = await self._claim_crossed(await self._store.keys_by_id(key_ids))
-                except Exception:  # the next commit checks these keys again
+                except Exception:  # the store may be briefly away: these keys are checked again
                     log.exception("checking spend against the alerts' thresholds failed")
+                    self._changed.update(key_ids)
+                    await asyncio.sleep(RECHECK_AFTER)
                     continue
                 if claimed:
                     self._due.set()
@@ -145,7 +160,9 @@ class Alerts:
                 "period_start": period,
                 "resets_on": next_start(key.budget_period, now).isoformat(),
             }
-        return self._crossed(f"key:{key.id}", period, about, key.spent_in_period(now), limit, what, now)
+        spent = key.spent_in_period(now)
+        counted = limit if self._take_used_up("key", key.id) else spent
+        return self._crossed(f"key:{key.id}", period, about, spent, counted, limit, what, now)
 
     def _organization_alerts(self, organization: OrganizationRecord, now) -> list[Alert]:
         balance = organization.balance_usd
@@ -155,17 +172,24 @@ class Alerts:
         what = {"period": None, "period_start": None, "resets_on": None}
         # A top-up changes the balance: its thresholds may be crossed again.
         period = f"balance {balance}"
-        return self._crossed(
-            f"organization:{organization.id}", period, about, organization.spent_usd, balance, what, now
-        )
+        spent = organization.spent_usd
+        counted = balance if self._take_used_up("organization", organization.id) else spent
+        return self._crossed(f"organization:{organization.id}", period, about, spent, counted, balance, what, now)
+
+    def _take_used_up(self, kind: str, owner: int) -> bool:
+        used_up = (kind, owner) in self._used_up
+        self._used_up.discard((kind, owner))
+        return used_up
 
     def _crossed(
-        self, subject: str, period: str, about: dict, spent: Decimal, limit: Decimal, what: dict, now
+        self, subject: str, period: str, about: dict, spent: Decimal, counted: Decimal, limit: Decimal, what: dict, now
     ) -> list[Alert]:
+        """The alerts of the thresholds `counted` (the spend, or the limit when it is used up)
+        has reached; their bodies say the spend as recorded."""
         alerts = []
         for entry in self._entries:
             for threshold in entry.thresholds:
-                if spent >= limit * Decimal(str(threshold)):
+                if counted >= limit * Decimal(str(threshold)):
                     body: dict[str, Any] = {
                         "type": "ezat.spend_alert",
                         "threshold": threshold,
@@ -196,17 +220,19 @@ class Alerts:
                 self._metrics.alert("given_up")
             if given_up:
                 log.error("%d alerts were given up: not delivered within a day", given_up)
-            await asyncio.gather(*(self._deliver(alert) for alert in due))
+            # Each delivery's failures are its own: none ends this loop.
+            await asyncio.gather(*(self._deliver(alert) for alert in due), return_exceptions=True)
 
     async def _deliver(self, alert: AlertDelivery) -> None:
         entry = self._by_url.get(alert.webhook_url)
+        host = URL(alert.webhook_url).host  # not the URL: a webhook's path may be its secret
         try:
             if entry is None:
                 raise LookupError("no [[alerts]] entry has this webhook_url any more")
             await self._post(entry, alert.payload)
         except Exception as exc:  # the webhook, the network, or a refused address: tried again later
             retry_in = min(self._first_retry * 2**alert.attempts, LONGEST_RETRY)
-            log.warning("alert %d to %s failed (attempt %d): %s", alert.id, alert.webhook_url, alert.attempts + 1, exc)
+            log.warning("alert %d to %s failed (attempt %d): %s", alert.id, host, alert.attempts + 1, exc)
             self._metrics.alert("failed")
             try:
                 await self._store.alert_failed(alert.id, retry_in, str(exc) or type(exc).__name__)
@@ -215,7 +241,10 @@ class Alerts:
             asyncio.get_running_loop().call_later(retry_in, self._due.set)
             return
         self._metrics.alert("sent")
-        await self._store.alert_sent(alert.id)
+        try:
+            await self._store.alert_sent(alert.id)
+        except Exception:  # its lease runs out, and it is sent again: twice rather than never
+            log.exception("recording alert %d as sent failed", alert.id)
 
     async def _post(self, entry: AlertConfig, body: bytes) -> None:
         url = URL(entry.webhook_url)
@@ -224,6 +253,9 @@ class Alerts:
             raise ValueError(f"{url.host} is not a public address (allow_private_hosts is off)")
         signature = hmac.new(entry.secret.encode(), body, hashlib.sha256).hexdigest()
         headers = {"content-type": "application/json", SIGNATURE: f"sha256={signature}"}
-        async with self._sessions[entry.allow_private_hosts].post(url, data=body, headers=headers) as response:
+        # No redirects: a redirect's address would escape the public-address rule (an IP literal
+        # is never resolved), so a 3xx is a failure, as for image downloads.
+        session = self._sessions[entry.allow_private_hosts]
+        async with session.post(url, data=body, headers=headers, allow_redirects=False) as response:
             if response.status >= 300:
                 raise ValueError(f"the webhook answered {response.status}")

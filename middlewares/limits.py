@@ -43,6 +43,7 @@ def limits_middleware(
     reservation_ttl: float = RESERVATION_TTL,
     api: str = "openai",
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    used_up: Callable[[KeyRecord, str], None] | None = None,
 ):
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
@@ -64,7 +65,9 @@ def limits_middleware(
       naming the organization). A key with a `budget_period` ("day", "week" or "month") has its
       limit for each such period (UTC calendar; `now()` says which it is): its 402 says what is
       left of this period's and when the next begins. A reservation never settled (its process
-      died) expires after `reservation_ttl` seconds: longer than any request may run.
+      died) expires after `reservation_ttl` seconds: longer than any request may run. A 402 whose
+      request could not pay even for its input calls `used_up(key, "key" | "organization")`:
+      that budget or balance is used up (the gateway's alerts hear of it so).
     Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
     requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
     key's rpm: nothing is taken from or checked against its tpm, and no place among its running
@@ -120,7 +123,7 @@ def limits_middleware(
                 short = await spending.reserve(
                     rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
                 )
-                _check_spend(key, short, models, input_tokens, cost, output_fields[-1], now)
+                _check_spend(key, short, models, input_tokens, cost, output_fields[-1], now, used_up)
                 reservation.spending = spending
             request[FALLBACK_MODELS] = fallbacks
             request[SETTLE] = reservation.settle
@@ -216,6 +219,7 @@ def _check_spend(
     cost: Decimal,
     output_field: str,
     now: Callable[[], datetime],
+    used_up: Callable[[KeyRecord, str], None] | None,
 ) -> None:
     """`short`, the spend reservation's answer (None: `cost` is held): a 402 saying whose limit,
     the key's spend limit (or its budget for the period) or its organization's balance, has less
@@ -223,6 +227,8 @@ def _check_spend(
     if short is None:
         return
     input_cost = _worst_cost(models, input_tokens, 0)
+    if used_up is not None and input_cost >= short.left:  # no lower output limit would fit
+        used_up(key, short.of)
     if short.of == "organization":
         raise _over_limit(
             f"This key's organization `{key.organization}`",

@@ -32,14 +32,16 @@ ANSWER = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tokens":
 class Webhook:
     """A webhook on loopback: it keeps what it was POSTed, and answers 500 to the first `failing`."""
 
-    def __init__(self, failing: int = 0) -> None:
+    def __init__(self, failing: int = 0, redirect: bool = False) -> None:
         self.received: list[tuple[dict, bytes]] = []  # (headers, body)
         self.failing = failing
+        self.redirect = redirect  # answer with a 307 to /elsewhere, which keeps what it gets too
         self.url = ""
 
     async def start(self) -> Webhook:
         app = web.Application()
         app.router.add_post("/hook", self._hook)
+        app.router.add_post("/elsewhere", self._hook)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -49,6 +51,8 @@ class Webhook:
 
     async def _hook(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.redirect and request.path == "/hook":
+            raise web.HTTPTemporaryRedirect("/elsewhere")
         if self.failing:
             self.failing -= 1
             return web.Response(status=500)
@@ -74,8 +78,8 @@ class Webhook:
         await self._runner.cleanup()
 
 
-async def webhook_started(failing: int = 0) -> Webhook:
-    return await Webhook(failing).start()
+async def webhook_started(failing: int = 0, redirect: bool = False) -> Webhook:
+    return await Webhook(failing, redirect).start()
 
 
 def alerting_config(upstream, storage_url: str, webhook: Webhook, **key_fields):
@@ -121,6 +125,26 @@ async def test_each_threshold_is_posted_once_signed(start_gateway, upstream, sto
     # Recorded once each, delivered.
     rows = await query(store_url, "SELECT threshold, attempts, delivered_at IS NOT NULL FROM alerts ORDER BY id")
     assert [tuple(row) for row in rows] == [("0.5", 1, True), ("0.8", 1, True), ("1.0", 1, True)]
+    await webhook.stop()
+
+
+async def test_a_budget_too_short_for_a_requests_input_is_used_up(start_gateway, upstream, tmp_path):
+    # Requests are refused before they would pass the limit, so spend seldom reaches it: a 402 for
+    # a request whose input alone does not fit says the budget is used up (threshold 1.0).
+    webhook = await webhook_started()
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("0.05")))
+    upstream.enqueue(*(Scenario(**ANSWER) for _ in range(3)))
+    async with gateway.client() as client:
+        await spend(client, 3)  # $0.045: 50 % and 80 %
+        await webhook.receive(2)
+        with pytest.raises(openai.APIStatusError) as refused:  # 40,000 characters: $0.0375 of input alone
+            await client.chat.completions.create(
+                model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "x" * 40_000}]
+            )
+        assert refused.value.status_code == 402
+    *_, used = await webhook.receive(3)
+    assert (used["threshold"], used["spent_usd"], used["limit_usd"]) == (1.0, "0.045", "0.05")
     await webhook.stop()
 
 
@@ -183,6 +207,24 @@ async def test_a_private_webhook_is_refused_unless_allowed(start_gateway, upstre
         await asyncio.sleep(0.05)
     [(attempts, error, delivered)] = rows
     assert (attempts, error, delivered) == (1, "127.0.0.1 is not a public address (allow_private_hosts is off)", None)
+    assert webhook.received == []
+    await webhook.stop()
+
+
+async def test_a_webhooks_redirect_is_not_followed(start_gateway, upstream, tmp_path):
+    # A redirect could lead a signed POST to an address the public-address rule would refuse.
+    webhook = await webhook_started(redirect=True)
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    for _ in range(100):
+        rows = await query(storage, "SELECT attempts, last_error, delivered_at FROM alerts")
+        if rows and rows[0][0]:
+            break
+        await asyncio.sleep(0.05)
+    assert [tuple(row) for row in rows] == [(1, "the webhook answered 307", None)]
     assert webhook.received == []
     await webhook.stop()
 
