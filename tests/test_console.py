@@ -325,6 +325,18 @@ async def test_every_answer_has_the_headers(gateway):
             assert "Content-Security-Policy" not in response.headers
 
 
+async def test_ids_that_are_no_ids_are_not_found(gateway):
+    visitor, session_csrf = await signed_in(gateway)
+    for path in ("/console/keys/%C2%B2", "/console/keys/99999999999999999999999", "/console/keys/-1"):
+        status, body, _ = await visitor.call("GET", path)
+        assert status == 404 and "<html" in body, (path, status)
+        status, _, _ = await visitor.call("POST", path + "/revoke", {"csrf": session_csrf})
+        assert status == 404, path
+    for before in ("%C2%B2", "99999999999999999999999"):  # not an id: the newest entries
+        status, body, _ = await visitor.call("GET", f"/console/audit?before={before}")
+        assert status == 200, before
+
+
 async def test_names_are_shown_as_text(gateway, storage_url):
     visitor, session_csrf = await signed_in(gateway)
     name = "<script>alert(1)</script>"

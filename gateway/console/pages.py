@@ -232,7 +232,7 @@ class Pages:
 
     async def audit(self, request: web.Request, admin: Admin) -> web.Response:
         before = request.query.get("before", "")
-        entries = await self.store.audit_log(limit=AUDIT_PAGE, before=int(before) if before.isdigit() else None)
+        entries = await self.store.audit_log(limit=AUDIT_PAGE, before=row_id(before))
         rows = (
             (
                 text(entry.id),
@@ -250,10 +250,18 @@ class Pages:
         return self._page(admin, "Audit log", "".join(body), here="/console/audit")
 
 
-async def find_key(store: Store, ref: str) -> KeyRecord | None:
-    if not ref.isdigit():
+def row_id(value: str) -> int | None:
+    """A row's id as a path or a query gives it (ASCII digits, within the stores' 64 bits), else None."""
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) < 2**63:
         return None
-    return next((key for key in await store.list_keys() if key.id == int(ref)), None)
+    return int(value)
+
+
+async def find_key(store: Store, ref: str) -> KeyRecord | None:
+    key_id = row_id(ref)
+    if key_id is None:
+        return None
+    return next((key for key in await store.list_keys() if key.id == key_id), None)
 
 
 def _key_link(key: KeyRecord | None, label: str) -> str:
