@@ -240,6 +240,15 @@ async def test_an_item_reference_the_key_cannot_read_is_a_400_naming_it(client, 
     assert len(upstream.requests) == 2  # each refused before any upstream call
 
 
+async def test_references_to_more_than_a_hundred_responses_are_refused(client, upstream):
+    references = [{"type": "item_reference", "id": f"msg_{i:04d}_0"} for i in range(101)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(model=MODEL, input=[{"role": "user", "content": "Hi"}, *references])
+    assert caught.value.body["param"] == "input"
+    assert caught.value.body["message"] == "input: item references name 101 responses; at most 100 may be named"
+    assert upstream.requests == []
+
+
 async def test_store_false_keeps_nothing(client, upstream):
     upstream.enqueue(text("Paris."), text("?"))
     created = await client.responses.create(model=MODEL, input="Capital of France?", store=False)

@@ -91,8 +91,9 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
         if store is not None:  # without one, a reference is a 400 naming it
             for named in referenced_responses(body):
                 found = await store.find(named, request[API_KEY].id)
-                if found is not None:
-                    referenced[named] = found
+                if found is None:
+                    break  # the first reference to it is the 400, whatever follows
+                referenced[named] = found
         response_id = "resp_" + request_id(request)
         request[BODY], turn = to_anthropic(
             body,

@@ -80,6 +80,7 @@ ECHOED = (
     "service_tier",
 )
 MAX_CACHE_KEY = 256
+MAX_REFERENCED = 100  # stored responses one request's item references may name
 _ITEM_TYPES = (
     "message, function_call, function_call_output, custom_tool_call, custom_tool_call_output, reasoning "
     "or item_reference"
@@ -251,19 +252,23 @@ def _earlier_entries(previous: StoredConversation | None, system: list[dict[str,
     return entries
 
 
-def referenced_responses(body: dict[str, Any]) -> set[str]:
-    """The ids of the responses whose items the input refers to (`item_reference`): an item the
-    gateway made names its response in its id."""
+def referenced_responses(body: dict[str, Any]) -> list[str]:
+    """The ids of the responses whose items the input refers to (`item_reference`), each once, in
+    the order of the input: an item the gateway made names its response in its id. More than
+    MAX_REFERENCED is a 400 (each is a lookup in the store)."""
     raw = body.get("input")
     if not isinstance(raw, list):
-        return set()
-    return {
+        return []
+    named = dict.fromkeys(
         response_id
         for item in raw
         if isinstance(item, dict)
         and item.get("type") == "item_reference"
         and (response_id := _response_of(item.get("id"))) is not None
-    }
+    )
+    if len(named) > MAX_REFERENCED:
+        raise _bad("input", f"item references name {len(named):,} responses; at most {MAX_REFERENCED} may be named")
+    return list(named)
 
 
 def _response_of(item_id: Any) -> str | None:
