@@ -21,7 +21,7 @@ import orjson
 
 from gateway import administration, clock
 from gateway.administration import AdminError
-from gateway.config import MAX_PER_MINUTE
+from gateway.config import MAX_PER_MINUTE, usd_problem
 from gateway.storage import AdminTokenRecord, KeyRecord, LedgerRow, OrganizationRecord, Store, open_store
 from middlewares.core.periods import PERIODS
 
@@ -142,8 +142,11 @@ def _limit(text: str) -> Decimal | None:
         value = Decimal(text)
     except ArithmeticError:  # decimal.InvalidOperation
         value = None
-    if value is None or not value.is_finite() or value < 0:
+    if value is None:
         raise argparse.ArgumentTypeError(f'expected an amount of USD of 0 or more, or "none", not {text!r}')
+    problem = usd_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, not {text!r}")
     return value
 
 

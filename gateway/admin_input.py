@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from gateway import administration
-from gateway.config import MAX_PER_MINUTE
+from gateway.config import MAX_PER_MINUTE, usd_problem
 from middlewares.core.periods import PERIODS
 
 MAX_PAGE = 1000  # rows a page may hold
@@ -100,8 +100,11 @@ def money(value: Any, name: str) -> Decimal | None:
             amount = Decimal(str(value))
         except InvalidOperation:
             amount = None
-    if amount is None or not amount.is_finite() or amount < 0:
+    if amount is None:
         raise administration.Invalid(f"{name}: expected an amount of USD of 0 or more (a number or a string), or null")
+    problem = usd_problem(amount)
+    if problem is not None:
+        raise administration.Invalid(f"{name}: {problem}")
     return amount
 
 

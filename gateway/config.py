@@ -57,6 +57,19 @@ _port = _rule(lambda v: 1 <= v <= 65535, "expected an integer from 1 to 65535")
 _positive = _rule(lambda v: v > 0, "expected a positive integer")
 _per_minute = _rule(lambda v: 0 < v <= MAX_PER_MINUTE, f"expected a positive integer up to {MAX_PER_MINUTE}")
 _non_negative = _rule(lambda v: v >= 0, "expected a non-negative number")
+MAX_USD = Decimal(10**12)  # the most a spend limit, a balance or a top-up may be
+
+
+def usd_problem(amount: Decimal) -> str | None:
+    """Why `amount` cannot be a spend limit, a balance or a top-up, or None: the stores keep
+    amounts exactly, and reservations count billionths of a dollar."""
+    if not amount.is_finite() or not 0 <= amount <= MAX_USD:
+        return f"expected an amount of USD from 0 to {MAX_USD:,}"
+    if amount.normalize().as_tuple().exponent < -9:
+        return "expected at most 9 decimal places (billionths of a dollar)"
+    return None
+
+
 _zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
 _positive_number = _rule(lambda v: v > 0, "expected a positive number")
 _non_empty = _rule(bool, "expected a non-empty string")
@@ -304,7 +317,7 @@ DEFAULT_ORGANIZATION = "default"
 @dataclass(frozen=True)
 class OrganizationConfig:
     name: str = _field(check=_non_empty)
-    balance_usd: Decimal | None = _field(None, check=_non_negative)  # shared by its keys; None: no balance limit
+    balance_usd: Decimal | None = _field(None, check=usd_problem)  # shared by its keys; None: no balance limit
     suspended: bool = False  # its keys' requests get 403
 
 
@@ -313,7 +326,7 @@ class KeyConfig:
     name: str = _field(fallback=lambda values: "")
     key_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the plaintext key is never kept
     models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
-    spend_limit_usd: Decimal | None = _field(None, check=_non_negative)
+    spend_limit_usd: Decimal | None = _field(None, check=usd_problem)
     rpm: int | None = _field(None, check=_per_minute)  # requests per minute
     tpm: int | None = _field(None, check=_per_minute)  # tokens per minute
     max_concurrent: int | None = _field(None, check=_positive)  # requests running at once

@@ -404,3 +404,18 @@ async def test_the_openapi_document_describes_every_route_and_no_other(admin):
     text = json.dumps(document)
     for ref in set(re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', text)):
         assert ref[1] in document["components"][ref[0]], ref
+
+
+async def test_amounts_out_of_range_are_400s(admin):
+    for value, problem in (
+        ("1e999999999", "expected an amount of USD from 0 to 1,000,000,000,000"),
+        (-1, "expected an amount of USD from 0 to 1,000,000,000,000"),
+        ("0.0000000001", "expected at most 9 decimal places (billionths of a dollar)"),
+    ):
+        assert_error(
+            await admin.call("POST", "/keys", json={"name": "big", "spend_limit_usd": value}),
+            400,
+            "invalid_request_error",
+            f"spend_limit_usd: {problem}",
+        )
+    assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made

@@ -564,7 +564,7 @@ def test_bad_key_sha256(digest):
 
 def test_negative_spend_limit():
     assert problems_of('[[keys]]\nkey = "k"\nspend_limit_usd = -0.5') == [
-        "keys[0].spend_limit_usd: expected a non-negative number"
+        "keys[0].spend_limit_usd: expected an amount of USD from 0 to 1,000,000,000,000"
     ]
 
 
@@ -605,7 +605,7 @@ spend_limit_usd = -1
         "models[0].pricing.cache_write: required while the model caches (min_cache_tokens > 0)",
         "models[0].pricing.cache_read: required while the model caches (min_cache_tokens > 0)",
         "keys[0].key_sha256: expected 64 hex characters",
-        "keys[0].spend_limit_usd: expected a non-negative number",
+        "keys[0].spend_limit_usd: expected an amount of USD from 0 to 1,000,000,000,000",
         'models[0].deployments[1]: no deployment named "b"',
     ]
     assert error.problems == expected

@@ -198,7 +198,7 @@ async def test_check_config_names_a_dangling_or_repeated_organization_with_its_k
     )
     assert status == 1
     assert output.splitlines() == [
-        "organizations[0].balance_usd: expected a non-negative number",
+        "organizations[0].balance_usd: expected an amount of USD from 0 to 1,000,000,000,000",
         "organizations[1].suspended: expected true or false",
         "organizations[2].name: required",
         'organizations[1].name: duplicate organization name "acme"',

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway import administration
 from gateway.administration import AdminError
+from gateway.config import usd_problem
 from gateway.console.html import page, text
 from gateway.console.pages import Pages, find_key, html
 from gateway.console.sessions import Admin, Sessions
@@ -97,12 +98,13 @@ class Actions:
                 fields["spend_limit_usd"] = Decimal(limit_text)
             except InvalidOperation:
                 fields["spend_limit_usd"] = None
-            if fields["spend_limit_usd"] is None or not fields["spend_limit_usd"].is_finite():
+            if fields["spend_limit_usd"] is None:
                 return await self._refused(
                     request, admin, f"Spend limit: expected an amount of USD, not {limit_text!r}."
                 )
-            if fields["spend_limit_usd"] < 0:
-                return await self._refused(request, admin, "Spend limit: expected an amount of 0 or more.")
+            problem = usd_problem(fields["spend_limit_usd"])
+            if problem is not None:
+                return await self._refused(request, admin, f"Spend limit: {problem}.")
         try:
             key, secret = await administration.create_key(self.store, admin.name, organization=organization, **fields)
         except AdminError as refused:
