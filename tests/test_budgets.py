@@ -8,19 +8,20 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import replace
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import openai
 import pytest
 
+from gateway import clock
 from gateway.app import STORE
 from gateway.config import ConfigError, KeyConfig, StorageConfig, load_config
 from gateway.mock.upstream import Scenario
 from middlewares.core.periods import next_start, period_start
 from tests.support import KEY, MODEL, make_config, run_command
 from tests.test_admin_api import ADMIN, Admin
-from tests.test_storage import store_url  # noqa: F401 (fixture)
+from tests.test_storage import opened, row, store_url  # noqa: F401 (fixtures)
 
 # An answer's 1,000 output tokens cost $0.015 at the test model's $15 a million; a request asking
 # for 1,000 reserves a little more ($0.01518, its input counted too). A long one's cost $0.03.
@@ -152,3 +153,35 @@ async def test_the_cli_sets_a_keys_budget_period(tmp_path):
     assert (key["spend_limit_usd"], key["budget_period"], key["period_spent_usd"]) == ("5", "month", "0")
     status, output = await run_command("keys", "update", "team", "--budget-period", "year", *storage)
     assert status != 0 and "expected day, week, month or \"none\", not 'year'" in output
+
+
+async def test_a_new_budget_period_counts_what_it_has_spent(start_gateway, upstream, store_url, monkeypatch):
+    # Switching a key's period neither carries one period's spend into another nor forgets it:
+    # what the new period has spent is read from the ledger.
+    monkeypatch.setenv("EZAT_NOW", datetime.now(UTC).isoformat())  # the ledger's rows are stamped with the real time
+    config = replace(make_config(upstream.url, store_url), admin=ADMIN)
+    admin = Admin(await start_gateway(config))
+    made = await admin.ok("POST", "/keys", 201, json={"name": "team", "spend_limit_usd": "1", "budget_period": "day"})
+    upstream.enqueue(*(Scenario(**ANSWER) for _ in range(2)))
+    async with admin.gateway.client(api_key=made["secret"]) as client:
+        assert [await ask(client) for _ in range(2)] == ["ok"] * 2  # $0.03 today
+    month = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "month"})
+    assert month["period_spent_usd"] == "0.030"  # this month's spend includes today's
+    monkeypatch.setenv("EZAT_NOW", (datetime.now(UTC) + timedelta(days=40)).isoformat())
+    later = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "week"})
+    assert later["period_spent_usd"] == "0"  # a week 40 days on has spent nothing
+
+
+async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_url, opened, monkeypatch):
+    monkeypatch.setenv("EZAT_NOW", datetime.now(UTC).isoformat())
+    store = await opened(store_url)
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    daily = KeyConfig(name="filed", key_sha256=digest, spend_limit_usd=Decimal("1"), budget_period="day")
+    await store.sync_config_keys([daily])
+    key = await store.find_key(digest)
+    await store.write_ledger([row("req-1", key.id, "0.25")])
+    await store.sync_config_keys([replace(daily, budget_period="month")])  # the file changed, the gateway restarted
+    key = await store.find_key(digest)
+    assert (key.budget_period, key.spent_in_period(clock.now())) == ("month", Decimal("0.25"))
+    await store.sync_config_keys([replace(daily, budget_period=None)])
+    assert (await store.find_key(digest)).spent_in_period(clock.now()) == Decimal("0.25")  # lifetime

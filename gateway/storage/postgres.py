@@ -147,6 +147,12 @@ class PostgresStore:
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         """The file's keys as it declares them; a key it no longer declares is revoked."""
         async with self._pool.acquire() as db, db.transaction():
+            periods = {
+                digest: (key_id, period)
+                for key_id, digest, period in await db.fetch(
+                    "SELECT id, key_sha256, budget_period FROM keys WHERE from_config"
+                )
+            }
             await db.execute(
                 "UPDATE keys SET revoked = TRUE WHERE from_config AND NOT (key_sha256 = ANY($1::text[]))",
                 [k.key_sha256 for k in keys],
@@ -164,6 +170,10 @@ class PostgresStore:
                      from_config = TRUE""",
                 [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization) for k in keys],
             )
+            for key in keys:  # a key the file gave another budget period
+                key_id, period = periods.get(key.key_sha256, (None, key.budget_period))
+                if period != key.budget_period:
+                    await _restart_period(db, key_id, key.budget_period)
 
     async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
@@ -196,6 +206,8 @@ class PostgresStore:
                 *_key_values(*(merged[f] for f in KEY_FIELDS)),
                 fields.get("organization_id", found.organization_id),
             )
+            if merged["budget_period"] != found.budget_period:
+                await _restart_period(db, key_id, merged["budget_period"])
             changed = await _key_in(db, key_id)
             await _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
             return changed
@@ -664,6 +676,22 @@ def _admin_token(row) -> AdminTokenRecord:
 
 # A key's current budget period's first day, of $3, $4 and $5 (the day's, week's and month's).
 _CURRENT_START = "(CASE budget_period WHEN 'day' THEN $3::date WHEN 'week' THEN $4::date ELSE $5::date END)"
+
+
+async def _restart_period(db, key_id: int, period: str | None) -> None:
+    """A key given another budget period (or none): what the current one has spent, from the
+    ledger, so that changing the period neither carries one period's spend into another nor
+    forgets it."""
+    if period is None:
+        await db.execute("UPDATE keys SET period_start = NULL, period_spent_usd = 0 WHERE id = $1", key_id)
+        return
+    start = _period_starts()[period]
+    await db.execute(
+        "UPDATE keys SET period_start = $2::date, period_spent_usd = (SELECT coalesce(sum(cost_usd), 0) FROM ledger"
+        " WHERE key_id = $1 AND finished_at >= $2::date::timestamp AT TIME ZONE 'UTC') WHERE id = $1",
+        key_id,
+        start,
+    )
 
 
 def _period_starts() -> dict[str, date]:

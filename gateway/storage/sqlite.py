@@ -688,6 +688,7 @@ def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
 def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     """The file's keys as it declares them; a key it no longer declares is revoked."""
     declared = {row[0] for row in values}
+    periods = dict(db.execute("SELECT key_sha256, budget_period FROM keys WHERE from_config = 1").fetchall())
     db.executemany(
         "UPDATE keys SET revoked = 1 WHERE key_sha256 = ?",
         [  # as organizations' (above)
@@ -708,6 +709,10 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
              from_config = 1""",
         values,
     )
+    for digest, *_, period, _organization, _created in values:  # a key the file gave another budget period
+        if digest in periods and periods[digest] != period:
+            (key_id,) = db.execute("SELECT id FROM keys WHERE key_sha256 = ?", (digest,)).fetchone()
+            _restart_period(db, key_id, period)
     reservations.reconcile(db)  # a key given a spend limit: what is held counts against it
 
 
@@ -734,10 +739,25 @@ def _update_key(
         f"UPDATE keys SET {assignments}, organization_id = ? WHERE id = ?",
         (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id),
     )
+    if merged["budget_period"] != found.budget_period:
+        _restart_period(db, found.id, merged["budget_period"])
     reservations.reconcile(db)
     changed = _select_key(db, "k.id = ?", found.id)
     _audit(db, audit, f"key:{found.id}", key_view(found), key_view(changed))
     return changed
+
+
+def _restart_period(db: sqlite3.Connection, key_id: int, period: str | None) -> None:
+    """A key given another budget period (or none): what the current one has spent, from the
+    ledger, so that changing the period neither carries one period's spend into another nor
+    forgets it."""
+    if period is None:
+        db.execute("UPDATE keys SET period_start = NULL, period_spent_usd = '0' WHERE id = ?", (key_id,))
+        return
+    start = reservations.period_starts()[period]
+    costs = db.execute("SELECT cost_usd FROM ledger WHERE key_id = ? AND finished_at >= ?", (key_id, start))
+    spent = sum((Decimal(cost) for (cost,) in costs), Decimal(0))
+    db.execute("UPDATE keys SET period_start = ?, period_spent_usd = ? WHERE id = ?", (start, str(spent), key_id))
 
 
 def _rotate_key(db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNote | None) -> KeyRecord | None:
