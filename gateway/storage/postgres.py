@@ -470,8 +470,10 @@ class PostgresStore:
             await db.executemany(
                 "UPDATE keys SET spent_usd = spent_usd + $2,"
                 " period_spent_usd = CASE WHEN budget_period IS NULL THEN period_spent_usd"
-                f" WHEN period_start = {_CURRENT_START} THEN period_spent_usd + $2 ELSE $2 END,"
-                f" period_start = CASE WHEN budget_period IS NULL THEN NULL ELSE {_CURRENT_START} END"
+                f" WHEN period_start >= {_CURRENT_START} THEN period_spent_usd + $2 ELSE $2 END,"
+                # A period a replica whose clock is ahead began already is this one: never back.
+                f" period_start = CASE WHEN budget_period IS NULL THEN NULL"
+                f" ELSE GREATEST(period_start, {_CURRENT_START}) END"
                 " WHERE id = $1",
                 [
                     (key_id, cost, starts["day"], starts["week"], starts["month"])
@@ -704,7 +706,7 @@ def _counted(spent: Decimal, period: str | None, started: date | None, period_sp
     """What counts against a key's spend limit: its whole spend, or its current period's."""
     if period is None:
         return spent
-    return period_spent if started == starts[period] else Decimal(0)
+    return period_spent if started is not None and started >= starts[period] else Decimal(0)
 
 
 def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent, budget_period) -> tuple:

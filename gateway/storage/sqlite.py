@@ -928,7 +928,12 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
             db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(spent) + cost), key_id))
         else:
             start = (starts or (starts := reservations.period_starts()))[period]
-            period_spent = Decimal(period_spent) + cost if started == start else cost  # a new period starts at 0
+            # A new period starts at 0. One a process whose clock is ahead began already is this one,
+            # and never goes back (clocks differ by a moment at a period's turn).
+            if started is not None and started >= start:
+                period_spent, start = Decimal(period_spent) + cost, started
+            else:
+                period_spent = cost
             db.execute(
                 "UPDATE keys SET spent_usd = ?, period_start = ?, period_spent_usd = ? WHERE id = ?",
                 (str(Decimal(spent) + cost), start, str(period_spent), key_id),

@@ -47,7 +47,7 @@ def hold(
             return hold.limit
         spent, reserved, period, started, period_spent = row
         if period is not None:  # the current period's spend counts, not the key's whole
-            spent = period_spent if started == period_starts()[period] else 0
+            spent = period_spent if started is not None and started >= period_starts()[period] else 0
         return hold.limit - Decimal(spent) - _usd(reserved)
 
     def organization_left(hold: Hold) -> Decimal:

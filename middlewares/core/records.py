@@ -54,7 +54,8 @@ class KeyRecord:
         key's whole spend when it has no period."""
         if self.budget_period is None:
             return self.spent_usd
-        return self.period_spent_usd if self.period_start == period_start(self.budget_period, now) else Decimal(0)
+        current = period_start(self.budget_period, now)
+        return self.period_spent_usd if self.period_start is not None and self.period_start >= current else Decimal(0)
 
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
