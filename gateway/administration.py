@@ -115,7 +115,8 @@ async def revoke_key(store: Store, actor: str, key: KeyRecord, *, ref: str | Non
 
 
 async def rotate_key(store: Store, actor: str, key: KeyRecord, *, ref: str | None = None) -> tuple[KeyRecord, str]:
-    """A new secret for the key (shown once); the old one finds no key from now on. Its id,
+    """A new secret for the key (shown once); the old one finds no key in the store from now on
+    (a process that looked the key up keeps it up to the auth stage's key_cache_seconds). Its id,
     settings, spend and ledger rows stay."""
     _writable_key(key, ref)
     secret = new_key_secret()

@@ -133,7 +133,7 @@ class Actions:
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         self.forget_key(key.key_sha256)
-        said = f"Key {rotated.id} ({rotated.name}) has a new secret; the old one no longer works."
+        said = f"Key {rotated.id} ({rotated.name}) has a new secret; the old one stops working within seconds (at once on this process)."
         return await self.pages.keys(request, admin, notice=_secret_notice(said, secret))
 
     async def _refused(self, request: web.Request, admin: Admin, message: str, status: int = 400) -> web.Response:

@@ -1,5 +1,5 @@
-"""Keys, the usage ledger, stored responses, admin tokens and the audit log, in SQLite (one process or machine) or PostgreSQL
-(replicas)."""
+"""Keys, the usage ledger, stored responses, admin tokens, the audit log and alerts, in SQLite (one
+process or machine) or PostgreSQL (replicas)."""
 
 from __future__ import annotations
 

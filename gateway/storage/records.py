@@ -14,6 +14,8 @@ from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 __all__ = [
     "AdminTokenRecord",
+    "Alert",
+    "AlertDelivery",
     "AuditEntry",
     "AuditNote",
     "Hold",

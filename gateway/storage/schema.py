@@ -319,7 +319,7 @@ ORGANIZATION_COLUMNS = (
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
-# The responses table's columns, in the order both stores write and read them.
+# The admin tokens', the audit log's and the responses' columns, in the order both stores read them.
 ADMIN_TOKEN_COLUMNS = "id, name, role, token_sha256, created_at, revoked_at"
 AUDIT_COLUMNS = "id, at, actor, action, target, before, after"
 RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
