@@ -47,6 +47,15 @@ def object_schema(levels: int) -> dict:
     return {"type": "object", "properties": {"x": chain(levels - 2)}, "additionalProperties": False}
 
 
+def wide_schema(levels: int) -> dict:
+    """object_schema(levels) with twenty more properties, shallow ones whose descriptions hold
+    brackets: far more brackets in its JSON than levels, which a count alone would misjudge."""
+    schema = object_schema(levels)
+    for i in range(20):
+        schema["properties"][f"p{i}"] = {"type": "array", "items": {"type": "string"}, "description": "{[{["}
+    return schema
+
+
 def json_schema(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
@@ -221,6 +230,12 @@ AT_AND_OVER = {
     "tool schema": (
         {"tools": [tool("a"), tool("b", object_schema(6))]},
         {"tools": [tool("a"), tool("b", object_schema(7))]},
+        "tools[1].function.parameters: nests more than 6 levels",
+        "tools",
+    ),
+    "wide tool schema": (
+        {"tools": [tool("a"), tool("b", wide_schema(6))]},
+        {"tools": [tool("a"), tool("b", wide_schema(7))]},
         "tools[1].function.parameters: nests more than 6 levels",
         "tools",
     ),
