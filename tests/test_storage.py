@@ -175,6 +175,35 @@ async def test_processes_opening_a_fresh_sqlite_file_at_once_migrate_it_once(tmp
         ]
 
 
+async def older_database(store_url: str, migrations_applied: int) -> int:
+    """The database as a gateway that knew only the first `migrations_applied` migrations left it,
+    with one key, "older" (sk-older): that key's id."""
+    scripts = migrations(store_url)[:migrations_applied]
+    if store_url.startswith("sqlite:///"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
+            db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            for number, script in enumerate(scripts, start=1):
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+            db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
+            (key_id,) = db.execute("SELECT id FROM keys WHERE name = 'older'").fetchone()
+        db.close()
+        return key_id
+    db = await asyncpg.connect(store_url)
+    try:
+        async with db.transaction():
+            await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            for number, script in enumerate(scripts, start=1):
+                await db.execute(script)
+                await db.execute("INSERT INTO schema_version VALUES ($1)", number)
+            return await db.fetchval(
+                "INSERT INTO keys (key_sha256, name) VALUES ($1, 'older') RETURNING id", digest("sk-older")
+            )
+    finally:
+        await db.close()
+
+
 async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_one(store_url, opened):
     """A database whose ledger has no session column (every migration before it applied, one row
     written): opening it adds the column; the old row reads back with no session, and new rows
@@ -194,41 +223,28 @@ async def test_a_ledger_from_before_sessions_is_migrated_its_rows_kept_without_o
         "0.5",
         "complete",
     )
+    key_id = await older_database(store_url, before)
     if store_url.startswith("sqlite:///"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
-            db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-            for number, script in enumerate(scripts[:before], start=1):
-                for statement in filter(str.strip, script.split(";")):
-                    db.execute(statement)
-                db.execute("INSERT INTO schema_version VALUES (?)", (number,))
-            db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
             db.execute(
                 "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
                 " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
-                " started_at, finished_at) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
                 " '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:01.000000Z')",
-                old,
+                (old[0], key_id, *old[1:]),
             )
         db.close()
     else:
         db = await asyncpg.connect(store_url)
         try:
-            async with db.transaction():
-                await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-                for number, script in enumerate(scripts[:before], start=1):
-                    await db.execute(script)
-                    await db.execute("INSERT INTO schema_version VALUES ($1)", number)
-                key_id = await db.fetchval(
-                    "INSERT INTO keys (key_sha256, name) VALUES ($1, 'older') RETURNING id", digest("sk-older")
-                )
-                await db.execute(
-                    "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
-                    " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
-                    " started_at, finished_at) VALUES ($1, $12, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11,"
-                    " '2026-01-01T00:00:00Z', '2026-01-01T00:00:01Z')",
-                    *old,
-                    key_id,
-                )
+            await db.execute(
+                "INSERT INTO ledger (request_id, key_id, model, answered_model, deployment, input_tokens,"
+                " cache_write_tokens, cache_read_tokens, output_tokens, reasoning_tokens, cost_usd, outcome,"
+                " started_at, finished_at) VALUES ($1, $12, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11,"
+                " '2026-01-01T00:00:00Z', '2026-01-01T00:00:01Z')",
+                *old,
+                key_id,
+            )
         finally:
             await db.close()
 

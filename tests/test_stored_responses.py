@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 
 from gateway.ledger import Ledger
-from gateway.storage import StoredResponse, schema
-from tests.test_storage import opened, query, row, store_url  # noqa: F401 (fixtures)
+from gateway.storage import StoredResponse
+from tests.test_storage import migrations, older_database, opened, query, row, store_url  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -215,29 +215,9 @@ async def test_responses_and_ledger_rows_written_at_once_are_all_kept(store_url,
 
 
 async def test_a_database_from_before_stored_responses_is_migrated_its_data_kept(store_url, opened):
-    scripts = schema.SQLITE if store_url.startswith("sqlite") else schema.POSTGRES
+    scripts = migrations(store_url)
     before = next(i for i, script in enumerate(scripts) if "CREATE TABLE responses" in script)  # the schema before it
-    if store_url.startswith("sqlite:///"):
-        with sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None) as db:
-            db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-            for number, script in enumerate(scripts[:before], start=1):
-                for statement in filter(str.strip, script.split(";")):
-                    db.execute(statement)
-                db.execute("INSERT INTO schema_version VALUES (?)", (number,))
-            db.execute("INSERT INTO keys (key_sha256, name, created_at) VALUES (?, 'older', '')", (digest("sk-older"),))
-        db.close()
-    else:
-        db = await asyncpg.connect(store_url)
-        try:
-            async with db.transaction():
-                await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-                for number, script in enumerate(scripts[:before], start=1):
-                    await db.execute(script)
-                    await db.execute("INSERT INTO schema_version VALUES ($1)", number)
-                await db.execute("INSERT INTO keys (key_sha256, name) VALUES ($1, 'older')", digest("sk-older"))
-        finally:
-            await db.close()
-
+    await older_database(store_url, before)
     store = await opened(store_url)
     assert await query(store_url, "SELECT max(version) FROM schema_version") == [(len(scripts),)]
     key = await store.find_key(digest("sk-older"))
