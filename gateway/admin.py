@@ -21,7 +21,7 @@ import orjson
 
 from gateway import administration, clock
 from gateway.administration import AdminError
-from gateway.config import MAX_PER_MINUTE, usd_problem
+from gateway.config import MAX_PER_MINUTE, usd
 from gateway.storage import AdminTokenRecord, KeyRecord, LedgerRow, OrganizationRecord, Store, open_store
 from middlewares.core.periods import PERIODS
 
@@ -139,15 +139,9 @@ def _limit(text: str) -> Decimal | None:
     if text.lower() == "none":
         return None
     try:
-        value = Decimal(text)
-    except ArithmeticError:  # decimal.InvalidOperation
-        value = None
-    if value is None:
-        raise argparse.ArgumentTypeError(f'expected an amount of USD of 0 or more, or "none", not {text!r}')
-    problem = usd_problem(value)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"{problem}, not {text!r}")
-    return value
+        return usd(text)
+    except ValueError as problem:
+        raise argparse.ArgumentTypeError(f'{problem}, or "none", not {text!r}') from None
 
 
 def _amount(text: str) -> Decimal:

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from gateway import administration
-from gateway.config import MAX_PER_MINUTE, usd_problem
+from gateway.config import MAX_PER_MINUTE, usd
 from middlewares.core.periods import PERIODS
 
 MAX_PAGE = 1000  # rows a page may hold
@@ -94,18 +94,12 @@ def money(value: Any, name: str) -> Decimal | None:
     """An amount of USD, as a JSON number or a decimal string; null: none."""
     if value is None:
         return None
-    amount = None
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            amount = Decimal(str(value))
-        except InvalidOperation:
-            amount = None
-    if amount is None:
-        raise administration.Invalid(f"{name}: expected an amount of USD of 0 or more (a number or a string), or null")
-    problem = usd_problem(amount)
-    if problem is not None:
-        raise administration.Invalid(f"{name}: {problem}")
-    return amount
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+        raise administration.Invalid(f"{name}: expected an amount of USD (a number or a string), or null")
+    try:
+        return usd(str(value))
+    except ValueError as problem:
+        raise administration.Invalid(f"{name}: {problem}") from None
 
 
 def count(value: Any, name: str, most: int) -> int | None:

@@ -70,6 +70,19 @@ def usd_problem(amount: Decimal) -> str | None:
     return None
 
 
+def usd(text: str) -> Decimal:
+    """An amount of USD as a person or a script writes it (the CLI, the admin API, the console);
+    ValueError saying what was expected otherwise."""
+    try:
+        amount = Decimal(text.strip())
+    except ArithmeticError:  # decimal.InvalidOperation
+        amount = Decimal("NaN")
+    problem = usd_problem(amount)
+    if problem is not None:
+        raise ValueError(problem)
+    return amount
+
+
 _zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
 _positive_number = _rule(lambda v: v > 0, "expected a positive number")
 _non_empty = _rule(bool, "expected a non-empty string")

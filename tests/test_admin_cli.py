@@ -213,14 +213,18 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
 @pytest.mark.parametrize(
     "option, value, expected",
     [
-        ("--spend-limit", "abc", "expected an amount of USD of 0 or more, or \"none\", not 'abc'"),
-        ("--spend-limit", "-1", "expected an amount of USD from 0 to 1,000,000,000,000, not '-1'"),
-        ("--spend-limit", "NaN", "expected an amount of USD from 0 to 1,000,000,000,000, not 'NaN'"),
-        ("--spend-limit", "1e999999", "expected an amount of USD from 0 to 1,000,000,000,000, not '1e999999'"),
+        ("--spend-limit", "abc", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not 'abc'"),
+        ("--spend-limit", "-1", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not '-1'"),
+        ("--spend-limit", "NaN", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not 'NaN'"),
+        (
+            "--spend-limit",
+            "1e999999",
+            "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not '1e999999'",
+        ),
         (
             "--spend-limit",
             "0.0000000001",
-            "expected at most 9 decimal places (billionths of a dollar), not '0.0000000001'",
+            "expected at most 9 decimal places (billionths of a dollar), or \"none\", not '0.0000000001'",
         ),
         ("--rpm", "ten", "expected a whole number from 0 to 9223372036854775807, not 'ten'"),
         ("--tpm", "-5", "expected a whole number from 0 to 9223372036854775807, not '-5'"),

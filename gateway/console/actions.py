@@ -6,13 +6,12 @@ that answers the POST: it is kept nowhere but in that answer."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
 
 from aiohttp import web
 
 from gateway import administration
 from gateway.administration import AdminError
-from gateway.config import usd_problem
+from gateway.config import usd
 from gateway.console.html import page, text
 from gateway.console.pages import Pages, find_key, html
 from gateway.console.sessions import Admin, Sessions
@@ -95,15 +94,8 @@ class Actions:
             fields["budget_period"] = period
         if limit_text and limit_text.lower() != "none":
             try:
-                fields["spend_limit_usd"] = Decimal(limit_text)
-            except InvalidOperation:
-                fields["spend_limit_usd"] = None
-            if fields["spend_limit_usd"] is None:
-                return await self._refused(
-                    request, admin, f"Spend limit: expected an amount of USD, not {limit_text!r}."
-                )
-            problem = usd_problem(fields["spend_limit_usd"])
-            if problem is not None:
+                fields["spend_limit_usd"] = usd(limit_text)
+            except ValueError as problem:
                 return await self._refused(request, admin, f"Spend limit: {problem}.")
         try:
             key, secret = await administration.create_key(self.store, admin.name, organization=organization, **fields)
