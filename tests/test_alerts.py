@@ -82,6 +82,16 @@ async def webhook_started(failing: int = 0, redirect: bool = False) -> Webhook:
     return await Webhook(failing, redirect).start()
 
 
+async def after_first_attempt(storage: str) -> list[tuple]:
+    """The alerts' (attempts, last_error, delivered_at) once the first has been tried (5 s at most)."""
+    for _ in range(100):
+        rows = await query(storage, "SELECT attempts, last_error, delivered_at FROM alerts")
+        if rows and rows[0][0]:
+            break
+        await asyncio.sleep(0.05)
+    return [tuple(row) for row in rows]
+
+
 def alerting_config(upstream, storage_url: str, webhook: Webhook, **key_fields):
     config = make_config(upstream.url, storage_url)
     key = KeyConfig(name="team", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(), **key_fields)
@@ -200,12 +210,7 @@ async def test_a_private_webhook_is_refused_unless_allowed(start_gateway, upstre
     upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
     async with gateway.client() as client:
         await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
-    for _ in range(100):
-        rows = await query(storage, "SELECT attempts, last_error, delivered_at FROM alerts")
-        if rows and rows[0][0]:
-            break
-        await asyncio.sleep(0.05)
-    [(attempts, error, delivered)] = rows
+    [(attempts, error, delivered)] = await after_first_attempt(storage)
     assert (attempts, error, delivered) == (1, "127.0.0.1 is not a public address (allow_private_hosts is off)", None)
     assert webhook.received == []
     await webhook.stop()
@@ -219,12 +224,7 @@ async def test_a_webhooks_redirect_is_not_followed(start_gateway, upstream, tmp_
     upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
     async with gateway.client() as client:
         await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
-    for _ in range(100):
-        rows = await query(storage, "SELECT attempts, last_error, delivered_at FROM alerts")
-        if rows and rows[0][0]:
-            break
-        await asyncio.sleep(0.05)
-    assert [tuple(row) for row in rows] == [(1, "the webhook answered 307", None)]
+    assert await after_first_attempt(storage) == [(1, "the webhook answered 307", None)]
     assert webhook.received == []
     await webhook.stop()
 
