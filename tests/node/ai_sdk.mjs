@@ -17,6 +17,18 @@ const provider = createOpenAI({ baseURL: process.env.EZAT_BASE_URL, apiKey: proc
 const model = provider(process.env.EZAT_MODEL);
 const which = process.argv[2];
 
+// A get_weather tool the SDK runs itself, noting each city it is called for in `calls`.
+const weather = (calls) => ({
+  get_weather: tool({
+    description: "Current weather for a city",
+    inputSchema: z.object({ city: z.string() }),
+    execute: async ({ city }) => {
+      calls.push(city);
+      return `9°C and clear in ${city}`;
+    },
+  }),
+});
+
 if (which === "generate") {
   const result = await generateText({ model, maxOutputTokens: 64, maxRetries: 0, prompt: "What is a prompt cache?" });
   console.log(JSON.stringify({ text: result.text, finish_reason: result.finishReason, usage: result.usage }));
@@ -39,16 +51,7 @@ if (which === "generate") {
     maxOutputTokens: 64,
     maxRetries: 0,
     prompt: "What's the weather in Oslo? Use the tool.",
-    tools: {
-      get_weather: tool({
-        description: "Current weather for a city",
-        inputSchema: z.object({ city: z.string() }),
-        execute: async ({ city }) => {
-          calls.push(city);
-          return `9°C and clear in ${city}`;
-        },
-      }),
-    },
+    tools: weather(calls),
     stopWhen: stepCountIs(2),
   });
   let deltas = 0;
@@ -78,16 +81,7 @@ if (which === "generate") {
       maxRetries: 0,
       providerOptions,
       prompt: "What's the weather in Oslo? Use the tool.",
-      tools: {
-        get_weather: tool({
-          description: "Current weather for a city",
-          inputSchema: z.object({ city: z.string() }),
-          execute: async ({ city }) => {
-            calls.push(city);
-            return `9°C and clear in ${city}`;
-          },
-        }),
-      },
+      tools: weather(calls),
       stopWhen: stepCountIs(2),
     });
     console.log(JSON.stringify({ text: result.text, steps: result.steps.length, calls, finish_reason: result.finishReason }));
