@@ -19,7 +19,7 @@ from gateway.app import STORE
 from gateway.config import AlertConfig, ConfigError, KeyConfig, OrganizationConfig, StorageConfig, load_config
 from gateway.mock.upstream import Scenario
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
-from tests.test_operations import scrape
+from tests.test_operations import access_lines, scrape
 from tests.test_routing import both_workers_listening
 from tests.test_storage import query, store_url  # noqa: F401 (fixture)
 
@@ -250,6 +250,7 @@ async def test_an_organizations_balance_alerts_too(start_gateway, upstream, tmp_
 async def test_two_workers_post_each_threshold_once(tmp_path, upstream):
     webhook = await webhook_started()
     alerts = f'\n[[alerts]]\nwebhook_url = "{webhook.url}"\nsecret = "{SECRET}"\nallow_private_hosts = true\n'
+    alerts += '\n[logging]\nformat = "json"\n'  # access lines name the worker that answered
     served = ServeProcess(
         tmp_path,
         "gateway",
@@ -272,6 +273,7 @@ async def test_two_workers_post_each_threshold_once(tmp_path, upstream):
     finally:
         await served.stop()
         await webhook.stop()
+    assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers spent, and checked
     assert sorted(alert["threshold"] for alert in alerts_posted) == [0.5, 0.8, 1.0]
 
 
