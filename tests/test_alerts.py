@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import sqlite3
 from dataclasses import replace
 from decimal import Decimal
 
@@ -198,6 +199,28 @@ async def test_a_webhook_that_fails_is_tried_again(start_gateway, upstream, tmp_
     samples = await scrape(gateway.url)
     assert samples[("ezat_alerts_total", (("outcome", "failed"),))] == 1
     assert samples[("ezat_alerts_total", (("outcome", "sent"),))] == 1
+    await webhook.stop()
+
+
+async def test_an_alert_not_delivered_within_a_day_is_given_up(start_gateway, upstream, tmp_path, caplog):
+    webhook = await webhook_started(failing=1_000)  # never answers but 500
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    assert await after_first_attempt(storage) == [(1, "the webhook answered 500", None)]
+    with sqlite3.connect(tmp_path / "ezat.db") as db:  # as if it were recorded a day and a minute ago
+        db.execute("UPDATE alerts SET created_at = '2000-01-01T00:00:00.000000Z'")
+    for _ in range(100):  # its next attempt is due 2 s after the first
+        [(given_up, attempts)] = await query(storage, "SELECT given_up_at IS NOT NULL, attempts FROM alerts")
+        if given_up:
+            break
+        await asyncio.sleep(0.05)
+    assert (given_up, attempts) == (1, 1)  # given up, not tried again
+    assert "1 alerts were given up: not delivered within a day" in caplog.text
+    samples = await scrape(gateway.url)
+    assert samples[("ezat_alerts_total", (("outcome", "given_up"),))] == 1
     await webhook.stop()
 
 
