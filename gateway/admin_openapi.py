@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.admin import USAGE_COLUMNS
+
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -172,15 +174,9 @@ SCHEMAS: dict[str, Any] = {
                 "description": "The CLI's `usage --format json`: the group (named as group_by), then the totals.",
                 "items": {
                     "type": "object",
+                    # The CLI's own columns, so the document cannot drift from them.
                     "properties": {
-                        "requests": {"type": "integer"},
-                        "input_tokens": {"type": "integer"},
-                        "cache_write_tokens": {"type": "integer"},
-                        "cache_write_1h_tokens": {"type": "integer"},
-                        "cache_read_tokens": {"type": "integer"},
-                        "output_tokens": {"type": "integer"},
-                        "reasoning_tokens": {"type": "integer"},
-                        "cost_usd": {"type": "string"},
+                        name: {"type": "string" if name == "cost_usd" else "integer"} for name in USAGE_COLUMNS
                     },
                 },
             },

@@ -419,3 +419,16 @@ async def test_amounts_out_of_range_are_400s(admin):
             f"spend_limit_usd: {problem}",
         )
     assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made
+
+
+async def test_the_documented_shapes_are_what_the_api_answers(admin, upstream):
+    """The OpenAPI document's keys, ledger rows and usage rows name exactly the fields the API sends."""
+    schemas = OPENAPI["components"]["schemas"]
+    await ask(admin.gateway, KEY)  # one billed request: a ledger row and a usage group
+    [key, *_] = (await admin.ok("GET", "/keys"))["data"]
+    assert set(key) == set(schemas["Key"]["properties"])
+    [ledger_row] = (await admin.ok("GET", "/ledger"))["data"]
+    assert set(ledger_row) == set(schemas["LedgerRow"]["properties"])
+    usage = await admin.ok("GET", "/usage?group_by=model")
+    [group] = usage["data"]
+    assert set(group) - {"model"} == set(schemas["Usage"]["properties"]["data"]["items"]["properties"])
