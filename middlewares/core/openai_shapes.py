@@ -66,6 +66,18 @@ def cached(block: dict[str, Any], source: dict[str, Any], path: str, param: str 
     return block
 
 
+def tool_result(tool_use_id: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tool_result block answering `tool_use_id` with `blocks`. A breakpoint a client put in the
+    result's text belongs on the result block itself."""
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id}
+    for block in blocks:
+        if "cache_control" in block:
+            result["cache_control"] = block.pop("cache_control")
+    if blocks:
+        result["content"] = blocks
+    return result
+
+
 def nonblank_text(text: str) -> list[dict[str, Any]]:
     # The upstream rejects empty text blocks; whitespace-only text says nothing either.
     return [{"type": "text", "text": text}] if text and not text.isspace() else []

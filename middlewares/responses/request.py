@@ -26,6 +26,7 @@ from middlewares.core.openai_shapes import (
     input_schema,
     nonblank_text,
     sampling,
+    tool_result,
     upstream_identifier,
 )
 from middlewares.core.protocols import ModelSpec, StoredConversation
@@ -447,10 +448,7 @@ class _Input:
         return {"type": "tool_use", "id": upstream_identifier(call_id), "name": name, "input": arguments}
 
     def _result(self, item: dict[str, Any], path: str) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": upstream_identifier(_non_empty(item.get("call_id"), f"{path}.call_id")),
-        }
+        call_id = upstream_identifier(_non_empty(item.get("call_id"), f"{path}.call_id"))
         output = item.get("output", "")
         if isinstance(output, str):
             blocks = nonblank_text(output)
@@ -458,12 +456,7 @@ class _Input:
             blocks = self._content(output, f"{path}.output", "user")
         else:
             raise _bad(f"{path}.output", "expected a string or a list of content parts")
-        for block in blocks:  # a breakpoint in the result's text belongs on the result block itself
-            if "cache_control" in block:
-                result["cache_control"] = block.pop("cache_control")
-        if blocks:
-            result["content"] = blocks
-        return result
+        return tool_result(call_id, blocks)
 
     def _reasoning(self, item: dict[str, Any], path: str) -> list[dict[str, Any]]:
         """The thinking blocks a reasoning item sealed, in place; none when the gateway cannot

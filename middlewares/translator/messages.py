@@ -18,6 +18,7 @@ from middlewares.core.openai_shapes import (
     call_arguments,
     data_url,
     nonblank_text,
+    tool_result,
     upstream_identifier,
 )
 
@@ -165,17 +166,8 @@ def _tool_use(call: Any, path: str) -> dict[str, Any]:
 
 
 def _tool_result(message: dict[str, Any], path: str) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "type": "tool_result",
-        "tool_use_id": upstream_identifier(_non_empty(message.get("tool_call_id"), f"{path}.tool_call_id")),
-    }
-    blocks = _text_blocks(message.get("content", ""), f"{path}.content")
-    for block in blocks:  # a breakpoint in the result's text belongs on the result block itself
-        if "cache_control" in block:
-            result["cache_control"] = block.pop("cache_control")
-    if blocks:
-        result["content"] = blocks
-    return result
+    call_id = upstream_identifier(_non_empty(message.get("tool_call_id"), f"{path}.tool_call_id"))
+    return tool_result(call_id, _text_blocks(message.get("content", ""), f"{path}.content"))
 
 
 def _text_part(part: dict[str, Any], path: str) -> list[dict[str, Any]]:
