@@ -704,8 +704,10 @@ async def test_sqlite_checkpoints_off_the_writes_path_and_keeps_the_wal_bounded(
 
     page = (await query(url, "PRAGMA page_size"))[0][0]
     wal = (tmp_path / "steady.db-wal").stat().st_size
-    # a write adds about 5 pages; without restarts the WAL would hold all of them
-    assert wal < 2 * CHECKPOINT_EVERY * 6 * (page + 24), (wal, writes)
+    # A write adds about 5 pages; without restarts the WAL would hold all 6,000 writes' of them.
+    # A checkpoint that finds a reader at the WAL's end leaves it to the next (a warning says
+    # so), so the WAL may reach three checkpoints' worth before one restarts it: half of all.
+    assert wal < 3 * CHECKPOINT_EVERY * 6 * (page + 24), (wal, writes)
     assert len(await store.ledger()) == writes
     assert await store.spent(key.id) == Decimal("0.001") * writes
 
