@@ -22,6 +22,11 @@ class Scenario:
     # client's (a Claude Code turn is Anthropic's), which the routes driven must match.
     apis: tuple[str, ...] = ("openai", "responses", "anthropic")
     tool_name: str = "get_weather"  # the tool the answer calls, with `tools`
+    # The floor's request is what the gateway sent upstream for the client's, captured through the
+    # validating mock (`upstream_requests`), not written here by hand: a realistic request's
+    # translation (sealed reasoning opened, images downloaded and inlined) is the gateway's to make.
+    captured: bool = False
+    images: int = 0  # image URLs in the request, served by bench/images.py
 
 
 SCENARIOS = {
@@ -40,6 +45,39 @@ SCENARIOS = {
             " results, cache_control set by the client), streamed back with thinking, a line and a tool call",
             apis=("anthropic",),
             tool_name="Bash",
+        ),
+        Scenario(
+            "codex",
+            "bench-codex",
+            True,
+            True,
+            "a Codex turn on the Responses route: 12 KB of instructions, developer and environment messages,"
+            " 10 function tools and a namespace of 3, 30 prior items (sealed reasoning, shell calls, their"
+            " output), `store: false`; streamed back with reasoning and a shell call",
+            apis=("responses",),
+            tool_name="shell",
+            captured=True,
+        ),
+        Scenario(
+            "agent-loop",
+            "bench-tool",
+            True,
+            True,
+            "an OpenAI SDK agent's fifth turn on the chat route: 20 KB (instructions, 5 tools, 4 rounds of tool"
+            " calls and their results), streamed back with usage: a line and a tool call",
+            apis=("openai",),
+            captured=True,
+        ),
+        Scenario(
+            "images",
+            "bench-nonstream",
+            False,
+            False,
+            "a chat question about two image URLs (about 100 KB each, PNG), each downloaded by the gateway from"
+            " a loopback server and sent upstream inline; 400 characters back",
+            apis=("openai",),
+            captured=True,
+            images=2,
         ),
     )
 }
@@ -63,7 +101,12 @@ WEATHER = {
 }
 
 
-def openai_request(s: Scenario) -> bytes:
+def openai_request(s: Scenario, images_at: str = "") -> bytes:
+    """`images_at`: the base URL of bench/images.py, for a scenario with images."""
+    if s.name == "agent-loop":
+        return agent_loop_request(s)
+    if s.images:
+        return images_request(s, images_at)
     body = {
         "model": s.model,
         "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": QUESTION}],
@@ -85,9 +128,11 @@ def openai_request(s: Scenario) -> bytes:
     return orjson.dumps(body)
 
 
-def responses_request(s: Scenario) -> bytes:
+def responses_request(s: Scenario, images_at: str = "") -> bytes:
     """The scenario as OpenAI's Responses API asks it: the system prompt as `instructions`, the
     question as one message item, the output limit as `max_output_tokens`."""
+    if s.name == "codex":
+        return codex_request(s)
     body = {
         "model": s.model,
         "instructions": SYSTEM_PROMPT,
@@ -108,7 +153,9 @@ def responses_request(s: Scenario) -> bytes:
     return orjson.dumps(body)
 
 
-def anthropic_request(s: Scenario) -> bytes:
+def anthropic_request(s: Scenario, images_at: str = "") -> bytes:
+    if s.captured:
+        raise ValueError(f"{s.name}: the floor's request is the gateway's translation, see upstream_requests")
     if s.name == "claude-code":
         return claude_code_request(s)
     body = {
@@ -206,24 +253,255 @@ def claude_code_request(s: Scenario) -> bytes:
     return orjson.dumps(body)
 
 
+# The key the bench gateways seal reasoning under (their `[responses] reasoning_key`), so that a
+# Codex turn's `encrypted_content` opens as a real client's would.
+REASONING_KEY = bytes(range(32))
+SHELL_LINE = "src/parser/grammar.py:120:    def parse(self, text: str) -> Node:  # one expression, or raises\n"
+
+
+def codex_request(s: Scenario) -> bytes:
+    """A turn of Codex CLI well into a task, as it sends it with `store: false`: its instructions,
+    a developer message (sandbox and approvals), the user's AGENTS.md and environment context,
+    the task, then 10 rounds of 3 items (the sealed reasoning, a shell call, its output), 10
+    function tools and an MCP server's 3 as a namespace. About 40 KB; the same every time but for
+    the seals' random nonces."""
+    from middlewares.responses.sealing import seal
+
+    def text_message(role: str, text: str) -> dict:
+        return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+    def function(name: str, about: str, properties: dict, required: list[str]) -> dict:
+        parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+        return {"type": "function", "name": name, "description": about, "strict": False, "parameters": parameters}
+
+    rule = "Keep changes minimal and focused; explain what you changed and why, and run the checks. "
+    command = {"type": "array", "items": {"type": "string"}, "description": "The command to execute"}
+    tools = [
+        function(
+            "shell",
+            "Runs a shell command and returns its output.",
+            {
+                "command": command,
+                "workdir": {"type": "string", "description": "The working directory"},
+                "timeout_ms": {"type": "number", "description": "The timeout in milliseconds"},
+            },
+            ["command"],
+        ),
+        function("apply_patch", "Applies a patch to files.", {"input": {"type": "string"}}, ["input"]),
+        function(
+            "update_plan",
+            "Updates the task plan.",
+            {
+                "explanation": {"type": "string"},
+                "plan": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "step": {"type": "string"},
+                            "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]},
+                        },
+                        "required": ["step", "status"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            ["plan"],
+        ),
+        function("view_image", "Attaches a local image to the conversation.", {"path": {"type": "string"}}, ["path"]),
+        *(
+            function(f"tool_{name}", f"{name.replace('_', ' ').capitalize()} in the workspace. " * 3, props, ["path"])
+            for name, props in (
+                ("list_dir", {"path": {"type": "string"}, "depth": {"type": "integer", "minimum": 1}}),
+                (
+                    "read_file",
+                    {"path": {"type": "string"}, "offset": {"type": "integer"}, "limit": {"type": "integer"}},
+                ),
+                ("grep_files", {"path": {"type": "string"}, "pattern": {"type": "string"}}),
+                ("list_mcp_resources", {"path": {"type": "string"}, "cursor": {"type": "string"}}),
+                ("read_mcp_resource", {"path": {"type": "string"}, "uri": {"type": "string"}}),
+                ("list_mcp_resource_templates", {"path": {"type": "string"}, "cursor": {"type": "string"}}),
+            )
+        ),
+        {
+            "type": "namespace",
+            "name": "mcp__docs",
+            "description": "The project's documentation server.",
+            "tools": [
+                function(name, f"{name.capitalize()} the documentation.", {"query": {"type": "string"}}, ["query"])
+                for name in ("search", "fetch", "outline")
+            ],
+        },
+    ]
+    items = [
+        text_message(
+            "developer",
+            "<permissions instructions>The sandbox is workspace-write; ask before network access.</permissions instructions>",
+        ),
+        text_message(
+            "user", "# AGENTS.md instructions for /repo\n\n<INSTRUCTIONS>\n" + rule * 20 + "\n</INSTRUCTIONS>"
+        ),
+        text_message(
+            "user",
+            "<environment_context>\n  <cwd>/repo</cwd>\n  <approval_policy>on-request</approval_policy>\n"
+            "  <sandbox_mode>workspace-write</sandbox_mode>\n  <shell>bash</shell>\n</environment_context>",
+        ),
+        text_message("user", "The parser's tests fail on nested expressions: find out why and fix it."),
+    ]
+    for turn in range(10):  # 30 prior items
+        thinking = [
+            {
+                "type": "thinking",
+                "thinking": f"Step {turn}: read the next part of the parser. " * 6,
+                "signature": "sig" * 60,
+            }
+        ]
+        call_id = f"call_bench_{turn:04d}"
+        arguments = {"command": ["bash", "-lc", f"rg -n 'def parse' src/parser/part{turn}.py"], "workdir": "/repo"}
+        items += [
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": f"**Reading part {turn}**"}],
+                "encrypted_content": seal(thinking, REASONING_KEY),
+            },
+            {
+                "type": "function_call",
+                "name": "shell",
+                "arguments": orjson.dumps(arguments).decode(),
+                "call_id": call_id,
+            },
+            {
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": "Exit code: 0\nWall time: 0.1 seconds\nOutput:\n" + SHELL_LINE * 12,
+            },
+        ]
+    body = {
+        "model": s.model,
+        "instructions": ("You are Codex, a coding agent based on Claude. " + rule * 140)[:12_000],
+        "input": items,
+        "tools": tools,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199c0de-bench-4a11-9c0d-ex0000000001",
+    }
+    return orjson.dumps(body)
+
+
+def agent_loop_request(s: Scenario) -> bytes:
+    """An OpenAI Agents SDK agent's fifth model call on the chat route: its instructions, 5 function
+    tools, the user's question, and 4 rounds of a tool call and its result (a few KB of JSON
+    each). About 20 KB, streamed with `stream_options.include_usage` as the SDK asks for it."""
+
+    def tool(name: str, about: str, properties: dict) -> dict:
+        schema = {
+            "type": "object",
+            "properties": properties,
+            "required": list(properties),
+            "additionalProperties": False,
+        }
+        return {
+            "type": "function",
+            "function": {"name": name, "description": about, "parameters": schema, "strict": True},
+        }
+
+    tools = [
+        tool(WEATHER["name"], WEATHER["description"], {"city": {"type": "string"}, "days": {"type": "integer"}}),
+        tool(
+            "search_flights",
+            "Flights between two airports on a day.",
+            {"origin": {"type": "string"}, "destination": {"type": "string"}, "date": {"type": "string"}},
+        ),
+        tool(
+            "search_hotels",
+            "Hotels in a city with their prices.",
+            {"city": {"type": "string"}, "nights": {"type": "integer"}},
+        ),
+        tool(
+            "convert_currency",
+            "An amount in another currency.",
+            {"amount": {"type": "number"}, "to": {"type": "string"}},
+        ),
+        tool("book", "Books an offer by its id.", {"offer_id": {"type": "string"}}),
+    ]
+    instructions = "You are a travel agent. Use the tools to check every fact; never invent prices. " * 20
+    messages: list[dict] = [
+        {"role": "system", "content": instructions},
+        {
+            "role": "user",
+            "content": "Plan three days in Paris next week for two: flights from Berlin, a hotel, the weather.",
+        },
+    ]
+    calls = [
+        ("search_flights", {"origin": "BER", "destination": "CDG", "date": "2026-12-10"}),
+        ("search_hotels", {"city": "Paris", "nights": 3}),
+        ("convert_currency", {"amount": 642.5, "to": "EUR"}),
+        ("get_weather", {"city": "Paris", "days": 3}),
+    ]
+    offer = {"id": "offer-0000", "name": "Hotel du Parc", "price": {"amount": 214.17, "currency": "USD"}, "rating": 4.4}
+    for n, (name, arguments) in enumerate(calls):
+        call_id = f"call_agent_{n:02d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
+                    }
+                ],
+            }
+        )
+        result = {"results": [offer | {"id": f"offer-{n}{k:03d}"} for k in range(30)]}
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": orjson.dumps(result).decode()})
+    body = {
+        "model": s.model,
+        "messages": messages,
+        "tools": tools,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return orjson.dumps(body)
+
+
+IMAGE_NAMES = ("chart.png", "photo.png")
+
+
+def images_request(s: Scenario, images_at: str) -> bytes:
+    """A chat question about two image URLs on bench/images.py (`images_at`, its base URL)."""
+    content = [{"type": "text", "text": "What do these two images show? Compare them."}]
+    content += [{"type": "image_url", "image_url": {"url": f"{images_at}/{name}"}} for name in IMAGE_NAMES[: s.images]]
+    body = {"model": s.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1024}
+    return orjson.dumps(body)
+
+
 # What a client that speaks each API sends.
 ENCODERS = {"openai": openai_request, "responses": responses_request, "anthropic": anthropic_request}
 
 
-def request_body(api: str, s: Scenario, fields: dict | None = None) -> bytes:
+def request_body(api: str, s: Scenario, fields: dict | None = None, images_at: str = "") -> bytes:
     """The scenario's request in `api`, with `fields` added (systems.ROUTE_FIELDS)."""
-    body = ENCODERS[api](s)
+    body = ENCODERS[api](s, images_at)
     return orjson.dumps(orjson.loads(body) | fields) if fields else body
 
 
-async def upstream_differences(
-    config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...] = ("openai",)
-) -> list[str]:
+# The gateway's route for a client of each API (systems.GATEWAY_ROUTES).
+ROUTE_OF_API = {"openai": "openai", "responses": "responses", "anthropic": "native"}
+
+
+async def upstream_requests(
+    config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...], images_at: str = ""
+) -> dict[tuple[str, str], tuple[int, dict | None]]:
     """Send each scenario's request on each of the gateway's `routes` (systems.GATEWAY_ROUTES)
-    through the gateway's app (in this process) to the project's validating mock, and compare
-    what reached the mock with the floor's request. Returns the differences (none: every system
-    asks the same of the upstream). The mock's validation also proves the floor's requests are
-    ones the real API accepts."""
+    that speaks one of its APIs, through the gateway's app (in this process) to the project's
+    validating mock: {(route, scenario name): (the gateway's status, what reached the mock)}. The
+    mock's validation also proves these requests ones the real API accepts."""
     import aiohttp
     from systems import GATEWAY_ROUTES, ROUTE_FIELDS, route_headers
 
@@ -231,7 +509,7 @@ async def upstream_differences(
     from gateway.config import parse_config
     from gateway.mock.upstream import MockUpstream
 
-    differences = []
+    sent = {}
     mock = MockUpstream()
     url = await mock.start()
     config = parse_config(config_toml.replace("{UPSTREAM}", url))
@@ -246,18 +524,40 @@ async def upstream_differences(
                 path, api = GATEWAY_ROUTES[route]
                 headers = dict(h.split(": ", 1) for h in route_headers(route)) | {"Content-Type": "application/json"}
                 for s in scenarios:
-                    body = request_body(api, s, ROUTE_FIELDS.get(route))
+                    if api not in s.apis:
+                        continue
+                    before = len(mock.requests)
+                    body = request_body(api, s, ROUTE_FIELDS.get(route), images_at)
                     async with session.post(gateway + path, data=body, headers=headers) as response:
                         await response.read()
-                    sent = mock.requests[-1].body if mock.requests else None
-                    if response.status != 200 or sent != orjson.loads(anthropic_request(s)):
-                        differences.append(
-                            f"{route} {s.name}: status {response.status}; the gateway sent upstream {sent}"
-                        )
+                    reached = mock.requests[-1].body if len(mock.requests) > before else None
+                    sent[(route, s.name)] = (response.status, reached)
     finally:
         await runner.cleanup()
         await mock.close()
-    return differences
+    return sent
+
+
+def floor_requests(
+    sent: dict[tuple[str, str], tuple[int, dict | None]], scenarios: list[Scenario]
+) -> tuple[dict[str, bytes], list[str]]:
+    """From `upstream_requests`' answer: each scenario's request to the floor (written here, or,
+    `captured`, what the gateway sent upstream on the scenario's own route), and the differences
+    between the floor's request and what each route sent (none: every system asks the same of
+    the upstream)."""
+    floor, differences = {}, []
+    for s in scenarios:
+        if s.captured:
+            status, reached = sent.get((ROUTE_OF_API[s.apis[0]], s.name), (None, None))
+            if status != 200 or reached is None:
+                raise RuntimeError(f"{s.name}: the gateway answered {status}; it sent upstream {reached}")
+            floor[s.name] = orjson.dumps(reached)
+        else:
+            floor[s.name] = anthropic_request(s)
+    for (route, name), (status, reached) in sent.items():
+        if status != 200 or reached != orjson.loads(floor[name]):
+            differences.append(f"{route} {name}: status {status}; the gateway sent upstream {reached}")
+    return floor, differences
 
 
 def closing_marker(api: str, s: Scenario) -> str:

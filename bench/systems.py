@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scenarios import REASONING_KEY
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PYTHON = sys.executable
@@ -218,6 +220,12 @@ def mock_system() -> System:
     return System("mock", port, "/v1/messages", [], [PYTHON, str(BENCH / "mock.py"), "--port", str(port)])
 
 
+def images_system() -> System:
+    """bench/images.py: the images the `images` scenario's requests point at."""
+    port = free_port()
+    return System("images", port, "/", [], [PYTHON, str(BENCH / "images.py"), "--port", str(port)])
+
+
 def floor_system(upstream_url: str) -> System:
     port = free_port()
     return System(
@@ -313,6 +321,14 @@ def gateway_config(
         'format = "json"',
         f"access_log = {'true' if observed else 'false'}",
         "",
+        # The images scenario's URLs are on loopback (bench/images.py); a Codex turn's reasoning
+        # comes back sealed under this key (scenarios.REASONING_KEY).
+        "[images]",
+        "allow_private_hosts = true",
+        "",
+        "[responses]",
+        f'reasoning_key = "{REASONING_KEY.hex()}"',
+        "",
         "[[deployments]]",
         'name = "mock"',
         f'base_url = "{upstream_url}"',
@@ -321,7 +337,7 @@ def gateway_config(
     ]
     if ratelimit_url:
         lines += ["[ratelimit]", f'url = "{ratelimit_url}"', ""]
-    for model in models:
+    for model in dict.fromkeys(models):  # scenarios may share a model (its answer)
         lines += [
             "[[models]]",
             f'id = "{model}"',

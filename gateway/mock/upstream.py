@@ -121,6 +121,20 @@ FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
         True,
         0.0,
     ),
+    # A Codex turn's answer: it thinks, then runs a command with its shell tool.
+    "bench-codex": (
+        [
+            {"type": "thinking", "thinking": _FAST_TEXT, "signature": "bench-signature-" + "s" * 200},
+            {
+                "type": "tool_use",
+                "id": "toolu_bench_shell",
+                "name": "shell",
+                "input": {"command": ["bash", "-lc", "python -m pytest -q tests/test_parser.py"], "workdir": "/repo"},
+            },
+        ],
+        True,
+        0.0,
+    ),
     "bench-paced": ([{"type": "text", "text": _FAST_TEXT}], True, 0.01),  # 50 deltas, 0.5 s
     "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
 }
