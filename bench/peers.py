@@ -51,6 +51,11 @@ LITELLM_ENV = {
 # Its own (verbose) logging stays at its default, off; uvicorn's access line per request stays
 # on, as the gateway writes one too. `LITELLM_LOG` would set both.
 LITELLM_KEY = "sk-bench-litellm"  # its master key: every request is authenticated, as in production
+# Seconds of load before a peer's CPU per request settles, against the suite's 1 s warm-up:
+# LiteLLM imports lazily on its first requests (non-streaming, concurrency 16: 34, 23, 20, 17 ms
+# a request over its first four 2 s runs); Portkey's V8 compiles its hot code under load
+# (non-streaming: 2.9, 2.0, 1.4, 1.3 ms, then steady; stream50: 5.5 ms down to 2.4 ms at 10 s).
+WARMUP_SECONDS = {"litellm": 6.0, "portkey": 10.0}
 # LiteLLM is ready about 9 s after it starts on an idle 2-core machine (imports), later on a busy one.
 READY_TIMEOUT = {"litellm": 90.0, "portkey": 30.0}
 
