@@ -40,7 +40,7 @@ PORTKEY_VERSION = "1.15.2"
 # The gateway's own range (^1.3.3) takes 1.19, with which every stream fails (500, TypeError in updateHeaders).
 HONO_NODE_SERVER_VERSION = "1.13.5"
 
-INSTALL_TIMEOUT = 900  # seconds; the litellm[proxy] install takes about a minute from PyPI, 750 MB
+INSTALL_TIMEOUT = 900  # seconds; litellm[proxy] is a large install
 
 # What LiteLLM does unless told not to, that a production deployment turns off, so do we:
 LITELLM_ENV = {
@@ -52,11 +52,14 @@ LITELLM_ENV = {
 # on, as the gateway writes one too. `LITELLM_LOG` would set both.
 LITELLM_KEY = "sk-bench-litellm"  # its master key: every request is authenticated, as in production
 # Seconds of load before a peer's CPU per request settles, against the suite's 1 s warm-up:
-# LiteLLM imports lazily on its first requests (non-streaming, concurrency 16: 34, 23, 20, 17 ms
-# a request over its first four 2 s runs); Portkey's V8 compiles its hot code under load
-# (non-streaming: 2.9, 2.0, 1.4, 1.3 ms, then steady; stream50: 5.5 ms down to 2.4 ms at 10 s).
+# LiteLLM imports lazily on its first requests, and Portkey's V8 compiles its hot code under
+# load, so both keep getting faster for seconds after they start (bench/HISTORY.md, 2026-12-03).
 WARMUP_SECONDS = {"litellm": 6.0, "portkey": 10.0}
-# LiteLLM is ready about 9 s after it starts on an idle 2-core machine (imports), later on a busy one.
+# The peers that download a request's image URLs, as the gateway does: Portkey sends them upstream
+# as they are (a request of a few hundred bytes where ours inlines both), so the images
+# scenario is not its work.
+FETCHES_IMAGES = ("litellm",)
+# LiteLLM imports for many seconds before it is ready, longer on a busy machine.
 READY_TIMEOUT = {"litellm": 90.0, "portkey": 30.0}
 
 # Portkey's start script (build/start-server.js) calls @hono/node-server's serve({fetch, port})

@@ -16,7 +16,10 @@ COLUMNS = [
     ("mock_cpu_us", "mock µs/req", "{:,.0f}"),
     ("client_cpu_us", "client µs/req", "{:,.0f}"),
 ]
-SYSTEMS = ("floor", "gateway")
+SYSTEMS = ("floor", "gateway")  # the slow streams' systems
+PEERS = ("litellm", "portkey")
+# How many times ezat's CPU per request each peer's should be, at least (issue 34's aim).
+PEER_TARGETS = {"portkey": 4, "litellm": 25}
 
 
 def medians(runs: list[dict]) -> dict:
@@ -37,21 +40,41 @@ def ratios(floor: dict, gateway: dict) -> dict:
     }
 
 
-def summarise_cell(cell: dict) -> None:
-    cell["median"] = {name: medians(cell["runs"][name]) for name in SYSTEMS}
-    cell["ratio"] = ratios(cell["median"]["floor"], cell["median"]["gateway"])
-    # Each gateway round ÷ the floor round just before it: how far the machine's noise moves
-    # the CPU ratio, so that a verdict it could flip is seen as one.
-    pairs = [
-        g["cpu_us"] / f["cpu_us"]
-        for f, g in zip(cell["runs"]["floor"], cell["runs"]["gateway"])
-        if f.get("cpu_us") and g.get("cpu_us") is not None
-    ]
-    cell["cpu_ratio_range"] = (min(pairs), max(pairs)) if pairs else None
-    f, g = cell["median"]["floor"], cell["median"]["gateway"]
+def round_ratios(runs: list[dict], others: list[dict]) -> tuple[float, float] | None:
+    """The range of each round's CPU per request over the other system's in the same round: how
+    far the machine's noise moves the ratio, so that a verdict it could flip is seen as one."""
+    pairs = [r["cpu_us"] / o["cpu_us"] for r, o in zip(runs, others) if o.get("cpu_us") and r.get("cpu_us") is not None]
+    return (min(pairs), max(pairs)) if pairs else None
+
+
+def summarise_cell(cell: dict, gateway: str = "gateway") -> None:
+    """Medians of every system the cell drove; the ratios of each to the floor, and of each peer
+    to `gateway` (the name of ezat's system in the cell, on the route its scenario's clients use)."""
+    runs = cell["runs"]
+    cell["gateway"] = gateway
+    cell["median"] = {name: medians(rs) for name, rs in runs.items()}
+    floor, g = cell["median"]["floor"], cell["median"][gateway]
+    cell["ratio"] = ratios(floor, g)
+    cell["cpu_ratio_range"] = round_ratios(runs[gateway], runs["floor"])
+    cell["cpu_over_floor"] = {
+        name: (
+            m["cpu_us"] / floor["cpu_us"] if floor["cpu_us"] and m["cpu_us"] else None,
+            round_ratios(runs[name], runs["floor"]),
+        )
+        for name, m in cell["median"].items()
+        if name != "floor"
+    }
+    cell["cpu_over_gateway"] = {
+        name: (
+            cell["median"][name]["cpu_us"] / g["cpu_us"] if g["cpu_us"] and cell["median"][name]["cpu_us"] else None,
+            round_ratios(runs[name], runs[gateway]),
+        )
+        for name in runs
+        if name in PEERS
+    }
     for q in ("p50", "p99"):
         cell[f"added_{q}_ms"] = (
-            g[f"{q}_ms"] - f[f"{q}_ms"] if f[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
+            g[f"{q}_ms"] - floor[f"{q}_ms"] if floor[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
         )
 
 
@@ -63,15 +86,40 @@ def cells_table(cells: list[dict]) -> str:
     head = ["scenario", "conc.", "system", *(title for _, title, _ in COLUMNS), "errors"]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + " |"]
     for cell in cells:
-        for name in SYSTEMS:
-            m = cell["median"][name]
+        for name, m in cell["median"].items():
             values = [_fmt(m[key], pattern) for key, _, pattern in COLUMNS]
             lines.append(
                 f"| {cell['scenario']} | {cell['concurrency']} | {name} | " + " | ".join(values) + f" | {m['errors']} |"
             )
         values = [_fmt(cell["ratio"][key], "{:.2f}×") if key != "cpu_us" else _cpu_ratio(cell) for key, _, _ in COLUMNS]
-        lines.append("| | | gateway ÷ floor | " + " | ".join(values) + " | |")
+        lines.append(f"| | | {cell['gateway']} ÷ floor | " + " | ".join(values) + " | |")
     return "\n".join(lines)
+
+
+def systems_table(cells: list[dict]) -> str:
+    """Scenario × system: each one's CPU per request, its ratio to the floor and (a peer's) to
+    ezat's, its latency and memory; the rounds' own ratios in brackets."""
+    lines = [
+        "| scenario | conc. | system | CPU µs/req | ÷ floor | ÷ ezat | p50 ms | p99 ms | peak RSS MiB | errors |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for cell in cells:
+        for name, m in cell["median"].items():
+            over_floor = _ratio(*cell["cpu_over_floor"][name]) if name != "floor" else ""
+            over_gateway = _ratio(*cell["cpu_over_gateway"][name]) if name in PEERS else ""
+            shown = f"ezat ({name})" if name == cell["gateway"] else name
+            lines.append(
+                f"| {cell['scenario']} | {cell['concurrency']} | {shown} | {_fmt(m['cpu_us'], '{:,.0f}')} | {over_floor} "
+                f"| {over_gateway} | {_fmt(m['p50_ms'], '{:.2f}')} | {_fmt(m['p99_ms'], '{:.2f}')} "
+                f"| {_fmt(m['peak_rss_mib'], '{:.1f}')} | {m['errors']} |"
+            )
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None, low_high: tuple[float, float] | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}×" + (f" ({low_high[0]:.2f}–{low_high[1]:.2f})" if low_high else "")
 
 
 def _cpu_ratio(cell: dict) -> str:
@@ -164,18 +212,35 @@ def targets(
             at = "" if levels is None else " at concurrency " + " and ".join(map(str, levels))
             found.append({"target": f"CPU per {what} ≤ {limit}× the floor's{at}", "measured": figures, "met": met})
 
-    cpu_target("nonstream", 1.5, "non-streaming request", (64, 256))
-    cpu_target("stream50", 2.0, "50-chunk stream")
-    cpu_target("paced", 1.3, "paced stream")
-    c1 = next((c for c in cells if c["scenario"] == "nonstream" and c["concurrency"] == 1), None)
-    if c1 and c1["added_p50_ms"] is not None and c1["added_p99_ms"] is not None:
-        found.append(
-            {
-                "target": "latency added to the floor's at concurrency 1, non-streaming: p50 ≤ 0.5 ms, p99 ≤ 2 ms",
-                "measured": f"p50 {c1['added_p50_ms']:+.3f} ms, p99 {c1['added_p99_ms']:+.3f} ms",
-                "met": c1["added_p50_ms"] <= 0.5 and c1["added_p99_ms"] <= 2.0,
-            }
-        )
+    # The realistic scenarios, where the busy regime is (the tiny bodies' ratios are the floor's
+    # own yardstick now, compared by hand with earlier runs in HISTORY.md).
+    cpu_target("claude-code", 1.5, "Claude Code turn on the Messages route", (16, 64))
+    cpu_target("codex", 2.0, "Codex turn on the Responses route", (16, 64))
+    cpu_target("agent-loop", 2.0, "agent's turn on the chat route", (16, 64))
+    cpu_target("images", 2.0, "request with two image URLs on the chat route", (16, 64))
+    for scenario in ("nonstream", "claude-code"):
+        c1 = next((c for c in cells if c["scenario"] == scenario and c["concurrency"] == 1), None)
+        if c1 and c1["added_p50_ms"] is not None and c1["added_p99_ms"] is not None:
+            found.append(
+                {
+                    "target": f"latency added to the floor's at concurrency 1, {scenario}: p50 ≤ 0.5 ms, p99 ≤ 2 ms",
+                    "measured": f"p50 {c1['added_p50_ms']:+.3f} ms, p99 {c1['added_p99_ms']:+.3f} ms",
+                    "met": c1["added_p50_ms"] <= 0.5 and c1["added_p99_ms"] <= 2.0,
+                }
+            )
+    for peer, leaner in PEER_TARGETS.items():
+        mine = [c for c in cells if peer in c.get("cpu_over_gateway", {}) and c["cpu_over_gateway"][peer][0]]
+        if mine:
+            figures = ", ".join(
+                f"{c['scenario']} c={c['concurrency']}: {c['cpu_over_gateway'][peer][0]:.1f}×" for c in mine
+            )
+            found.append(
+                {
+                    "target": f"{peer}'s CPU per request ≥ {leaner}× ezat's on every chat scenario",
+                    "measured": figures,
+                    "met": all(c["cpu_over_gateway"][peer][0] >= leaner for c in mine),
+                }
+            )
     for run in slow:
         g = run["median"]["gateway"]
         mb = g["peak_rss_mib"] * 1.048576

@@ -31,26 +31,29 @@ from pathlib import Path
 from statistics import median
 from urllib.parse import urlsplit
 
+import peers
 import report
 from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, round_seconds
 from environment import ensure_py_spy, ensure_wrk, log, machine
 from scenarios import (
+    ROUTE_OF_API,
     SCENARIOS,
     SLOW,
     Scenario,
-    anthropic_request,
     closing_marker,
-    openai_request,
+    floor_requests,
     request_body,
-    upstream_differences,
+    upstream_requests,
 )
 from systems import (
     BENCH,
     GATEWAY_ROUTES,
     PYTHON,
+    System,
     floor_system,
     gateway_config,
     gateway_system,
+    images_system,
     machine_ticks,
     mock_system,
 )
@@ -63,14 +66,26 @@ RESULTS = BENCH / "results"
 # --- the suite --------------------------------------------------------------------------
 
 
-def write_bodies(workdir: Path, scenarios: list[Scenario]) -> dict[tuple[str, str], Path]:
-    """Each scenario's request body for each system: {(system, scenario name): file}."""
+def write_bodies(workdir: Path, plan: dict[str, list], floor: dict[str, bytes], images_at: str) -> dict:
+    """Each scenario's request body for each system that drives it: {(system, scenario name): file}.
+    `plan`: {scenario name: its systems}; `floor`: the floor's requests (scenarios.floor_requests)."""
     bodies = {}
-    for s in scenarios:
-        for system, encode in (("gateway", openai_request), ("floor", anthropic_request)):
-            path = bodies[(system, s.name)] = workdir / f"{s.name}-{system}.json"
-            path.write_bytes(encode(s))
+    for name, systems in plan.items():
+        s = SCENARIOS.get(name) or SLOW
+        for system in systems:
+            path = bodies[(system.name, name)] = workdir / f"{name}-{system.name}.json"
+            body = floor[name] if system.kind == "floor" else request_body(system.api, s, system.body_fields, images_at)
+            path.write_bytes(body)
     return bodies
+
+
+def scenario_systems(scenario: Scenario, floor: System, gateways: dict[str, System], peer_systems: list) -> list:
+    """Who drives a scenario: the floor, ezat's gateway on the route its clients use, and the peers
+    when its clients speak Chat Completions (the route the peers translate) and they do its work."""
+    peer_systems = [
+        p for p in peer_systems if "openai" in scenario.apis and (not scenario.images or p.name in peers.FETCHES_IMAGES)
+    ]
+    return [floor, gateways[ROUTE_OF_API[scenario.apis[0]]], *peer_systems]
 
 
 def _longer_rounds(cells: list[dict], duration: float) -> str:
@@ -78,11 +93,12 @@ def _longer_rounds(cells: list[dict], duration: float) -> str:
     return ", ".join(f"{c['scenario']} c={c['concurrency']}: {c['duration_s']:g} s" for c in longer)
 
 
-def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
+def bench_cells(args, wrk, mock, plan, bodies) -> list[dict]:
     cells = []
-    total = len(args.cells) * args.rounds * len(systems)
-    done = 0
+    total = sum(args.rounds * len(plan[s.name]) for s, _ in args.cells)
+    done, warm = 0, set()
     for scenario, concurrency in args.cells:
+        systems = plan[scenario.name]
         duration = round_seconds(args.duration, scenario, concurrency)
         cell = {
             "scenario": scenario.name,
@@ -95,18 +111,22 @@ def bench_cells(args, wrk, mock, systems, bodies) -> list[dict]:
             for s in systems
         }
         for system in systems:  # warm up: connection pools, caches, the allocator
-            drives[system.name](args.warmup)()
+            # A peer's first cell warms it up longer: it keeps getting faster for seconds after it starts.
+            drives[system.name](
+                max(args.warmup, peers.WARMUP_SECONDS.get(system.name, 0) * (system.name not in warm))
+            )()
+            warm.add(system.name)
         for round_ in range(args.rounds):
             for system in systems:  # A, B, A, B: drift of the machine cancels out
                 run = measure(system, mock, drives[system.name](duration))
                 cell["runs"][system.name].append(run)
                 done += 1
                 log(
-                    f"[{done:3}/{total}] {scenario.name:9} c={concurrency:<3} {system.name:7} round {round_ + 1}: "
+                    f"[{done:3}/{total}] {scenario.name:11} c={concurrency:<3} {system.name:17} round {round_ + 1}: "
                     f"{run['rps']:8,.0f} req/s  p50 {run['p50_ms']:7.2f} ms  "
                     f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)"
                 )
-        report.summarise_cell(cell)
+        report.summarise_cell(cell, systems[1].name)
         cells.append(cell)
     return cells
 
@@ -250,7 +270,7 @@ def ledger_rows(db: Path) -> int | None:
 # --- profile mode -----------------------------------------------------------------------
 
 
-def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> None:
+def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str, images_at: str) -> None:
     """Record the gateway under load on its route `args.profile_route` with py-spy; write a flame
     graph and a summary of the top frames."""
     import flame
@@ -259,7 +279,7 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str) -> 
     route = args.profile_route
     for scenario in [SCENARIOS[n] for n in names]:
         body = workdir / f"{scenario.name}-{route}.json"
-        body.write_bytes(request_body(gateway.api, scenario, gateway.body_fields))
+        body.write_bytes(request_body(gateway.api, scenario, gateway.body_fields, images_at))
         check(gateway, scenario, body)
         drive = driver(args, wrk, gateway, scenario, body, args.profile_concurrency, args.profile_duration)
         driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
@@ -316,7 +336,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     parser.add_argument(
-        "--concurrency", help="comma-separated connection counts (default 1,64,256; quick: 64, and 1 for nonstream)"
+        "--concurrency", help="comma-separated connection counts (default 1,16,64; quick: 16, and 1 for nonstream)"
     )
     parser.add_argument(
         "--slow-streams",
@@ -333,6 +353,11 @@ def parse_args() -> argparse.Namespace:
         help="auto: wrk for non-streaming requests, the asyncio client for streams (first-token times)",
     )
     parser.add_argument("--no-ledger", action="store_true", help="skip the ledger micro-benchmark")
+    parser.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="skip the peers (LiteLLM, Portkey), which are installed from PyPI and npm on first use",
+    )
     parser.add_argument(
         "--minimal",
         action="store_true",
@@ -360,12 +385,42 @@ def parse_args() -> argparse.Namespace:
     args.slow_rounds = args.slow_rounds or (1 if q else 2)
     args.scenarios = [SCENARIOS[n] for n in args.scenarios.split(",")]
     if args.concurrency or not q:
-        levels = [int(c) for c in (args.concurrency or "1,64,256").split(",")]
+        levels = [int(c) for c in (args.concurrency or "1,16,64").split(",")]
         args.cells = [(s, c) for s in args.scenarios for c in levels]
-    else:  # quick: the throughput regime, plus the one cell the latency target is about
-        args.cells = [(s, c) for s in args.scenarios for c in ((1, 64) if s.name == "nonstream" else (64,))]
+    else:  # quick: the peers' regime, plus the cells the latency targets are about
+        args.cells = [(s, c) for s in args.scenarios for c in ((1, 16) if s.name in LATENCY else (16,))]
     args.no_workers = args.no_workers or q
     return args
+
+
+def _gateway_name(route: str) -> str:
+    return "gateway" if route == "openai" else f"gateway-{route}"
+
+
+def start_peers(args, upstream_url: str, workdir: Path, models: list[str], started: list) -> list:
+    """The peers, installed when missing and started; one that cannot be is skipped, saying why
+    (in the log and in `args.peers_skipped`, which the results' meta keeps)."""
+    args.peers_skipped = {}
+    if args.no_peers:
+        args.peers_skipped = {name: "skipped: --no-peers" for name in peers.PEERS}
+        return []
+    running = []
+    for name in peers.PEERS:
+        why = peers.prepare(name)
+        if why is None:
+            system = peers.peer_system(name, upstream_url, workdir, models)
+            try:
+                system.start(workdir)
+            except RuntimeError as exc:
+                why = f"did not start: {str(exc)[:300]}"
+            else:
+                started.append(system)
+                system.extra["version"] = peers.versions().get(name)
+                running.append(system)
+        if why is not None:
+            args.peers_skipped[name] = f"skipped: {why}"
+            log(f"peer {name} skipped: {why}")
+    return running
 
 
 def open_files(pid: int) -> int:
@@ -379,6 +434,8 @@ def drained(mock, files: int, within: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+# The scenarios whose added latency at concurrency 1 has a target.
+LATENCY = ("nonstream", "claude-code")
 # The slow streams of a whole run: the performance target's number.
 SLOW_STREAMS = 10_000
 # The second run's streams arrive over this many seconds: a stream lasts about 10 (SLOW).
@@ -409,41 +466,61 @@ def main() -> int:
     mock = mock_system().start(workdir)
     mock_files = open_files(mock.pid)  # before any load: what the slow streams wait for it to be back to
     mock_url = f"http://127.0.0.1:{mock.port}"
-    route = args.profile_route if args.profile else "openai"
-    gateway = gateway_system(mock_url, workdir, models, limits=not args.minimal, observed=not args.minimal, route=route)
-    floor = floor_system(mock_url)
+    options = {"limits": not args.minimal, "observed": not args.minimal}
     started = [mock]
     try:
-        gateway.start(workdir)
-        started.append(gateway)
+        names = args.profile.split(",") if args.profile else [s.name for s in args.scenarios]
+        images_at = ""
+        if any(SCENARIOS[name].images for name in names):
+            images = images_system().start(workdir)
+            started.append(images)
+            images_at = f"http://127.0.0.1:{images.port}"
         if args.profile:
-            profile(args, wrk, mock, gateway, workdir, args.profile.split(","), stamp)
+            gateway = gateway_system(mock_url, workdir, models, route=args.profile_route, **options)
+            gateway.start(workdir)
+            started.append(gateway)
+            profile(args, wrk, mock, gateway, workdir, names, stamp, images_at)
             return 0
-        floor.start(workdir)
-        started.append(floor)
-        systems = [floor, gateway]
+        # ezat on each route a scenario's clients use: Chat Completions (named gateway, as the
+        # slow streams and the workers run it), and Messages and Responses where needed.
+        routes = dict.fromkeys(["openai", *(ROUTE_OF_API[s.apis[0]] for s in args.scenarios)])
+        gateways = {
+            route: gateway_system(mock_url, workdir, models, route=route, name=_gateway_name(route), **options)
+            for route in routes
+        }
+        gateway, floor = gateways["openai"], floor_system(mock_url)
+        peer_systems = start_peers(args, mock_url, workdir, models, started)
+        for system in [*gateways.values(), floor]:
+            system.start(workdir)
+            started.append(system)
+        plan = {s.name: scenario_systems(s, floor, gateways, peer_systems) for s in args.scenarios}
+        plan |= {SLOW.name: [floor, gateway], "nonstream": plan.get("nonstream") or [floor, gateway]}
         meta = machine(wrk) | {
             "args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
             | {"cells": [f"{s.name}@{c}" for s, c in args.cells]},
             "sqlite": gateway.extra["db"],
             "pids": {s.name: s.pid for s in started},
+            "peers": {p.name: p.extra.get("version") for p in peer_systems} | args.peers_skipped,
         }
         log(f"mock {mock_url}, floor :{floor.port}, gateway :{gateway.port}; wrk: {wrk or 'none'}; work dir {workdir}")
-        # Also the slow streams' body and the workers' (nonstream), which the cells may not include.
-        bodies = write_bodies(workdir, list(dict.fromkeys([*args.scenarios, SLOW, SCENARIOS["nonstream"]])))
-        for scenario in args.scenarios:
-            for system in systems:
-                check(system, scenario, bodies[(system.name, scenario.name)])
         config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
-        differences = asyncio.run(upstream_differences(config, args.scenarios))
+        sent = asyncio.run(upstream_requests(config, args.scenarios, tuple(routes), images_at))
+        # Also the slow streams' body and the workers' (nonstream), which the cells may not include.
+        floor_bodies, differences = floor_requests(
+            sent, list(dict.fromkeys([*args.scenarios, SLOW, SCENARIOS["nonstream"]]))
+        )
+        bodies = write_bodies(workdir, plan, floor_bodies, images_at)
+        for scenario in args.scenarios:
+            for system in plan[scenario.name]:
+                check(system, scenario, bodies[(system.name, scenario.name)])
         meta["same_upstream_requests"] = not differences
         for difference in differences:
             log(f"WARNING: the floor's request differs from what the gateway sends upstream: {difference}")
-        cells = bench_cells(args, wrk, mock, systems, bodies)
+        cells = bench_cells(args, wrk, mock, plan, bodies)
         # Both ways streams come: all in one instant (the admission of every one at once is the
         # peak), and over a few seconds, as a busy replica's do.
         slow = (
-            [bench_slow(args, mock, systems, bodies, workdir, mock_files, ramp) for ramp in (0.0, SLOW_RAMP)]
+            [bench_slow(args, mock, [floor, gateway], bodies, workdir, mock_files, ramp) for ramp in (0.0, SLOW_RAMP)]
             if args.slow_streams
             else []
         )
@@ -453,7 +530,7 @@ def main() -> int:
     finally:
         for system in reversed(started):
             system.stop()  # the gateway writes its last ledger rows before it exits
-    gateway_requests = sum(r["requests"] for c in cells for r in c["runs"]["gateway"])
+    gateway_requests = sum(r["requests"] for c in cells for r in c["runs"].get("gateway", []))
     rows = ledger_rows(Path(gateway.extra["db"]))
     ledger = None if args.no_ledger else bench_ledger(1.0 if args.quick else 2.0)
     found = report.targets(cells, slow, ledger, workers, meta.get("cores"))
@@ -484,6 +561,12 @@ def main() -> int:
             if args.minimal
             else "production configuration: a key with spend, rpm and tpm limits, /metrics, a JSON access line per request."
         ),
+        "",
+        "### Every system, each scenario",
+        "",
+        report.systems_table(cells),
+        "",
+        "### Every figure, against the floor",
         "",
         report.cells_table(cells),
         "",
