@@ -9,7 +9,9 @@ timeout before the first token, 429 or a 5xx moves on; a request the upstream re
 invalid (other 4xx) is answered at once.
 
 On the routes that speak Anthropic's API (`native`), the client's `anthropic-version` and
-`anthropic-beta` headers and its `beta` query go upstream as it sent them.
+`anthropic-beta` headers and its `beta` query go upstream as it sent them, and so does its body,
+byte for byte, when nothing changed it: no stage (`client_bytes`), and not the model's own
+terms (`_for_model`: its upstream id is the name asked by, nothing clamped or left out).
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, Upstr
 from gateway.upstream_errors import retry_after_seconds
 from gateway.upstream_shape import readable_message
 from middlewares.core.chain import Stage
-from middlewares.core.context import ANSWERED_MODEL, BODY, DEPLOYMENT, FALLBACK_MODELS, MODEL, SESSION
+from middlewares.core.context import (
+    ANSWERED_MODEL,
+    BODY,
+    CLIENT_BYTES,
+    DEPLOYMENT,
+    FALLBACK_MODELS,
+    MODEL,
+    SESSION,
+    client_bytes,
+)
 from middlewares.core.errors import GatewayError, retry_after
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.sizes import MiB
@@ -75,7 +86,7 @@ def proxy_handler(
     attempts = attempts or Attempts(config)
     metrics = attempts.metrics
 
-    async def stream(deployment: Deployment, body: dict[str, Any], forward: Forward) -> EventStreamReply:
+    async def stream(deployment: Deployment, body: UpstreamBody, forward: Forward) -> EventStreamReply:
         try:
             async with asyncio.timeout(deployment.first_token_timeout_seconds):
                 events = UpstreamEvents(
@@ -89,7 +100,7 @@ def proxy_handler(
             raise FirstTokenTimeout(deployment.first_token_timeout_seconds) from None
         return EventStreamReply(events, streams=streams)
 
-    async def message(deployment: Deployment, body: dict[str, Any], forward: Forward) -> MessageReply:
+    async def message(deployment: Deployment, body: UpstreamBody, forward: Forward) -> MessageReply:
         _, message = await _json_answer(upstream, deployment, body, **forward)
         if not readable_message(message):
             raise GatewayError(500, "The upstream sent a reply the gateway cannot read.", type="server_error")
@@ -102,14 +113,16 @@ def proxy_handler(
         # Worked out only when there is a deployment to choose (the digest costs a serialisation).
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
-        tries = ((model, _for_model(body, model, asked)) for model in models)
+        sent = client_bytes(request) if native else None
+        tries = ((model, _upstream_body(body, model, asked, sent)) for model in models)
         reply, name, model = await attempts.first(
             tries, stream if body.get("stream") else message, stick_by, _forwarded(request) if native else {}, deadline
         )
         request[DEPLOYMENT], request[ANSWERED_MODEL] = name, model
         # The prompt is not held while its answer streams: it may be megabytes (images
-        # included), and a stream may run for minutes.
+        # included), and a stream may run for minutes. Nor are its bytes.
         del request[BODY]
+        request.pop(CLIENT_BYTES, None)
         reply.headers["x-ezat-model"] = model.id
         if model is not asked:
             reply.headers["x-ezat-routed-from"] = asked.id
@@ -141,7 +154,7 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadli
     no fallback model stands in (its count would be another model's). Past `deadline` seconds,
     as a non-streaming request, a 504."""
 
-    async def count(deployment: Deployment, body: dict[str, Any], forward: Forward) -> web.Response:
+    async def count(deployment: Deployment, body: UpstreamBody, forward: Forward) -> web.Response:
         raw, counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
         tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
         if type(tokens) is not int or tokens < 0:
@@ -150,7 +163,7 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadli
 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
-        body = _for_model(request[BODY], model, model)
+        body = _upstream_body(request[BODY], model, model, client_bytes(request))
         try:
             answer, request[DEPLOYMENT], request[ANSWERED_MODEL] = await attempts.first(
                 [(model, body)],
@@ -196,8 +209,9 @@ class Attempts:
         operation: str = "chat",
     ):
         """The first answer of `attempt` (an `operation`, for the trace) over each (model,
-        upstream body) of `tries` in turn and that model's usable deployments, within
-        max_attempts: (reply, deployment, model). Past `deadline` (loop time), TimeoutError."""
+        upstream body: a dict, or the bytes to send) of `tries` in turn and that model's usable
+        deployments, within max_attempts: (reply, deployment, model). Past `deadline` (loop
+        time), TimeoutError."""
         health, metrics = self.health, self.metrics
         attempts, error = self.config.routing.max_attempts, None
         for model, upstream_body in tries:
@@ -212,7 +226,7 @@ class Attempts:
                 try:
                     async with asyncio.timeout_at(deadline):
                         reply = await self._try(
-                            attempt, self.config.deployment(name), upstream_body, forward, operation
+                            attempt, model, self.config.deployment(name), upstream_body, forward, operation
                         )
                 except TimeoutError:
                     metrics.attempt(name, "timeout")
@@ -229,11 +243,14 @@ class Attempts:
                 return reply, name, model
         raise error
 
-    async def _try(self, attempt, deployment: Deployment, body: dict[str, Any], forward: Forward, operation: str):
+    async def _try(
+        self, attempt, model: Model, deployment: Deployment, body: UpstreamBody, forward: Forward, operation: str
+    ):
         if self.tracing is None:
             return await attempt(deployment, body, forward)
         context: dict[str, str] = {}  # the trace's, for the upstream
-        with self.tracing.attempt(operation, body.get("model"), deployment, context) as span:
+        # The body's `model` is the model's upstream id (`_for_model`), the client's bytes' too.
+        with self.tracing.attempt(operation, model.upstream_model, deployment, context) as span:
             try:
                 headers = [*forward.get("headers", ()), *context.items()]
                 reply = await attempt(deployment, body, {**forward, "headers": headers})
@@ -245,7 +262,7 @@ class Attempts:
 
 
 async def _json_answer(
-    upstream: UpstreamClient, deployment: Deployment, body: dict[str, Any], **options
+    upstream: UpstreamClient, deployment: Deployment, body: UpstreamBody, **options
 ) -> tuple[bytes, Any]:
     """The deployment's whole answer, and it parsed (None when it is not JSON, or is larger than
     any answer: it is not read then)."""
@@ -295,6 +312,19 @@ def _forwarded(request: web.Request) -> Forward:
     headers = [(name, value) for name in FORWARDED_HEADERS for value in request.headers.getall(name, ())]
     beta = request.query.get("beta")
     return {"headers": headers, "query": {"beta": beta} if beta is not None else {}}
+
+
+# What goes upstream: a request to encode, or the client's own bytes (`_upstream_body`).
+UpstreamBody = dict[str, Any] | bytes
+
+
+def _upstream_body(body: dict[str, Any], model: Model, asked: Model, sent: bytes | None) -> UpstreamBody:
+    """The upstream request for `model`: `sent`, the client's bytes of `body` (None when a stage
+    changed it), when `_for_model` leaves it as it is, else the request to encode. The
+    comparison costs a look at each top-level field: `_for_model` makes a shallow copy, so every
+    field it leaves is the same object, compared by identity."""
+    upstream_body = _for_model(body, model, asked)
+    return sent if sent is not None and upstream_body == body else upstream_body
 
 
 def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, Any]:

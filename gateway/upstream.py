@@ -70,13 +70,15 @@ class UpstreamClient:
     async def post(
         self,
         deployment: Deployment,
-        body: dict[str, Any],
+        body: dict[str, Any] | bytes,
         *,
         path: str = MESSAGES,
         headers: list[tuple[str, str]] | None = None,
         query: dict[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        """POST {base_url}{path}; `headers` ((lower-cased name, value) lines: a client's own
+        """POST {base_url}{path} with `body`, encoded, or as it is when it is bytes (the
+        client's own, which nothing changed: the caller vouches that they are the request);
+        `headers` ((lower-cased name, value) lines: a client's own
         anthropic-version or anthropic-beta, each line as it sent it) go with the deployment's,
         in place of any of the same name, and `query` on the URL. A non-2xx answer is raised
         as the client's error."""
@@ -100,13 +102,18 @@ class UpstreamClient:
             headers = fixed
         if query:
             url = url.with_query(query)
-        try:
-            # An exact copy: orjson's result keeps the whole buffer it was written in, often
-            # many times its length, and a request would hold that until its body is sent.
-            data = bytes(memoryview(orjson.dumps(body)))
-        except orjson.JSONEncodeError:
-            raise too_deeply_nested() from None
-        if len(data) > MAX_BODY_BYTES:  # inlined images (base64) can take it over
+        if isinstance(body, bytes):
+            data = body
+        else:
+            try:
+                # An exact copy: orjson's result keeps the whole buffer it was written in, often
+                # many times its length, and a request would hold that until its body is sent.
+                data = bytes(memoryview(orjson.dumps(body)))
+            except orjson.JSONEncodeError:
+                raise too_deeply_nested() from None
+        # Inlined images (base64) can take an encoded body over; the client's bytes were read
+        # within the limit, but are measured the same.
+        if len(data) > MAX_BODY_BYTES:
             raise GatewayError(
                 413,
                 f"The request is over {MAX_BODY_BYTES // MiB} MB once its image URLs are downloaded and inlined ({len(data):,} bytes); "

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import BODY, BODY_BYTES, CONVERSATION, MODEL, SESSION
+from middlewares.core.context import BODY, BODY_BYTES, CONVERSATION, MODEL, SESSION, body_changed
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import MEDIA_BLOCKS, THINKING_BLOCKS
 
@@ -68,6 +68,7 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "op
             # image's or a PDF's tokens follow its pixels and pages, not its bytes (nor its URL).
             and (media or _most_tokens(request, body) >= least)
         ):
+            body_changed(request)
             mark_prefix(body)
             mark_newest(body)
         return await handler(request)

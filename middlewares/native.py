@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import BODY
+from middlewares.core.context import BODY, body_changed
 from middlewares.core.errors import invalid_request
 from middlewares.core.reply import AnthropicSSE, EventStreamReply, MessageReply
 
@@ -26,7 +26,9 @@ def native_middleware():
         if not isinstance(body.get("stream", False), bool):  # whether the reply is a stream hangs on it
             raise invalid_request("stream: Input should be a valid boolean", "stream")
         asked = body.get("model")
-        body.pop("models", None)
+        if "models" in body:  # else the client's bytes may go upstream as they are
+            body_changed(request)
+            del body["models"]
         reply = await handler(request)
         if isinstance(reply, MessageReply):
             reply.payload["model"] = asked

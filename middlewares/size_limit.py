@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import BODY, BODY_BYTES
+from middlewares.core.context import BODY, BODY_BYTES, CLIENT_BYTES, ClientBytes
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 
@@ -34,7 +34,9 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
     is not identity, gzip or deflate gets 415, unread; one that does not decode gets 400, and one
     that has not all arrived `body_timeout` seconds after the stage began to read it gets 408 and
     its connection closed. One that is not a JSON object gets 400. Otherwise the parsed object is
-    `request[BODY]` and its decoded size in bytes `request[BODY_BYTES]`."""
+    `request[BODY]`, its decoded size in bytes `request[BODY_BYTES]`, and its decoded bytes,
+    tied to it, `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while nothing has
+    changed the body)."""
     if not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError("size_limit_middleware: max_bytes must be a positive integer")
     if (
@@ -76,7 +78,7 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
             decoder.end()
         return b"".join(parts)
 
-    @stage("size_limit", provides=(BODY, BODY_BYTES))
+    @stage("size_limit", provides=(BODY, BODY_BYTES, CLIENT_BYTES))
     async def size_limit(request: web.Request, handler) -> web.StreamResponse:
         encoding = "identity"
         try:
@@ -102,7 +104,10 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
             raise invalid_request("The request body must be a JSON object.")
         request[BODY] = body
         request[BODY_BYTES] = len(raw)
-        del raw  # not held while the request runs: its body may be large, and it may run long
+        # Held as long as the body is, no longer: the stage that changes the body lets them go,
+        # and the proxy with the body once an answer has begun.
+        request[CLIENT_BYTES] = ClientBytes(body, raw)
+        del raw
         return await handler(request)
 
     return size_limit

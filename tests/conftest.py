@@ -18,7 +18,12 @@ import redis.exceptions
 from gateway.app import build_app
 from gateway.config import Config
 from gateway.mock.upstream import MockUpstream
+from middlewares.core import context
 from tests.support import UPSTREAM_KEY, Gateway, make_config
+
+# Wherever a handler sends the client's bytes on, every test proves they still make the body:
+# a stage that changed it in place without `body_changed(request)` fails its request (a 500).
+context.CHECK_CLIENT_BYTES = True
 
 
 @pytest.fixture

@@ -84,6 +84,7 @@ class RecordedRequest:
     body: dict
     connection: int = 0  # which TCP connection it came on (the client's port)
     header_lines: list[tuple[str, str]] = field(default_factory=list)  # (lower-cased name, value), as sent
+    raw: bytes = b""  # the body's bytes, as sent
 
 
 # fast=True: the reply to each model, as (content blocks, streamed?, seconds between deltas).
@@ -349,6 +350,7 @@ class MockUpstream:
                 header_lines=header_lines,
                 body=body if isinstance(body, dict) else {},
                 connection=peer[1] if peer else 0,
+                raw=raw,
             )
         )
 

@@ -10,8 +10,9 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import orjson
 from aiohttp import web
 
 from middlewares.core.protocols import ModelSpec
@@ -35,10 +36,32 @@ def key_name(key: web.RequestKey) -> str:
 # The parsed JSON body, a dict. size_limit sets it; the translator replaces the OpenAI request
 # with the Anthropic one; the proxy handler sends it, and takes it away once an answer has begun
 # (a prompt is not held while its answer streams), so a stage reads it before calling on. A
-# foreign handler reads it here.
+# foreign handler reads it here. A stage that changes it in place calls `body_changed` first
+# (CLIENT_BYTES, below).
 BODY = _key("body", dict[str, Any])
 # The size of the request body in bytes, set by size_limit.
 BODY_BYTES = _key("body_bytes", int)
+
+
+class ClientBytes(NamedTuple):
+    """The bytes the client sent (decoded), and the very dict size_limit parsed them into."""
+
+    body: dict[str, Any]
+    data: bytes
+
+
+# The body as the client sent it, set by size_limit beside BODY, so that a handler can send the
+# client's own bytes on (same whitespace, key order and escapes) rather than encode the body
+# again; read it with `client_bytes(request)`, never directly. The contract, for every stage
+# here and any other app's middleware: the bytes stand for BODY only while nothing has changed
+# it. A stage that changes BODY's contents in place (adds, removes or replaces anything in it,
+# at any depth) calls `body_changed(request)` before it does. Replacing BODY by another dict
+# (the translators) is safe without it, since the bytes are tied to the dict they were parsed
+# into and `client_bytes` gives none for another; calling it frees them sooner. A stage that
+# changes the body in place and forgets is loud wherever `CHECK_CLIENT_BYTES` is on (the test
+# suite turns it on): `client_bytes` then parses the bytes again and raises `StaleClientBytes`
+# when they no longer make the body.
+CLIENT_BYTES = _key("client_bytes", ClientBytes)
 # The caller's key, set by auth.
 API_KEY = _key("api_key", KeyRecord)
 # The model the request asks for, resolved once, by limits.
@@ -64,6 +87,33 @@ ANSWERED_MODEL = _key("answered_model", ModelSpec)
 DEPLOYMENT = _key("deployment", str)
 # The request's ledger row, set by billing once it is recorded (for the app's logs and metrics).
 LEDGER_ROW = _key("ledger_row", LedgerRow)
+
+
+# Whether `client_bytes` proves the bytes it gives still make the body (a second parse and a
+# deep comparison: several times what encoding the body costs). On in the tests, off in service.
+CHECK_CLIENT_BYTES = False
+
+
+class StaleClientBytes(RuntimeError):
+    """A stage changed `request[BODY]` in place without calling `body_changed(request)`."""
+
+
+def body_changed(request: web.Request) -> None:
+    """What a stage calls before it changes `request[BODY]`'s contents in place: the client's
+    bytes (`CLIENT_BYTES`) no longer stand for the body, and are let go."""
+    request.pop(CLIENT_BYTES, None)
+
+
+def client_bytes(request: web.Request) -> bytes | None:
+    """`request[BODY]`'s bytes as the client sent them, when nothing has changed it since
+    size_limit parsed them (no stage called `body_changed`, and BODY is still the dict they were
+    parsed into); None otherwise, and the body is to be encoded again."""
+    kept = request.get(CLIENT_BYTES)
+    if kept is None or kept.body is not request.get(BODY):
+        return None
+    if CHECK_CLIENT_BYTES and orjson.loads(kept.data) != kept.body:
+        raise StaleClientBytes("request[BODY] was changed in place without body_changed(request)")
+    return kept.data
 
 
 def request_id(request: web.Request) -> str:

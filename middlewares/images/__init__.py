@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import API_KEY, BODY
+from middlewares.core.context import API_KEY, BODY, body_changed
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, split_data_url
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
@@ -125,6 +125,7 @@ def images_middleware(
                 if not fetcher.open:
                     log.error("images_middleware: its cleanup_ctx is not in the app's cleanup_ctx")
                     raise GatewayError(500, "The image fetcher is not running.", type="server_error")
+                body_changed(request)  # the downloads go in place of the URLs
                 key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
                 async with keys.gate(key.id if key is not None else None) as key_gate:
                     await _inline(parts, fetcher, concurrent_downloads, key_gate, on_download)
