@@ -28,7 +28,7 @@ from aiohttp import web
 from middlewares.core.chain import stage
 from middlewares.core.context import API_KEY, BODY, body_changed
 from middlewares.core.errors import GatewayError, invalid_request
-from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, split_data_url
+from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, b64encode_str, split_data_url
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
 from middlewares.images.sniff import image_type
@@ -193,7 +193,7 @@ def _image_parts(body: dict[str, Any]) -> Iterator[Download]:
 
 
 def _put_data_url(image: dict[str, Any], media_type: str, data: bytes) -> None:
-    image["url"] = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+    image["url"] = f"data:{media_type};base64,{b64encode_str(data)}"
 
 
 def _anthropic_sources(body: dict[str, Any]) -> Iterator[Download]:
@@ -233,7 +233,7 @@ def _url_source(block: dict[str, Any], kind: str, path: Callable[[], str]) -> Do
 
 
 def _put_base64_source(block: dict[str, Any], media_type: str, data: bytes) -> None:
-    block["source"] = {"type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode()}
+    block["source"] = {"type": "base64", "media_type": media_type, "data": b64encode_str(data)}
 
 
 def _responses_images(body: dict[str, Any]) -> Iterator[Download]:
@@ -261,7 +261,7 @@ def _responses_images(body: dict[str, Any]) -> Iterator[Download]:
 
 
 def _put_image_url(part: dict[str, Any], media_type: str, data: bytes) -> None:
-    part["image_url"] = f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+    part["image_url"] = f"data:{media_type};base64,{b64encode_str(data)}"
 
 
 _SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources, "responses": _responses_images}
