@@ -1,13 +1,15 @@
 """The benchmark suite: the gateway side by side with a pass-through floor, in one run.
 
-Starts the fast mock upstream, the floor (bench/passthrough.py) and the gateway
-(`ezat-gateway serve --config …`), each in its own process; drives them in turns (A, B, A, B)
-with a load generator in a process of its own; reports medians and the gateway's ratios to
-the floor as Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
+Starts the fast mock upstream, the floor (bench/passthrough.py), the gateway (`ezat-gateway
+serve --config …`) on each route the scenarios' clients use, and the peers (bench/peers.py),
+each in its own process; drives each scenario's systems in turns (A, B, C, A, B, C) with a load
+generator in a process of its own; reports medians and every system's ratios to the floor as
+Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
 bench/README.md explains the method and every figure.
 
-    python bench/run.py                      # the whole suite (about 10 minutes on 2 cores)
-    python bench/run.py --quick              # a smaller one (about a minute)
+    python bench/run.py                      # the whole suite, the peers beside (about 30 minutes on 2 cores)
+    python bench/run.py --quick              # a smaller one (a few minutes)
+    python bench/run.py --no-peers           # without LiteLLM and Portkey
     python bench/run.py --profile stream50,nonstream   # py-spy flame graphs of the gateway
     python bench/run.py --profile stream50 --profile-route responses   # on another of its routes
 """
