@@ -143,6 +143,7 @@ class Stages(NamedTuple):
 
     auth: Callable
     size_limit: Callable
+    native_size_limit: Callable  # keeps the client's bytes, which the Messages route may send on
     bounds: Callable
     limits: Callable[..., Callable]
     images: Callable
@@ -172,6 +173,9 @@ def make_stages(config: Config, services: Services, *, key_cache_seconds: float,
     return Stages(
         auth=auth_middleware(find_key=services.store.find_key, cache_seconds=key_cache_seconds),
         size_limit=size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
+        native_size_limit=size_limit_middleware(
+            body_timeout=config.server.body_timeout_seconds, keep_client_bytes=True
+        ),
         bounds=bounds_middleware(**dataclasses.asdict(config.bounds)),  # [bounds]' keys are the stage's
         limits=partial(
             limits_middleware,
@@ -232,7 +236,7 @@ def messages_chain(stages: Stages) -> list[Callable]:
     """Anthropic's Messages API: the same chain, with no refusals or translator (docs/api.md)."""
     return [
         stages.auth,
-        stages.size_limit,
+        stages.native_size_limit,
         stages.bounds,
         stages.limits(api="anthropic"),
         stages.anthropic_images,
@@ -246,7 +250,7 @@ def count_tokens_chain(stages: Stages) -> list[Callable]:
     """Anthropic's count_tokens: admission that reserves nothing (a count costs nothing), and no billing."""
     return [
         stages.auth,
-        stages.size_limit,
+        stages.native_size_limit,
         stages.bounds,
         stages.limits(api="anthropic", reserve=False),
         stages.anthropic_images,

@@ -28,15 +28,19 @@ ENCODINGS = ("identity", "gzip", "deflate")
 DEFAULT_BODY_TIMEOUT = 60.0
 
 
-def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT):
+def size_limit_middleware(
+    *, max_bytes: int = MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT, keep_client_bytes: bool = False
+):
     """A body declared (Content-Length) or found (chunked, or once decoded) to be over
     `max_bytes` gets 413 `request_too_large`, unread past that point; one whose Content-Encoding
     is not identity, gzip or deflate gets 415, unread; one that does not decode gets 400, and one
     that has not all arrived `body_timeout` seconds after the stage began to read it gets 408 and
     its connection closed. One that is not a JSON object gets 400. Otherwise the parsed object is
-    `request[BODY]`, its decoded size in bytes `request[BODY_BYTES]`, and its decoded bytes,
-    tied to it, `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while nothing has
-    changed the body)."""
+    `request[BODY]` and its decoded size in bytes `request[BODY_BYTES]`; with
+    `keep_client_bytes`, for a handler that can send them on (the Messages route's), its decoded
+    bytes too, tied to it, `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while
+    nothing has changed the body). Otherwise they are let go once parsed: a body may be large,
+    and a request may run long."""
     if not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError("size_limit_middleware: max_bytes must be a positive integer")
     if (
@@ -78,7 +82,7 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
             decoder.end()
         return b"".join(parts)
 
-    @stage("size_limit", provides=(BODY, BODY_BYTES, CLIENT_BYTES))
+    @stage("size_limit", provides=(BODY, BODY_BYTES, CLIENT_BYTES) if keep_client_bytes else (BODY, BODY_BYTES))
     async def size_limit(request: web.Request, handler) -> web.StreamResponse:
         encoding = "identity"
         try:
@@ -104,9 +108,10 @@ def size_limit_middleware(*, max_bytes: int = MAX_BODY_BYTES, body_timeout: floa
             raise invalid_request("The request body must be a JSON object.")
         request[BODY] = body
         request[BODY_BYTES] = len(raw)
-        # Held as long as the body is, no longer: the stage that changes the body lets them go,
-        # and the proxy with the body once an answer has begun.
-        request[CLIENT_BYTES] = ClientBytes(body, raw)
+        if keep_client_bytes:
+            # Held as long as the body is, no longer: the stage that changes the body lets them
+            # go, and the proxy with the body once an answer has begun.
+            request[CLIENT_BYTES] = ClientBytes(body, raw)
         del raw
         return await handler(request)
 

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import ImagesConfig
-from gateway.mock.upstream import Scenario
+from gateway.mock.upstream import RecordedRequest, Scenario
 from middlewares.core.context import BODY, body_changed, client_bytes
 from middlewares.size_limit import size_limit_middleware
 from tests.support import KEY, MODEL, UPSTREAM_MODEL, make_config, served
@@ -192,56 +192,58 @@ async def test_inlined_images_over_32_mb_are_still_a_413(start_gateway, upstream
     assert upstream.requests == []
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
-async def test_a_fallback_with_another_upstream_id_gets_its_own_terms(start_gateway, upstream, stream):
-    """The asked model's one deployment fails; test/small (upstream id small-1, 4,096 tokens at
-    most) answers. Each attempt names its own model; the fallback's max_tokens is clamped."""
+async def fallback_attempts(start_gateway, upstream, raw: bytes) -> tuple[dict, RecordedRequest, RecordedRequest]:
+    """`raw` sent to a gateway whose asked model's one deployment fails (529) and whose fallback
+    is test/small (upstream id small-1, 4,096 tokens at most, no sampling): (the request asked,
+    without `models`; the first attempt; the fallback's), each attempt's bytes its body encoded."""
     gateway = await start_gateway(same_model_config(upstream.url))
     upstream.enqueue(Scenario(status=529, error_message="Overloaded"))
-    raw = odd(stream=stream, extra=b' "models":["test/small"],').replace(b'"max_tokens":  64', b'"max_tokens":  9000')
     status, answer = await send(gateway, raw)
     assert status == 200, answer
     first, fallback = upstream.requests
+    assert first.raw == orjson.dumps(first.body) and fallback.raw == orjson.dumps(fallback.body)
     asked = orjson.loads(raw)
     del asked["models"]
+    return asked, first, fallback
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
+async def test_a_fallback_with_another_upstream_id_gets_its_own_terms(start_gateway, upstream, stream):
+    """Each attempt names its own model; the fallback's max_tokens is clamped."""
+    raw = odd(stream=stream, extra=b' "models":["test/small"],').replace(b'"max_tokens":  64', b'"max_tokens":  9000')
+    asked, first, fallback = await fallback_attempts(start_gateway, upstream, raw)
     assert first.body == asked
     assert fallback.body == {**asked, "model": "small-1", "max_tokens": 4096}
-    assert first.raw == orjson.dumps(first.body) and fallback.raw == orjson.dumps(fallback.body)
 
 
 async def test_a_fallback_without_sampling_gets_none(start_gateway, upstream):
-    """A fallback that takes no sampling (test/small) is sent the request without its
-    temperature; the asked model's attempt keeps it."""
-    gateway = await start_gateway(same_model_config(upstream.url))
-    upstream.enqueue(Scenario(status=529, error_message="Overloaded"))
+    """A fallback that takes no sampling is sent the request without its temperature; the asked
+    model's attempt keeps it."""
     raw = odd(extra=b' "models":["test/small"], "temperature": 0.5,')
-    status, answer = await send(gateway, raw)
-    assert status == 200, answer
-    first, fallback = upstream.requests
-    asked = orjson.loads(raw)
-    del asked["models"]
+    asked, first, fallback = await fallback_attempts(start_gateway, upstream, raw)
     assert first.body == asked
-    without_sampling = {k: v for k, v in asked.items() if k != "temperature"}  # test/small takes none
+    without_sampling = {k: v for k, v in asked.items() if k != "temperature"}
     assert fallback.body == {**without_sampling, "model": "small-1"}
 
 
 # --- The contract, broken: loud where it is checked, and safe where a body is replaced ------------
 
 
-async def stage_app(upstream_stage) -> tuple[web.AppRunner, str]:
-    """size_limit, then `upstream_stage`, then a handler that answers with `client_bytes`."""
+async def stage_app(upstream_stage, keep: bool = True) -> tuple[web.AppRunner, str]:
+    """size_limit (keeping the client's bytes, or not), then `upstream_stage`, then a handler
+    that answers with `client_bytes`."""
 
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=client_bytes(request) or b"none")
 
-    app = web.Application(middlewares=[size_limit_middleware(), web.middleware(upstream_stage)])
+    app = web.Application(middlewares=[size_limit_middleware(keep_client_bytes=keep), web.middleware(upstream_stage)])
     app.router.add_post("/", handler)
     return await served(app)
 
 
 @pytest.mark.parametrize(
     "change",
-    ["nothing", "in place, said", "in place, unsaid", "replaced", "replaced by an equal dict"],
+    ["nothing", "not kept", "in place, said", "in place, unsaid", "replaced", "replaced by an equal dict"],
 )
 async def test_what_a_stage_does_to_the_body_decides_the_bytes(change):
     raw = b'{"a" : [1, {"b": "\\u00e9"}]}'
@@ -259,7 +261,7 @@ async def test_what_a_stage_does_to_the_body_decides_the_bytes(change):
             request[BODY] = orjson.loads(raw)
         return await handler(request)
 
-    runner, url = await stage_app(changing)
+    runner, url = await stage_app(changing, keep=change != "not kept")
     try:
         async with aiohttp.ClientSession() as http, http.post(url, data=raw) as response:
             status, answer = response.status, await response.read()
@@ -267,6 +269,7 @@ async def test_what_a_stage_does_to_the_body_decides_the_bytes(change):
         await runner.cleanup()
     expected = {
         "nothing": (200, raw),
+        "not kept": (200, b"none"),  # size_limit's default: a route that never sends them on
         "in place, said": (200, b"none"),
         "in place, unsaid": (500, None),  # StaleClientBytes: loud, not stale bytes upstream
         "replaced": (200, b"none"),

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, CONVERSATION, MODEL, body_changed, request_id
+from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, CONVERSATION, MODEL, request_id
 from middlewares.core.errors import invalid_request
 from middlewares.core.protocols import ResponseStore
 from middlewares.core.reply import Batch, EventStreamReply, MessageReply
@@ -105,7 +105,6 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
             previous=previous,
             referenced=referenced,
         )
-        body_changed(request)  # the Responses request's bytes are of no use now
         kept = None
         if keeps(body) and store is not None:
             # The stages after this one mark cache breakpoints on these blocks: a continuation

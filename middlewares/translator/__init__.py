@@ -8,7 +8,7 @@ import time
 from aiohttp import web
 
 from middlewares.core.chain import stage
-from middlewares.core.context import ANSWERED_MODEL, BODY, MODEL, body_changed, request_id
+from middlewares.core.context import ANSWERED_MODEL, BODY, MODEL, request_id
 from middlewares.core.errors import invalid_request
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.translator.request import to_anthropic
@@ -39,7 +39,6 @@ def translator_middleware():
         asked = request[MODEL]
         sent = body.get("model")
         request[BODY], renamed = to_anthropic(body, asked)
-        body_changed(request)  # the OpenAI request's bytes are of no use now
 
         reply = await handler(request)
         answered = request.get(ANSWERED_MODEL, asked)
