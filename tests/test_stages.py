@@ -450,8 +450,9 @@ STAGES = [
 ]
 # What a stage may import besides the core and its own package.
 ALLOWED_OUTSIDE = {"aiohttp", "orjson", "yarl"}
-# And what one stage needs alone: the Responses API's sealing of reasoning, AES-GCM.
-ALLOWED_FOR = {"responses": {"cryptography"}}
+# And what one stage needs alone: the Responses API's sealing of reasoning, AES-GCM; the images
+# stage's base64 of what it downloads.
+ALLOWED_FOR = {"responses": {"cryptography"}, "images": {"pybase64"}}
 
 
 def imports_of(path: Path) -> set[str]:
