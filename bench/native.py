@@ -42,7 +42,7 @@ from types import SimpleNamespace
 
 from drive import check, driver, in_turns, round_seconds
 from environment import ensure_wrk, log, machine
-from scenarios import SCENARIOS, floor_requests, request_body, upstream_requests
+from scenarios import ROUTE_OF_API, SCENARIOS, floor_requests, request_body, upstream_requests
 from systems import (
     BENCH,
     GATEWAY_ROUTES,
@@ -125,15 +125,22 @@ def compare(
     models = [s.model for s in scenarios]
     mock = mock_system().start(workdir)
     started = [mock]
-    images = None
-    if any(s.images for s in scenarios):
-        images = images_system().start(workdir)
-        started.append(images)
-    images_at = f"http://127.0.0.1:{images.port}" if images else ""
-    # Every route must ask the upstream what the floor does, or their figures compare different work.
-    config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
-    sent = asyncio.run(upstream_requests(config, scenarios, tuple(routes), images_at))
-    floor_bodies, differences = floor_requests(sent, scenarios)
+    try:
+        images = None
+        if any(s.images for s in scenarios):
+            images = images_system().start(workdir)
+            started.append(images)
+        images_at = f"http://127.0.0.1:{images.port}" if images else ""
+        # Every route must ask the upstream what the floor does, or their figures compare different
+        # work; a captured scenario's floor request comes from its own route, driven or not.
+        config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
+        own = [ROUTE_OF_API[s.apis[0]] for s in scenarios if s.captured]
+        sent = asyncio.run(upstream_requests(config, scenarios, tuple(dict.fromkeys([*routes, *own])), images_at))
+        floor_bodies, differences = floor_requests(sent, scenarios)
+    except BaseException:
+        for system in reversed(started):
+            system.stop()
+        raise
     for difference in differences:
         log(f"WARNING: the floor's request differs from what the gateway sends upstream: {difference}")
     upstream = f"http://127.0.0.1:{mock.port}"

@@ -7,7 +7,7 @@ generator in a process of its own; reports medians and every system's ratios to 
 Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
 bench/README.md explains the method and every figure.
 
-    python bench/run.py                      # the whole suite, the peers beside (about 30 minutes on 2 cores)
+    python bench/run.py                      # the whole suite, the peers beside
     python bench/run.py --quick              # a smaller one (a few minutes)
     python bench/run.py --no-peers           # without LiteLLM and Portkey
     python bench/run.py --profile stream50,nonstream   # py-spy flame graphs of the gateway
@@ -84,10 +84,11 @@ def write_bodies(workdir: Path, plan: dict[str, list], floor: dict[str, bytes], 
 def scenario_systems(scenario: Scenario, floor: System, gateways: dict[str, System], peer_systems: list) -> list:
     """Who drives a scenario: the floor, ezat's gateway on the route its clients use, and the peers
     when its clients speak Chat Completions (the route the peers translate) and they do its work."""
+    route = ROUTE_OF_API[scenario.apis[0]]
     peer_systems = [
-        p for p in peer_systems if "openai" in scenario.apis and (not scenario.images or p.name in peers.FETCHES_IMAGES)
+        p for p in peer_systems if route == "openai" and (not scenario.images or p.name in peers.FETCHES_IMAGES)
     ]
-    return [floor, gateways[ROUTE_OF_API[scenario.apis[0]]], *peer_systems]
+    return [floor, gateways[route], *peer_systems]
 
 
 def _longer_rounds(cells: list[dict], duration: float) -> str:

@@ -63,7 +63,7 @@ SCENARIOS = {
             "bench-tool",
             True,
             True,
-            "an OpenAI SDK agent's fifth turn on the chat route: 20 KB (instructions, 5 tools, 4 rounds of tool"
+            "an OpenAI SDK agent's fifth turn on the chat route: 18 KB (instructions, 5 tools, 4 rounds of tool"
             " calls and their results), streamed back with usage: a line and a tool call",
             apis=("openai",),
             captured=True,
@@ -395,7 +395,7 @@ def codex_request(s: Scenario) -> bytes:
 def agent_loop_request(s: Scenario) -> bytes:
     """An OpenAI Agents SDK agent's fifth model call on the chat route: its instructions, 5 function
     tools, the user's question, and 4 rounds of a tool call and its result (a few KB of JSON
-    each). About 20 KB, streamed with `stream_options.include_usage` as the SDK asks for it."""
+    each). About 18 KB, streamed with `stream_options.include_usage` as the SDK asks for it."""
 
     def tool(name: str, about: str, properties: dict) -> dict:
         schema = {

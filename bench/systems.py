@@ -160,7 +160,11 @@ class System:
                 env=env or self.env,
                 start_new_session=True,
             )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # not left running behind a caller that goes on without it
+            raise
         return self
 
     def _wait_ready(self, timeout: float = 20.0) -> None:
