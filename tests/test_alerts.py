@@ -100,6 +100,14 @@ def alerting_config(upstream, storage_url: str, webhook: Webhook, **key_fields):
     return replace(config, keys=(key,), alerts=(alert,), storage=StorageConfig(url=storage_url))
 
 
+async def spend_half(gateway, upstream) -> None:
+    """One request the upstream bills 40,000 output tokens: $0.60, over half of a $1 budget and
+    under 80 % of it, so that exactly the 0.5 threshold is crossed."""
+    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
+    async with gateway.client() as client:
+        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+
+
 async def spend(client, times: int) -> None:
     for _ in range(times):
         await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
@@ -188,9 +196,7 @@ async def test_a_webhook_that_fails_is_tried_again(start_gateway, upstream, tmp_
     webhook = await webhook_started(failing=1)
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
     gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
-    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))  # $0.60: half, not 80 %
-    async with gateway.client() as client:
-        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    await spend_half(gateway, upstream)
     [alert] = await webhook.receive(1, within=10)  # the first attempt got a 500; the next, 2 s on, went through
     assert (alert["threshold"], alert["period"], alert["spent_usd"], alert["limit_usd"]) == (0.5, None, "0.60", "1")
     assert "the webhook answered 500" in caplog.text
@@ -206,9 +212,7 @@ async def test_an_alert_not_delivered_within_a_day_is_given_up(start_gateway, up
     webhook = await webhook_started(failing=1_000)  # never answers but 500
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
     gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
-    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
-    async with gateway.client() as client:
-        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    await spend_half(gateway, upstream)
     assert await after_first_attempt(storage) == [(1, "the webhook answered 500", None)]
     with sqlite3.connect(tmp_path / "ezat.db") as db:  # as if it were recorded a day and a minute ago
         db.execute("UPDATE alerts SET created_at = '2000-01-01T00:00:00.000000Z'")
@@ -230,9 +234,7 @@ async def test_a_private_webhook_is_refused_unless_allowed(start_gateway, upstre
     config = alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1"))
     config = replace(config, alerts=(replace(config.alerts[0], allow_private_hosts=False),))
     gateway = await start_gateway(config)
-    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
-    async with gateway.client() as client:
-        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    await spend_half(gateway, upstream)
     [(attempts, error, delivered)] = await after_first_attempt(storage)
     assert (attempts, error, delivered) == (1, "127.0.0.1 is not a public address (allow_private_hosts is off)", None)
     assert webhook.received == []
@@ -244,9 +246,7 @@ async def test_a_webhooks_redirect_is_not_followed(start_gateway, upstream, tmp_
     webhook = await webhook_started(redirect=True)
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
     gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
-    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
-    async with gateway.client() as client:
-        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    await spend_half(gateway, upstream)
     assert await after_first_attempt(storage) == [(1, "the webhook answered 307", None)]
     assert webhook.received == []
     await webhook.stop()
@@ -259,9 +259,7 @@ async def test_an_organizations_balance_alerts_too(start_gateway, upstream, tmp_
     config = replace(config, organizations=(OrganizationConfig(name="acme", balance_usd=Decimal("1")),))
     config = replace(config, alerts=(replace(config.alerts[0], thresholds=(0.5,)),))
     gateway = await start_gateway(config)
-    upstream.enqueue(Scenario(usage={"input_tokens": 0, "output_tokens": 40_000}))
-    async with gateway.client() as client:
-        await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    await spend_half(gateway, upstream)
     [alert] = await webhook.receive(1)
     assert alert["about"] == {"kind": "organization", "id": alert["about"]["id"], "name": "acme"}
     assert (alert["threshold"], alert["spent_usd"], alert["limit_usd"]) == (0.5, "0.60", "1")

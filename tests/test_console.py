@@ -22,6 +22,7 @@ from gateway import administration
 from gateway.config import AdminConfig, AdminTokenConfig
 from gateway.storage import LedgerRow, open_store
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
+from tests.test_storage import row
 
 ROOT_TOKEN = "ezat-admin-console-root-token"
 VIEWER_TOKEN = "ezat-admin-console-viewer-token"
@@ -101,22 +102,7 @@ async def signed_in(gateway, token: str = ROOT_TOKEN) -> tuple[Browserless, str]
 
 
 def ledger_row(n: int, key_id: int, cost: str, finished: datetime, model: str = MODEL) -> LedgerRow:
-    return LedgerRow(
-        request_id=f"req_console_{n}",
-        key_id=key_id,
-        model=model,
-        answered_model=model,
-        deployment="primary",
-        input_tokens=1000,
-        cache_write_tokens=0,
-        cache_read_tokens=0,
-        output_tokens=200,
-        reasoning_tokens=0,
-        cost_usd=Decimal(cost),
-        outcome="complete",
-        started_at=finished - timedelta(seconds=2),
-        finished_at=finished,
-    )
+    return row(f"req_console_{n}", key_id, cost, finished, model=model, answered_model=model)
 
 
 async def in_store(storage_url: str, change):
