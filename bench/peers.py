@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from systems import BENCH, PYTHON, System, free_port
+from systems import BENCH, PYTHON, System, free_port, listening
 
 PEERS = ("litellm", "portkey")
 PEERS_DIR = BENCH / ".peers"
@@ -314,34 +314,13 @@ def peer_system(name: str, upstream_url: str, workdir: Path, models: list[str]) 
 
 
 def listening_addresses(system: System) -> set[str]:
-    """The local addresses the system's processes listen on (from /proc/net/tcp{,6}), to prove
-    it is on 127.0.0.1 only."""
-    inodes = {}
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        with open(table) as f:
-            for line in list(f)[1:]:
-                fields = line.split()
-                if fields[3] == "0A":
-                    address, port = fields[1].split(":")
-                    inodes[f"socket:[{fields[9]}]"] = f"{_address(address, width)}:{int(port, 16)}"
-    found = set()
-    for pid in system.pids():
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link in inodes:
-                    found.add(inodes[link])
-        except OSError:
-            pass
-    return found
+    """The "address:port" the system's processes listen on, to prove it is on 127.0.0.1 only."""
+    return {f"{address}:{port}" for sockets in listening(system.pids()).values() for address, port in sockets}
 
 
-def _address(hex_address: str, width: int) -> str:
-    raw = bytes.fromhex(hex_address)
-    if width == 8:
-        return ".".join(str(b) for b in raw[::-1])
-    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
-    return "[" + ":".join(b"".join(words).hex()[i : i + 4] for i in range(0, 32, 4)) + "]"
+def beyond_loopback(system: System) -> list[str]:
+    """What the system listens on other than 127.0.0.1: nothing, for a peer fit to run."""
+    return sorted(a for a in listening_addresses(system) if not a.startswith("127.0.0.1:"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,7 +412,7 @@ def main() -> int:
                 started.append(system)
                 addresses = sorted(listening_addresses(system))
                 print(f"{system.name}: listening on {', '.join(addresses)} (ready in {time.monotonic() - began:.1f} s)")
-                if any(not address.startswith("127.0.0.1:") for address in addresses):
+                if beyond_loopback(system):
                     failed = True
                     print(f"{system.name} FAILED: listens beyond 127.0.0.1")
             for system in systems:

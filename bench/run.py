@@ -418,8 +418,12 @@ def start_peers(args, upstream_url: str, workdir: Path, models: list[str], start
                 why = f"did not start: {str(exc)[:300]}"
             else:
                 started.append(system)
-                system.extra["version"] = peers.versions().get(name)
-                running.append(system)
+                if wide := peers.beyond_loopback(system):
+                    why = f"listens beyond 127.0.0.1 ({', '.join(wide)})"
+                    system.stop()
+                else:
+                    system.extra["version"] = peers.versions().get(name)
+                    running.append(system)
         if why is not None:
             args.peers_skipped[name] = f"skipped: {why}"
             log(f"peer {name} skipped: {why}")

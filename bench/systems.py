@@ -189,24 +189,7 @@ class System:
 
     def _listening(self) -> set[int]:
         """The processes of this system that have a socket listening on its port."""
-        inodes = set()
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            try:
-                with open(table) as f:
-                    for line in list(f)[1:]:
-                        fields = line.split()
-                        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == self.port:  # 0A: LISTEN
-                            inodes.add(f"socket:[{fields[9]}]")
-            except OSError:
-                pass
-        found = set()
-        for pid in self.pids():
-            try:
-                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                    found.add(pid)
-            except OSError:
-                pass
-        return found
+        return {pid for pid, sockets in listening(self.pids()).items() if any(p == self.port for _, p in sockets)}
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -217,6 +200,39 @@ class System:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def listening(pids: list[int]) -> dict[int, set[tuple[str, int]]]:
+    """For each of `pids`, the (address, port) of each socket it listens on, from
+    /proc/net/tcp and tcp6 (an IPv6 address in brackets)."""
+    sockets = {}
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            with open(table) as f:
+                for line in list(f)[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A":  # LISTEN
+                        address, port = fields[1].split(":")
+                        sockets[f"socket:[{fields[9]}]"] = (_address(address, width), int(port, 16))
+        except OSError:
+            pass
+    found = {}
+    for pid in pids:
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        found[pid] = {sockets[link] for link in links if link in sockets}
+    return found
+
+
+def _address(hex_address: str, width: int) -> str:
+    """/proc/net/tcp's address: IPv4 as four bytes little-endian, IPv6 as four such words."""
+    raw = bytes.fromhex(hex_address)
+    if width == 8:
+        return ".".join(str(b) for b in raw[::-1])
+    words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
+    return "[" + ":".join(b"".join(words).hex()[i : i + 4] for i in range(0, 32, 4)) + "]"
 
 
 def mock_system() -> System:
