@@ -179,7 +179,7 @@ class AdminHandlers:
 
     async def _key(self, request: web.Request) -> KeyRecord:
         key_id = request.match_info["id"]
-        found = next((key for key in await self.store.list_keys() if str(key.id) == key_id), None)
+        found = await administration.find_key(self.store, key_id)
         if found is None:
             raise administration.NotFound(f"no key numbered {key_id!r}")
         return found
@@ -357,6 +357,3 @@ def _ledger_row(row, names: dict[int, str]) -> dict[str, Any]:
         "started_at": row.started_at.isoformat(),
         "finished_at": row.finished_at.isoformat(),
     }
-
-
-# --- What comes in: each problem a 400 that names the field.

@@ -231,3 +231,17 @@ async def revoke_admin_token(store: Store, actor: str, ref: str) -> AdminTokenRe
     if revoked is None:
         raise NotFound(f"no admin token named or numbered {ref!r}")
     return revoked
+
+
+def row_id(value: str) -> int | None:
+    """A row's id as a path or a query gives it (ASCII digits, within the stores' 64 bits), else None."""
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) < 2**63:
+        return None
+    return int(value)
+
+
+async def find_key(store: Store, ref: str) -> KeyRecord | None:
+    """The key whose id `ref` names (as a path gives it), or None."""
+    key_id = row_id(ref)
+    found = await store.keys_by_id([key_id]) if key_id is not None else []
+    return found[0] if found else None

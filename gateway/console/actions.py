@@ -13,7 +13,7 @@ from gateway import administration
 from gateway.administration import AdminError
 from gateway.config import usd
 from gateway.console.html import page, text
-from gateway.console.pages import Pages, find_key, html
+from gateway.console.pages import Pages, html
 from gateway.console.sessions import Admin, Sessions
 from middlewares.core.periods import PERIODS
 
@@ -106,7 +106,7 @@ class Actions:
         )
 
     async def revoke_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        key = await find_key(self.store, request.match_info["id"])
+        key = await administration.find_key(self.store, request.match_info["id"])
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
@@ -117,7 +117,7 @@ class Actions:
         return see_other("/console/keys")
 
     async def rotate_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        key = await find_key(self.store, request.match_info["id"])
+        key = await administration.find_key(self.store, request.match_info["id"])
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:

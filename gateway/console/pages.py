@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import orjson
 from aiohttp import web
 
+from gateway.administration import find_key, row_id
 from gateway.console import numbers
 from gateway.console.html import button_form, csrf_field, page, table, text, usd
 from gateway.console.plots import budget_bar, spend_per_day
@@ -111,7 +112,7 @@ class Pages:
                 _key_link(key, str(key.id)),
                 _key_link(key, key.name or "(no name)"),
                 text(key.organization),
-                budget_bar(_budget_spent(key, now), key.spend_limit_usd),
+                budget_bar(key.spent_in_period(now), key.spend_limit_usd),
                 text(_period(key)),
                 text(_status(key, now)),
                 _key_buttons(key, admin) if admin.writes else "",
@@ -157,7 +158,7 @@ class Pages:
         settings = (
             ("organization", text(key.organization)),
             ("models it may use", text(", ".join(key.models))),
-            ("spend / budget", budget_bar(_budget_spent(key, now), key.spend_limit_usd)),
+            ("spend / budget", budget_bar(key.spent_in_period(now), key.spend_limit_usd)),
             ("budget period", text(_period(key))),
             ("spent in all", text(usd(key.spent_usd))),
             ("requests per minute", text(key.rpm or "no limit")),
@@ -250,20 +251,6 @@ class Pages:
         return self._page(admin, "Audit log", "".join(body), here="/console/audit")
 
 
-def row_id(value: str) -> int | None:
-    """A row's id as a path or a query gives it (ASCII digits, within the stores' 64 bits), else None."""
-    if not (value.isascii() and value.isdigit()) or not 0 < int(value) < 2**63:
-        return None
-    return int(value)
-
-
-async def find_key(store: Store, ref: str) -> KeyRecord | None:
-    key_id = row_id(ref)
-    if key_id is None:
-        return None
-    return next((key for key in await store.list_keys() if key.id == key_id), None)
-
-
 def _key_link(key: KeyRecord | None, label: str) -> str:
     if key is None:
         return text(label)
@@ -281,11 +268,6 @@ def _key_buttons(key: KeyRecord, admin: Admin) -> str:
     return button_form(f"/console/keys/{key.id}/rotate", "Rotate", admin.csrf) + button_form(
         f"/console/keys/{key.id}/revoke", "Revoke", admin.csrf, danger=True
     )
-
-
-def _budget_spent(key: KeyRecord, now: datetime):
-    """What counts against the key's spend limit now: this period's spend, or its whole."""
-    return key.spent_in_period(now)
 
 
 def _period(key: KeyRecord) -> str:
