@@ -136,13 +136,11 @@ class Alerts:
                 alert for organization in organizations for alert in self._organization_alerts(organization, now)
             ]
         claimed = False
-        for alert in alerts:
-            known = alert[:4]
-            if known not in self._recorded:
-                claimed |= await self._store.claim_alert(alert)
-                if len(self._recorded) >= MAX_REMEMBERED:
-                    self._recorded.clear()
-                self._recorded.add(known)
+        for alert in alerts:  # each one this process has not recorded yet (_crossed)
+            claimed |= await self._store.claim_alert(alert)
+            if len(self._recorded) >= MAX_REMEMBERED:
+                self._recorded.clear()
+            self._recorded.add(alert[:4])
         return claimed
 
     def _key_alerts(self, key: KeyRecord, now) -> list[Alert]:
@@ -185,11 +183,13 @@ class Alerts:
         self, subject: str, period: str, about: dict, spent: Decimal, counted: Decimal, limit: Decimal, what: dict, now
     ) -> list[Alert]:
         """The alerts of the thresholds `counted` (the spend, or the limit when it is used up)
-        has reached; their bodies say the spend as recorded."""
+        has reached, but for those this process has recorded already (a body is made only for an
+        alert that may be new); their bodies say the spend as recorded."""
         alerts = []
         for entry in self._entries:
             for threshold in entry.thresholds:
-                if counted >= limit * Decimal(str(threshold)):
+                known = (entry.webhook_url, subject, period, str(threshold))
+                if counted >= limit * Decimal(str(threshold)) and known not in self._recorded:
                     body: dict[str, Any] = {
                         "type": "ezat.spend_alert",
                         "threshold": threshold,
@@ -199,7 +199,7 @@ class Alerts:
                         **what,
                         "at": now.isoformat(),
                     }
-                    alerts.append(Alert(entry.webhook_url, subject, period, str(threshold), orjson.dumps(body)))
+                    alerts.append(Alert(*known, orjson.dumps(body)))
         return alerts
 
     # --- delivery
