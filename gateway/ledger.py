@@ -111,12 +111,16 @@ class Ledger:
                 _settle([entry], failed=False)
 
     def _committed(self, rows: list[LedgerRow], started: float) -> None:
+        # A count or a check that fails must not fail the rows, which are written, nor the other.
         try:
             self._metrics.committed(rows, time.monotonic() - started)
-            if self._on_commit is not None:
+        except Exception:
+            log.exception("the ledger's metrics failed")
+        if self._on_commit is not None:
+            try:
                 self._on_commit(rows)
-        except Exception:  # a count or a check that failed must not fail the rows, which are written
-            log.exception("what follows the ledger's commit failed")
+            except Exception:
+                log.exception("what follows the ledger's commit failed")
 
 
 def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:
