@@ -53,7 +53,7 @@ from gateway.storage.schema import (
     RESPONSE_COLUMNS,
     SWEEP_BATCH,
 )
-from middlewares.core.periods import PERIODS, period_start
+from middlewares.core.periods import current_starts, still_current
 
 log = logging.getLogger("ezat.storage")
 
@@ -697,16 +697,14 @@ async def _restart_period(db, key_id: int, period: str | None) -> None:
 
 
 def _period_starts() -> dict[str, date]:
-    """Each budget period's current one, by its first day."""
-    now = clock.now()
-    return {period: period_start(period, now) for period in PERIODS}
+    return current_starts(clock.now())
 
 
 def _counted(spent: Decimal, period: str | None, started: date | None, period_spent: Decimal, starts) -> Decimal:
     """What counts against a key's spend limit: its whole spend, or its current period's."""
     if period is None:
         return spent
-    return period_spent if started is not None and started >= starts[period] else Decimal(0)
+    return period_spent if still_current(started, starts[period]) else Decimal(0)
 
 
 def _key_values(name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent, budget_period) -> tuple:

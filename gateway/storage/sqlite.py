@@ -76,6 +76,7 @@ from gateway.storage.schema import (
     SQLITE,
     SWEEP_BATCH,
 )
+from middlewares.core.periods import still_current
 
 log = logging.getLogger("ezat.storage")
 # Writes on the event loop between two checkpoints of the WAL into the file: a few pages each
@@ -940,9 +941,7 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
             db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(spent) + cost), key_id))
         else:
             start = (starts or (starts := reservations.period_starts()))[period]
-            # A new period starts at 0. One a process whose clock is ahead began already is this one,
-            # and never goes back (clocks differ by a moment at a period's turn).
-            if started is not None and started >= start:
+            if still_current(started, start):  # else a new period, which starts at 0
                 period_spent, start = Decimal(period_spent) + cost, started
             else:
                 period_spent = cost

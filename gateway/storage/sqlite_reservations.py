@@ -14,7 +14,7 @@ from decimal import ROUND_CEILING, Decimal
 
 from gateway import clock
 from gateway.storage.records import Hold, Shortfall, take
-from middlewares.core.periods import PERIODS, period_start
+from middlewares.core.periods import current_starts, still_current
 
 log = logging.getLogger("ezat.storage")
 
@@ -37,6 +37,7 @@ def hold(
     drop(db, releases)
     if sweep_at is not None:
         sweep(db, sweep_at)
+    starts = period_starts()
 
     def key_left(hold: Hold) -> Decimal:
         row = db.execute(
@@ -47,7 +48,7 @@ def hold(
             return hold.limit
         spent, reserved, period, started, period_spent = row
         if period is not None:  # the current period's spend counts, not the key's whole
-            spent = period_spent if started is not None and started >= period_starts()[period] else 0
+            spent = period_spent if still_current(started, starts[period]) else 0
         return hold.limit - Decimal(spent) - _usd(reserved)
 
     def organization_left(hold: Hold) -> Decimal:
@@ -80,8 +81,7 @@ def hold(
 
 def period_starts() -> dict[str, str]:
     """Each budget period's current one, by its first day as the file keeps it."""
-    now = clock.now()
-    return {period: period_start(period, now).isoformat() for period in PERIODS}
+    return {period: start.isoformat() for period, start in current_starts(clock.now()).items()}
 
 
 def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:

@@ -22,6 +22,19 @@ def period_start(period: str, now: datetime) -> date:
     raise ValueError(f"unknown budget period {period!r}")
 
 
+def current_starts(now: datetime) -> dict[str, date]:
+    """Each period's current one at `now`, by its first day."""
+    return {period: period_start(period, now) for period in PERIODS}
+
+
+def still_current(started, current) -> bool:
+    """Whether the spend a key recorded for the period begun on `started` (None: none yet)
+    counts in the one begun on `current` (both dates, or both ISO text, as a store keeps them).
+    It does unless it is an earlier period's: a period that a process whose clock is a moment
+    ahead has begun already is this one, and never goes back."""
+    return started is not None and started >= current
+
+
 def next_start(period: str, now: datetime) -> date:
     """The first day of the next period: when what the current one has spent is forgotten."""
     start = period_start(period, now)

@@ -11,7 +11,7 @@ from decimal import Decimal
 from fnmatch import fnmatchcase
 from typing import Literal, NamedTuple
 
-from middlewares.core.periods import period_start
+from middlewares.core.periods import period_start, still_current
 
 Outcome = Literal["complete", "client_closed"]
 
@@ -55,7 +55,7 @@ class KeyRecord:
         if self.budget_period is None:
             return self.spent_usd
         current = period_start(self.budget_period, now)
-        return self.period_spent_usd if self.period_start is not None and self.period_start >= current else Decimal(0)
+        return self.period_spent_usd if still_current(self.period_start, current) else Decimal(0)
 
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
