@@ -185,3 +185,22 @@ async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_u
     assert (key.budget_period, key.spent_in_period(clock.now())) == ("month", Decimal("0.25"))
     await store.sync_config_keys([replace(daily, budget_period=None)])
     assert (await store.find_key(digest)).spent_in_period(clock.now()) == Decimal("0.25")  # lifetime
+
+
+async def test_a_period_begun_by_a_clock_ahead_does_not_go_back(store_url, opened, monkeypatch):
+    """Replicas' clocks differ by a moment at a period's turn: a row billed by one already in
+    the new month, then one by another still in the old, both count in the new month, which a
+    key's spend never leaves again."""
+    store = await opened(store_url)
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    monthly = KeyConfig(name="turning", key_sha256=digest, spend_limit_usd=Decimal("1"), budget_period="month")
+    await store.sync_config_keys([monthly])
+    key = await store.find_key(digest)
+    monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:01Z")  # the replica a moment ahead
+    await store.write_ledger([row("req-ahead", key.id, "0.10")])
+    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:59:59Z")  # the one a moment behind
+    await store.write_ledger([row("req-behind", key.id, "0.20")])
+    key = await store.find_key(digest)
+    assert (key.period_start, key.period_spent_usd) == (date(2027, 1, 1), Decimal("0.30"))
+    monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:02Z")
+    assert key.spent_in_period(clock.now()) == Decimal("0.30")
