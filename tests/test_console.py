@@ -378,6 +378,13 @@ async def test_the_console_in_a_browser(gateway, storage_url, chromium):
                 for bar in await bars.all()
             }
             assert Decimal(costs_drawn[(NOW - timedelta(days=4, hours=1)).date().isoformat()]) == Decimal("0.75")
+            # The plot's numbers are the API's: each day drawn costs what /admin/v1/usage says it did.
+            async with aiohttp.ClientSession() as http:
+                async with http.get(
+                    gateway.url + "/admin/v1/usage?group_by=day", headers={"Authorization": f"Bearer {ROOT_TOKEN}"}
+                ) as response:
+                    by_day = {r["day"]: Decimal(r["cost_usd"]) for r in (await response.json())["data"]}
+            assert {day: Decimal(cost) for day, cost in costs_drawn.items()} == {d: by_day[d] for d in spent_days}
             # The stylesheet applies (its hash is in the policy): the bars are its blue.
             assert await bars.first.evaluate("bar => getComputedStyle(bar).fill") == "rgb(62, 111, 216)"
             assert "$4.80" in await page.locator(".figures").inner_text()  # this month: November's four days
