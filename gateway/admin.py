@@ -6,10 +6,7 @@ reading the ledger and the audit log."""
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
-from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -22,7 +19,8 @@ import orjson
 from gateway import administration, clock
 from gateway.administration import AdminError
 from gateway.config import MAX_PER_MINUTE, usd
-from gateway.storage import AdminTokenRecord, KeyRecord, LedgerRow, OrganizationRecord, Store, open_store
+from gateway.storage import AdminTokenRecord, KeyRecord, OrganizationRecord, Store, open_store
+from gateway.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json
 from middlewares.core.periods import PERIODS
 
 
@@ -302,16 +300,14 @@ async def usage(
     until: datetime | None = None,
     format: str,
 ) -> str:
-    """The usage report `ezat-gateway usage` prints and `GET /admin/v1/usage` answers: the same
-    rows, the same groups, the same field names."""
-    keys = await store.list_keys()
-    rows = await store.ledger(key_id=key_id, since=since, until=until)
-    if by in ("org", "organization"):
-        names = {key.id: key.organization for key in keys}
-    else:
-        shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
-        names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys}
-    return usage_report(rows, names, by=by, format=format)
+    """The usage report as `ezat-gateway usage` prints it (gateway/usage.py: the admin API and
+    the console add up the same groups)."""
+    groups = await usage_for(store, by=by, key_id=key_id, since=since, until=until)
+    if format == "json":
+        return usage_json(groups)
+    if format == "csv":
+        return usage_csv(groups, by)
+    return _table([by, *USAGE_COLUMNS], [list(group.values()) for group in groups])
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -500,54 +496,6 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
         key.budget_period,
         key.spent_in_period(clock.now()) if key.budget_period else None,
     ]
-
-
-# The requests, then the ledger's columns of the same names, added up.
-USAGE_COLUMNS = [
-    "requests",
-    "input_tokens",
-    "cache_write_tokens",
-    "cache_write_1h_tokens",
-    "cache_read_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "cost_usd",
-]
-
-
-USAGE_GROUPS = ("day", "model", "key", "org", "organization", "session")
-
-
-def usage_report(rows: list[LedgerRow], key_names: dict[int, str], *, by: str, format: str) -> str:
-    """The rows added up by `by` (its name the group's column: "org" and "organization" group
-    alike). By session, requests that named no conversation are one group, None (an empty
-    cell; null in JSON), last."""
-    groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
-    for row in rows:
-        group = {
-            "day": row.finished_at.date().isoformat(),
-            "model": row.answered_model,
-            "key": key_names.get(row.key_id, str(row.key_id)),
-            "org": key_names.get(row.key_id, "default"),
-            "organization": key_names.get(row.key_id, "default"),
-            "session": row.session,
-        }[by]
-        totals = groups[group]
-        for i, value in enumerate((1, *(getattr(row, column) for column in USAGE_COLUMNS[1:]))):
-            totals[i] += value
-    header = [by, *USAGE_COLUMNS]
-    ordered = sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or ""))
-    lines = [[group, *totals] for group, totals in ordered]
-    if format == "json":
-        return (
-            orjson.dumps([dict(zip(header, line)) for line in lines], default=str, option=orjson.OPT_INDENT_2).decode()
-            + "\n"
-        )
-    if format == "csv":
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows([header, *lines])
-        return out.getvalue()
-    return _table(header, lines)
 
 
 def _table(header: list[str], lines: list[list[Any]]) -> str:

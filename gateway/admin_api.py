@@ -22,13 +22,13 @@ import orjson
 from aiohttp import web
 
 from gateway import admin_input, administration
-from gateway.admin import usage
 from gateway.admin_openapi import OPENAPI
 from gateway.admin_tokens import AdminTokens, FailedAttempts, Holder
 from gateway.administration import AdminError
 from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
+from gateway.usage import usage_csv, usage_for
 from middlewares.auth import presented_key
 from middlewares.core.errors import GatewayError
 
@@ -280,15 +280,15 @@ class AdminHandlers:
             raise administration.Invalid("format: expected json or csv")
         since, until = admin_input.moment_param(query, "since"), admin_input.moment_param(query, "until")
         key_id = admin_input.int_param(query, "key_id", 1, 2**63 - 1)
-        text = await usage(self.store, by=group_by, key_id=key_id, since=since, until=until, format=output)
+        groups = await usage_for(self.store, by=group_by, key_id=key_id, since=since, until=until)
         if output == "csv":
-            return web.Response(text=text, content_type="text/csv")
+            return web.Response(text=usage_csv(groups, group_by), content_type="text/csv")
         return _json(
             {
                 "group_by": group_by,
                 "since": since.isoformat() if since else None,
                 "until": until.isoformat() if until else None,
-                "data": orjson.loads(text),
+                "data": groups,
             }
         )
 
@@ -326,7 +326,8 @@ class AdminHandlers:
 
 
 def _json(value: Any, *, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
+    # Amounts of USD go out as exact decimal strings (Decimal, by str).
+    return web.Response(body=orjson.dumps(value, default=str), status=status, content_type="application/json")
 
 
 def _key(key: KeyRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:

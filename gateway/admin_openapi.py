@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.admin import USAGE_COLUMNS
+from gateway.usage import USAGE_COLUMNS
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
-"""What the console's pages show, read from the store: the usage report's groups (gateway/admin.py's
-usage_report, which `ezat-gateway usage` prints and GET /admin/v1/usage answers), so the console
-and the API cannot disagree on a figure."""
+"""What the console's pages show, read from the store: the usage report's groups
+(gateway/usage.py, which `ezat-gateway usage` prints and GET /admin/v1/usage answers), so the
+console and the API cannot disagree on a figure."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-import orjson
-
-from gateway.admin import usage_report
 from gateway.storage import LedgerRow
+from gateway.usage import usage_groups
 
 DAYS = 30  # the plots' span, today included
 
@@ -27,13 +25,10 @@ def midnight(day: date) -> datetime:
 
 
 def groups(rows: list[LedgerRow], *, by: str, key_ids: bool = False) -> list[dict[str, Any]]:
-    """usage_report's JSON rows, grouped `by` day, model or key (by key: the key's id, as
-    text, to link to its page and name it as it is now), cost_usd as a Decimal."""
+    """The usage report's groups `by` day, model or key (by key: the key's id, as text, to link
+    to its page and name it as it is now)."""
     names = {row.key_id: str(row.key_id) for row in rows} if key_ids else {}
-    report = orjson.loads(usage_report(rows, names, by=by, format="json"))
-    for group in report:
-        group["cost_usd"] = Decimal(str(group["cost_usd"]))
-    return report
+    return usage_groups(rows, names, by=by)
 
 
 def spend_by_day(rows: list[LedgerRow]) -> dict[date, Decimal]:

@@ -1,0 +1,82 @@
+"""The usage report: the ledger's rows added up by day, model, key, organization or session. One
+computation for the CLI (`ezat-gateway usage`), the admin API (`GET /admin/v1/usage`) and the
+console's figures, so that none can disagree with another on a number."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from gateway.storage import LedgerRow, Store
+
+# The requests, then the ledger's columns of the same names, added up.
+USAGE_COLUMNS = [
+    "requests",
+    "input_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "cache_read_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+]
+USAGE_GROUPS = ("day", "model", "key", "org", "organization", "session")
+
+
+def usage_groups(rows: list[LedgerRow], key_names: dict[int, str], *, by: str) -> list[dict[str, Any]]:
+    """The rows added up by `by` (its name the group's column: "org" and "organization" group
+    alike), in the group's order, each a dict of the group and USAGE_COLUMNS (cost_usd a
+    Decimal). By session, requests that named no conversation are one group, None, last."""
+    groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
+    for row in rows:
+        group = {
+            "day": row.finished_at.date().isoformat(),
+            "model": row.answered_model,
+            "key": key_names.get(row.key_id, str(row.key_id)),
+            "org": key_names.get(row.key_id, "default"),
+            "organization": key_names.get(row.key_id, "default"),
+            "session": row.session,
+        }[by]
+        totals = groups[group]
+        for i, value in enumerate((1, *(getattr(row, column) for column in USAGE_COLUMNS[1:]))):
+            totals[i] += value
+    header = [by, *USAGE_COLUMNS]
+    ordered = sorted(groups.items(), key=lambda item: (item[0] is None, item[0] or ""))
+    return [dict(zip(header, [group, *totals])) for group, totals in ordered]
+
+
+async def usage_for(
+    store: Store,
+    *,
+    by: str,
+    key_id: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The store's ledger (of one key, within [since, until)) grouped `by`; a key's group is its
+    name (with its id where two keys share one), an organization's its name."""
+    keys = await store.list_keys()
+    rows = await store.ledger(key_id=key_id, since=since, until=until)
+    if by in ("org", "organization"):
+        names = {key.id: key.organization for key in keys}
+    else:
+        shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
+        names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys}
+    return usage_groups(rows, names, by=by)
+
+
+def usage_json(groups: list[dict[str, Any]]) -> str:
+    return orjson.dumps(groups, default=str, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def usage_csv(groups: list[dict[str, Any]], by: str) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([by, *USAGE_COLUMNS])
+    writer.writerows(group.values() for group in groups)
+    return out.getvalue()
