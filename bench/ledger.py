@@ -1,5 +1,5 @@
 """Micro-benchmark: rows per second the billing ledger sustains on SQLite, through
-gateway.ledger.Ledger (group commit) and the gateway's SQLite store, with many concurrent
+gateway.accounting.ledger.Ledger (group commit) and the gateway's SQLite store, with many concurrent
 record() calls, as concurrent requests make them. Target (issue 5): at least 5,000 rows/s.
 
 Each level runs `concurrency` tasks that record rows back to back for `duration` seconds; a
@@ -27,8 +27,8 @@ from pathlib import Path
 from loadgen import percentile
 from report import ledger_table
 
+from gateway.accounting.ledger import Ledger
 from gateway.config import KeyConfig
-from gateway.ledger import Ledger
 from gateway.storage import LedgerRow, open_store
 
 

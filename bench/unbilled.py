@@ -33,7 +33,7 @@ NONSTREAM = SCENARIOS["nonstream"]
 
 
 def serve_unbilled(argv: list[str]) -> int:
-    from gateway import ledger
+    from gateway.accounting import ledger
     from gateway.cli import main
 
     async def record(self, row) -> None:

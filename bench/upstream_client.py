@@ -1,5 +1,5 @@
 """Micro-benchmark: what one upstream request costs the process that makes it, with aiohttp's
-client set up as the gateway's (gateway.upstream.UpstreamClient: one pooled ClientSession) and
+client set up as the gateway's (gateway.upstream.client.UpstreamClient: one pooled ClientSession) and
 with a bare asyncio Protocol that writes the request's bytes and reads a Content-Length reply,
 the least any HTTP/1.1 client on asyncio can do. Both POST the `nonstream` scenario's Anthropic
 request to the fast mock (a process of its own) over `concurrency` keep-alive connections.
@@ -25,7 +25,7 @@ from systems import mock_system
 
 from gateway.config import Deployment
 from gateway.runtime import run, tune_garbage_collector
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
 
 BODY = anthropic_request(SCENARIOS["nonstream"])
 

@@ -11,24 +11,24 @@ from typing import NamedTuple
 from aiohttp import web
 
 from gateway import clock
-from gateway.admin_api import add_admin_routes
-from gateway.alerts import Alerts
-from gateway.catalog import catalog_handlers, speaks_anthropic
+from gateway.accounting.alerts import Alerts
+from gateway.accounting.ledger import Ledger
+from gateway.accounting.ratelimit import RateLimiter, rate_limiter
+from gateway.accounting.spending import SpendReservations
+from gateway.admin.api import add_admin_routes
+from gateway.admin.console import add_console_routes
 from gateway.config import Config
-from gateway.console import add_console_routes
-from gateway.ledger import Ledger
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
 from gateway.ops.observe import observe_middleware
-from gateway.ops.readiness import Readiness
 from gateway.ops.tracing import Tracing
-from gateway.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
-from gateway.ratelimit import RateLimiter, rate_limiter
+from gateway.routes.catalog import catalog_handlers, speaks_anthropic
+from gateway.routes.readiness import Readiness
+from gateway.routes.stored_responses import KeptResponses, stored_response_handlers
 from gateway.server import server_header
-from gateway.spending import SpendReservations
 from gateway.storage import Store, open_store
-from gateway.stored_responses import KeptResponses, stored_response_handlers
-from gateway.streams import OpenStreams
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
+from gateway.upstream.streams import OpenStreams
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
@@ -86,7 +86,7 @@ def build_app(
     app = application(config, services, stages)
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
-    if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin_api.py)
+    if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget)
         add_console_routes(app, config.admin, services.store, forget_key=stages.auth.forget)  # /console
     return app

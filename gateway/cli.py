@@ -22,7 +22,8 @@ from pathlib import Path
 import asyncpg
 from aiohttp import web
 
-from gateway import admin, version
+from gateway import version
+from gateway.admin import commands as admin_commands
 from gateway.app import READINESS, build_app
 from gateway.config import (
     LOG_FORMATS,
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=_port, default=8081)
 
-    admin.add_commands(commands, storage_options)
+    admin_commands.add_commands(commands, storage_options)
 
     args = parser.parse_args(argv)
     # The environment's format is every command's, over the config's: an image can set it once.
@@ -121,10 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             named_by = "--storage" if args.storage else "--config" if args.config else ""
             try:
-                return asyncio.run(admin.run(args, storage, named_by=named_by))
+                return asyncio.run(admin_commands.run(args, storage, named_by=named_by))
             except SAID_IN_ONE_LINE as exc:  # which database, since the reason rarely says
                 print(
-                    f"ezat-gateway {args.command}: {admin.describe_storage(storage)}: {_reason(exc)}", file=sys.stderr
+                    f"ezat-gateway {args.command}: {admin_commands.describe_storage(storage)}: {_reason(exc)}",
+                    file=sys.stderr,
                 )
                 return 1
         serve(args.config, Overrides(args.host, args.port, args.workers, log_format))
@@ -164,8 +166,8 @@ class _PrintVersion(argparse.Action):
         parser.exit()
 
 
-_port = admin.whole_number(1, 65535)
-_workers = admin.whole_number(1, 1024)
+_port = admin_commands.whole_number(1, 65535)
+_workers = admin_commands.whole_number(1, 1024)
 
 
 def check_config(path: str) -> int:

@@ -351,7 +351,7 @@ class KeyConfig:
 
 
 ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads
-SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's session cookies (gateway/console/)
+SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's session cookies (gateway/admin/console/)
 _session_key = _rule(
     lambda v: v == "" or reasoning_key_bytes(v) is not None,
     "expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits (openssl rand -hex 32)",
@@ -397,7 +397,7 @@ class AdminConfig:
 class AlertConfig:
     """A webhook told when a key has used a share of its spend limit (of its period's, with a
     budget_period) or an organization of its balance: one POST per threshold crossed, per period
-    (gateway/alerts.py)."""
+    (gateway/accounting/alerts.py)."""
 
     webhook_url: str = _field(check=_http_url)
     secret: str = _field(check=_non_empty, shown=False)  # signs each POST's body: x-ezat-signature

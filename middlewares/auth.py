@@ -14,20 +14,12 @@ from aiohttp import web
 
 from middlewares.core.chain import stage
 from middlewares.core.context import API_KEY
+from middlewares.core.credentials import presented_key
 from middlewares.core.errors import GatewayError
 from middlewares.core.protocols import FindKey
 from middlewares.core.records import KeyRecord
 
-__all__ = ["auth_middleware", "presented_key"]
-
-
-def presented_key(request: web.Request) -> str | None:
-    authorization = request.headers.get("Authorization")
-    if authorization:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    return request.headers.get("x-api-key") or None
+__all__ = ["auth_middleware"]
 
 
 def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size: int = 10_000):

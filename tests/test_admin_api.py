@@ -15,8 +15,8 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.admin_api import PREFIX
-from gateway.admin_openapi import OPENAPI
+from gateway.admin.api import PREFIX
+from gateway.admin.openapi import OPENAPI
 from gateway.config import AdminConfig, AdminTokenConfig, OrganizationConfig
 from tests.support import KEY, MODEL, make_config, run_command
 from tests.test_admin_cli import in_database_files

@@ -18,9 +18,9 @@ from decimal import Decimal
 import openai
 import pytest
 
+from gateway.accounting.usage import USAGE_COLUMNS
 from gateway.config import StorageConfig, load_config
 from gateway.mock.upstream import Scenario
-from gateway.usage import USAGE_COLUMNS
 from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, read_store, run_command
 
 CONFIG_KEY = "sk-config-key-for-cfg"

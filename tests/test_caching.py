@@ -18,7 +18,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from gateway.config import Deployment
 from gateway.mock.upstream import MockUpstream, Scenario
-from gateway.routing import ranked
+from gateway.upstream.routing import ranked
 from tests.requests_util import echo
 from tests.support import MODEL, UPSTREAM_KEY, make_config
 

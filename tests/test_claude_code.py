@@ -23,7 +23,7 @@ import pytest
 from gateway.app import STORE
 from gateway.config import Deployment
 from gateway.mock.upstream import Scenario
-from gateway.routing import ranked
+from gateway.upstream.routing import ranked
 from tests.support import KEY, MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, make_config, run_command
 
 ANSWER = "Hello from the mock, through the gateway."

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway import administration
+from gateway.admin import changes
 from gateway.config import AdminConfig, AdminTokenConfig
 from gateway.storage import LedgerRow, open_store
 from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
@@ -196,7 +196,7 @@ async def test_csrf_and_what_a_viewer_may_do(gateway, storage_url):
     (secret,) = secrets_in(body)
     assert secrets_in(await root.page("/console/keys")) == []
     made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
-    assert made.name == "made-here" and made.key_sha256 == administration.digest(secret)
+    assert made.name == "made-here" and made.key_sha256 == changes.digest(secret)
     status, body, _ = await viewer.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": viewer_csrf})
     assert status == 403
     status, body, _ = await root.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": root_csrf})
@@ -229,12 +229,10 @@ async def test_a_key_made_in_the_console_may_have_a_budget_period(gateway, stora
 
 
 async def test_a_revoked_token_ends_its_sessions(gateway, storage_url):
-    _, token = await in_store(
-        storage_url, lambda store: administration.create_admin_token(store, "cli:test", "ops", "admin")
-    )
+    _, token = await in_store(storage_url, lambda store: changes.create_admin_token(store, "cli:test", "ops", "admin"))
     visitor, _ = await signed_in(gateway, token)
     assert "ops (admin)" in await visitor.page("/console")
-    await in_store(storage_url, lambda store: administration.revoke_admin_token(store, "cli:test", "ops"))
+    await in_store(storage_url, lambda store: changes.revoke_admin_token(store, "cli:test", "ops"))
     status, _, headers = await visitor.call("GET", "/console")
     assert (status, headers["Location"]) == (303, "/console/sign-in")
     status, body, _ = await Browserless(gateway.url).sign_in(token)
@@ -331,7 +329,7 @@ async def test_names_are_shown_as_text(gateway, storage_url):
     made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
 
     async def seed(store):
-        await administration.create_organization(store, "cli:test", '<img src=x onerror="alert(2)">')
+        await changes.create_organization(store, "cli:test", '<img src=x onerror="alert(2)">')
         await store.write_ledger([ledger_row(1, made.id, "0.50", NOW - timedelta(hours=1), model="<b>model</b>")])
 
     await in_store(storage_url, seed)

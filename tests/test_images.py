@@ -41,7 +41,7 @@ from aiohttp.abc import AbstractResolver
 from aioresponses import aioresponses
 
 from gateway.config import ImagesConfig
-from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public
+from middlewares.core.addresses import PrivateAddress, PublicOnlyResolver, is_public
 from tests.requests_util import echo
 from tests.support import MODEL, make_config
 

@@ -1,4 +1,4 @@
-"""Per-key rate limits: the in-memory and the Redis token buckets (gateway.ratelimit), driven
+"""Per-key rate limits: the in-memory and the Redis token buckets (gateway.accounting.ratelimit), driven
 directly with KeyRecord values; Redis through the real server (the redis_url fixture)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.ratelimit import MemoryRateLimiter, RedisRateLimiter
+from gateway.accounting.ratelimit import MemoryRateLimiter, RedisRateLimiter
 from gateway.storage import KeyRecord
 from tests.support import free_port
 

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.app import STORE
 from gateway.config import Deployment
-from gateway.routing import ranked
+from gateway.upstream.routing import ranked
 from tests.support import KEY, MODEL, UPSTREAM_KEY, make_config
 from tests.test_errors import raw_post
 

@@ -23,8 +23,8 @@ from aioresponses import aioresponses
 
 from gateway.app import chain
 from gateway.config import ImagesConfig, KeyConfig
-from gateway.proxy import proxy_handler
-from gateway.upstream import UpstreamClient
+from gateway.upstream.client import UpstreamClient
+from gateway.upstream.proxy import proxy_handler
 from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
@@ -515,7 +515,7 @@ class DownSpending:
 
 @pytest.mark.parametrize("mounted", ["spending down", "billing a foreign reply"])
 async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
-    from gateway.ratelimit import MemoryRateLimiter
+    from gateway.accounting.ratelimit import MemoryRateLimiter
 
     recorded = []
 

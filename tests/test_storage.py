@@ -1,5 +1,5 @@
 """The Store contract (gateway.storage), the same on SQLite and PostgreSQL, through the store's
-own interface; and the group-commit ledger (gateway.ledger) on top of a real store."""
+own interface; and the group-commit ledger (gateway.accounting.ledger) on top of a real store."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
+from gateway.accounting.ledger import Ledger, LedgerError
 from gateway.config import KeyConfig, parse_config
-from gateway.group_commit import ALONE_AFTER
-from gateway.ledger import Ledger, LedgerError
 from gateway.storage import LedgerRow, open_store, schema
+from gateway.storage.group_commit import ALONE_AFTER
 from gateway.storage.sqlite import CHECKPOINT_EVERY
 
 UTC = UTC
@@ -863,9 +863,9 @@ async def test_more_rows_keys_and_organizations_than_older_sqlite_takes_variable
 
 
 async def test_a_burst_of_spend_reservations_is_held_in_groups_of_at_most_max_group(store_url, opened):
-    from gateway.group_commit import MAX_GROUP
-    from gateway.spending import SpendReservations
+    from gateway.accounting.spending import SpendReservations
     from gateway.storage import Shortfall
+    from gateway.storage.group_commit import MAX_GROUP
 
     base = type(open_store(store_url))
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
-from gateway.ledger import Ledger
+from gateway.accounting.ledger import Ledger
 from gateway.storage import StoredResponse
 from tests.test_storage import migrations, older_database, opened, query, row, store_url  # noqa: F401 (fixtures)
 

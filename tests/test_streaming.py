@@ -9,8 +9,8 @@ import openai
 import orjson
 import pytest
 
-from gateway import upstream as gateway_upstream
 from gateway.mock.upstream import Scenario
+from gateway.upstream import client as gateway_upstream
 from tests.requests_util import WEATHER_TOOLS
 from tests.support import KEY, MODEL, data, raw_stream
 

@@ -59,7 +59,7 @@ class Store(Protocol):
 
     # Each change below takes `audit`: who makes it and what it is called; given, the change's
     # entry in the audit log (the thing before and after, as records.key_view and the others
-    # show it) is written in the change's own transaction. (gateway/administration.py makes them.)
+    # show it) is written in the change's own transaction. (gateway/admin/changes.py makes them.)
 
     async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         """`fields` are KeyRecord's; `organization_id` places it (default: the default organization)."""
@@ -68,7 +68,7 @@ class Store(Protocol):
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
         """The key with `fields` (KeyRecord's, and `organization_id`) changed; None if there is
-        no such key. (The command line finds a key by its name or id: gateway/admin.py.)"""
+        no such key. (The command line finds a key by its name or id: gateway/admin/commands.py.)"""
 
     async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
         """The key given a new secret (its digest), its id, settings and spend kept: the old

@@ -14,9 +14,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from yarl import URL
 
+from middlewares.core.addresses import PrivateAddress, PublicOnlyResolver, is_public, literal_address
 from middlewares.core.media import PDF
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
-from middlewares.images.addresses import PrivateAddress, PublicOnlyResolver, is_public, literal_address
 from middlewares.images.sniff import image_type
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

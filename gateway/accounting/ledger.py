@@ -1,4 +1,4 @@
-"""Group commit for the usage ledger (gateway/group_commit.py): rows recorded while one batch
+"""Group commit for the usage ledger (gateway/storage/group_commit.py): rows recorded while one batch
 is being written go together in the next, so many concurrent requests cost one transaction, not
 one each. A row alone is written at once by the request itself, when the store can do that
 without waiting."""
@@ -10,9 +10,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from gateway.group_commit import MAX_GROUP, GroupCommit
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
+from gateway.storage.group_commit import MAX_GROUP, GroupCommit
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.ledger")

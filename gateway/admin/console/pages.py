@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 import orjson
 from aiohttp import web
 
-from gateway.administration import find_key, row_id
-from gateway.console import numbers
-from gateway.console.html import button_form, csrf_field, page, table, text, usd
-from gateway.console.plots import budget_bar, spend_per_day
-from gateway.console.sessions import Admin
+from gateway.admin.changes import find_key, row_id
+from gateway.admin.console import numbers
+from gateway.admin.console.html import button_form, csrf_field, page, table, text, usd
+from gateway.admin.console.plots import budget_bar, spend_per_day
+from gateway.admin.console.sessions import Admin
 from gateway.storage import KeyRecord, Store
 from middlewares.core.periods import PERIODS
 

@@ -8,9 +8,9 @@ by digest on every request (so a revoked token is refused from its next request 
 reads; an `admin` also writes. Failed attempts are counted per client address, and past
 `failed_attempts_per_minute` every request from it gets 429 for the rest of the minute.
 
-Every change goes through gateway/administration.py, as the CLI's do, which audits it. Tokens are
-looked up by gateway/admin_tokens.py (as the console's are), and bodies and query parameters read
-by gateway/admin_input.py."""
+Every change goes through gateway/admin/changes.py, as the CLI's do, which audits it. Tokens are
+looked up by gateway/admin/tokens.py (as the console's are), and bodies and query parameters read
+by gateway/admin/parsing.py."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway import admin_input, administration
-from gateway.admin_openapi import OPENAPI
-from gateway.admin_tokens import AdminTokens, FailedAttempts, Holder
-from gateway.administration import AdminError
+from gateway.accounting.usage import usage_csv, usage_for
+from gateway.admin import changes, parsing
+from gateway.admin.changes import AdminError
+from gateway.admin.openapi import OPENAPI
+from gateway.admin.tokens import AdminTokens, FailedAttempts, Holder
 from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
-from gateway.usage import usage_csv, usage_for
-from middlewares.auth import presented_key
+from middlewares.core.credentials import presented_key
 from middlewares.core.errors import GatewayError
 
 PREFIX = "/admin/v1"
@@ -53,7 +53,7 @@ class AdminAuth:
                 headers={"retry-after": str(wait)},
             )
         token = presented_key(request)
-        found = None if token is None else await self._tokens.holder(administration.digest(token))
+        found = None if token is None else await self._tokens.holder(changes.digest(token))
         if found is None:
             self._failures.failed(address)
             if token is None:
@@ -130,8 +130,8 @@ class AdminHandlers:
 
     async def list_keys(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit, after = admin_input.page(query)
-        revoked = admin_input.flag(query, "revoked")
+        limit, after = parsing.page(query)
+        revoked = parsing.flag(query, "revoked")
         organization, name = query.get("organization"), query.get("name")
         matching = [
             key
@@ -151,8 +151,8 @@ class AdminHandlers:
         )
 
     async def create_key(self, request: web.Request, caller: Holder) -> web.Response:
-        fields = admin_input.key_fields(await admin_input.body(request), creating=True)
-        key, secret = await administration.create_key(self.store, caller.name, **fields)
+        fields = parsing.key_fields(await parsing.body(request), creating=True)
+        key, secret = await changes.create_key(self.store, caller.name, **fields)
         return _json({**_key(key, {}), "secret": secret}, status=201)
 
     async def get_key(self, request: web.Request, caller: Holder) -> web.Response:
@@ -160,34 +160,34 @@ class AdminHandlers:
 
     async def update_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        fields = admin_input.key_fields(await admin_input.body(request), creating=False)
-        changed = await administration.update_key(self.store, caller.name, key, **fields)
+        fields = parsing.key_fields(await parsing.body(request), creating=False)
+        changed = await changes.update_key(self.store, caller.name, key, **fields)
         self.forget_key(key.key_sha256)
         return _json(_key(changed, await self.store.reserved()))
 
     async def revoke_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        revoked = await administration.revoke_key(self.store, caller.name, key)
+        revoked = await changes.revoke_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
         return _json(_key(revoked, await self.store.reserved()))
 
     async def rotate_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        rotated, secret = await administration.rotate_key(self.store, caller.name, key)
+        rotated, secret = await changes.rotate_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
         return _json({**_key(rotated, await self.store.reserved()), "secret": secret})
 
     async def _key(self, request: web.Request) -> KeyRecord:
         key_id = request.match_info["id"]
-        found = await administration.find_key(self.store, key_id)
+        found = await changes.find_key(self.store, key_id)
         if found is None:
-            raise administration.NotFound(f"no key numbered {key_id!r}")
+            raise changes.NotFound(f"no key numbered {key_id!r}")
         return found
 
     # --- organizations
 
     async def list_organizations(self, request: web.Request, caller: Holder) -> web.Response:
-        limit, after = admin_input.page(request.query)
+        limit, after = parsing.page(request.query)
         matching = [o for o in await self.store.list_organizations() if o.id > after]
         reserved = await self.store.organizations_reserved()
         page = matching[:limit]
@@ -199,17 +199,17 @@ class AdminHandlers:
         )
 
     async def create_organization(self, request: web.Request, caller: Holder) -> web.Response:
-        body = await admin_input.body(request)
-        admin_input.known(body, ("name", "balance_usd", "suspended"))
+        body = await parsing.body(request)
+        parsing.known(body, ("name", "balance_usd", "suspended"))
         name = body.get("name")
         if not isinstance(name, str) or not name:
-            raise administration.Invalid("name: expected a non-empty string")
-        made = await administration.create_organization(
+            raise changes.Invalid("name: expected a non-empty string")
+        made = await changes.create_organization(
             self.store,
             caller.name,
             name,
-            balance_usd=admin_input.money(body.get("balance_usd"), "balance_usd"),
-            suspended=admin_input.boolean(body.get("suspended", False), "suspended"),
+            balance_usd=parsing.money(body.get("balance_usd"), "balance_usd"),
+            suspended=parsing.boolean(body.get("suspended", False), "suspended"),
         )
         return _json(_organization(made, {}), status=201)
 
@@ -219,34 +219,34 @@ class AdminHandlers:
 
     async def update_organization(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
-        body = await admin_input.body(request)
-        admin_input.known(body, ("balance_usd", "suspended"))
+        body = await parsing.body(request)
+        parsing.known(body, ("balance_usd", "suspended"))
         fields: dict[str, Any] = {}
         if "balance_usd" in body:
-            fields["balance_usd"] = admin_input.money(body["balance_usd"], "balance_usd")
+            fields["balance_usd"] = parsing.money(body["balance_usd"], "balance_usd")
         if "suspended" in body:
-            fields["suspended"] = admin_input.boolean(body["suspended"], "suspended")
-        changed = await administration.update_organization(self.store, caller.name, found, **fields)
+            fields["suspended"] = parsing.boolean(body["suspended"], "suspended")
+        changed = await changes.update_organization(self.store, caller.name, found, **fields)
         return await self._changed(changed)
 
     async def top_up(self, request: web.Request, caller: Holder) -> web.Response:
         found = await self._organization(request)
-        body = await admin_input.body(request)
-        admin_input.known(body, ("amount_usd",))
+        body = await parsing.body(request)
+        parsing.known(body, ("amount_usd",))
         if "amount_usd" not in body:
-            raise administration.Invalid("amount_usd: required")
-        amount = admin_input.money(body["amount_usd"], "amount_usd")
+            raise changes.Invalid("amount_usd: required")
+        amount = parsing.money(body["amount_usd"], "amount_usd")
         if amount is None:
-            raise administration.Invalid("amount_usd: expected an amount of USD above 0")
-        changed = await administration.top_up_organization(self.store, caller.name, found, amount)
+            raise changes.Invalid("amount_usd: expected an amount of USD above 0")
+        changed = await changes.top_up_organization(self.store, caller.name, found, amount)
         return await self._changed(changed)
 
     async def suspend(self, request: web.Request, caller: Holder) -> web.Response:
-        changed = await administration.suspend_organization(self.store, caller.name, await self._organization(request))
+        changed = await changes.suspend_organization(self.store, caller.name, await self._organization(request))
         return await self._changed(changed)
 
     async def resume(self, request: web.Request, caller: Holder) -> web.Response:
-        changed = await administration.resume_organization(self.store, caller.name, await self._organization(request))
+        changed = await changes.resume_organization(self.store, caller.name, await self._organization(request))
         return await self._changed(changed)
 
     async def _changed(self, organization: OrganizationRecord) -> web.Response:
@@ -265,7 +265,7 @@ class AdminHandlers:
             (o for o in organizations if o.name == ref), None
         )
         if found is None:
-            raise administration.NotFound(f"no organization numbered or named {ref!r}")
+            raise changes.NotFound(f"no organization numbered or named {ref!r}")
         return found
 
     # --- usage, the ledger and the audit log
@@ -274,12 +274,12 @@ class AdminHandlers:
         query = request.query
         group_by = query.get("group_by", "day")
         if group_by not in ("key", "organization", "org", "model", "day", "session"):
-            raise administration.Invalid("group_by: expected key, organization, model, day or session")
+            raise changes.Invalid("group_by: expected key, organization, model, day or session")
         output = query.get("format", "json")
         if output not in ("json", "csv"):
-            raise administration.Invalid("format: expected json or csv")
-        since, until = admin_input.moment_param(query, "since"), admin_input.moment_param(query, "until")
-        key_id = admin_input.int_param(query, "key_id", 1, 2**63 - 1)
+            raise changes.Invalid("format: expected json or csv")
+        since, until = parsing.moment_param(query, "since"), parsing.moment_param(query, "until")
+        key_id = parsing.int_param(query, "key_id", 1, 2**63 - 1)
         groups = await usage_for(self.store, by=group_by, key_id=key_id, since=since, until=until)
         if output == "csv":
             return web.Response(text=usage_csv(groups, group_by), content_type="text/csv")
@@ -294,11 +294,11 @@ class AdminHandlers:
 
     async def ledger(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit, after = admin_input.page(query)
+        limit, after = parsing.page(query)
         rows = await self.store.ledger_page(
-            key_id=admin_input.int_param(query, "key_id", 1, 2**63 - 1),
-            since=admin_input.moment_param(query, "since"),
-            until=admin_input.moment_param(query, "until"),
+            key_id=parsing.int_param(query, "key_id", 1, 2**63 - 1),
+            since=parsing.moment_param(query, "since"),
+            until=parsing.moment_param(query, "until"),
             after=after,
             limit=limit + 1,  # one more: whether there is a next page
         )
@@ -313,8 +313,8 @@ class AdminHandlers:
 
     async def audit(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
-        limit = admin_input.int_param(query, "limit", 1, admin_input.MAX_PAGE, default=admin_input.DEFAULT_PAGE)
-        before = admin_input.int_param(query, "before", 1, 2**63 - 1)
+        limit = parsing.int_param(query, "limit", 1, parsing.MAX_PAGE, default=parsing.DEFAULT_PAGE)
+        before = parsing.int_param(query, "before", 1, 2**63 - 1)
         entries = await self.store.audit_log(limit=limit + 1, before=before)
         page = entries[:limit]
         return _json(

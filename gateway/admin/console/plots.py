@@ -1,6 +1,6 @@
 """The console's plots, as inline SVG: spend per day as bars, and a key's spend against its budget.
 
-They draw numbers they are given (the usage report's, gateway/admin.py, which the admin API and
+They draw numbers they are given (the usage report's, gateway/admin/commands.py, which the admin API and
 the CLI print): nothing here adds spend up."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import date, timedelta
 from decimal import Decimal
 
-from gateway.console.html import text, usd
+from gateway.admin.console.html import text, usd
 
 WIDTH, HEIGHT = 760, 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 12, 14, 28  # the margins around the plotting area

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import orjson
 from aiohttp import web
 
-from gateway import administration
-from gateway.admin_tokens import AdminTokens, FailedAttempts
+from gateway.admin import changes
+from gateway.admin.tokens import AdminTokens, FailedAttempts
 from gateway.config import AdminConfig
 from gateway.storage import Store
 
@@ -73,7 +73,7 @@ class Sessions:
 
     async def sign_in(self, request: web.Request, response: web.StreamResponse, token: str) -> Admin | None:
         """Sets the session cookie on `response` if `token` is a valid admin token."""
-        digest = administration.digest(token)
+        digest = changes.digest(token)
         holder = await self._tokens.holder(digest)
         if holder is None:
             return None

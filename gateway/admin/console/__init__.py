@@ -15,12 +15,12 @@ from datetime import datetime
 from aiohttp import web
 
 from gateway import clock
+from gateway.admin.console.actions import Actions, forbidden, see_other
+from gateway.admin.console.headers import console_headers
+from gateway.admin.console.html import page, text
+from gateway.admin.console.pages import Pages, html
+from gateway.admin.console.sessions import Sessions, csrf_holds
 from gateway.config import AdminConfig
-from gateway.console.actions import Actions, forbidden, see_other
-from gateway.console.headers import console_headers
-from gateway.console.html import page, text
-from gateway.console.pages import Pages, html
-from gateway.console.sessions import Sessions, csrf_holds
 from gateway.storage import Store
 
 __all__ = ["add_console_routes"]

@@ -1,6 +1,6 @@
 """`ezat-gateway keys …`, `ezat-gateway orgs …`, `ezat-gateway usage`, `ezat-gateway admin-tokens …`
 and `ezat-gateway audit`: managing keys, organizations and admin tokens (the changes themselves,
-and their audit entries, are gateway/administration.py's, which the admin API shares), and
+and their audit entries, are gateway/admin/changes.py's, which the admin API shares), and
 reading the ledger and the audit log."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from gateway import administration, clock
-from gateway.administration import AdminError
+from gateway import clock
+from gateway.accounting.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json
+from gateway.admin import changes
+from gateway.admin.changes import AdminError
 from gateway.config import MAX_PER_MINUTE, usd
 from gateway.storage import AdminTokenRecord, KeyRecord, OrganizationRecord, Store, open_store
-from gateway.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json
 from middlewares.core.periods import PERIODS
 
 
@@ -89,7 +90,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     actions = tokens.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", parents=[storage_options], help="make a new admin token (shown once)")
     create.add_argument("--name", type=_name, required=True, help="who its changes are by, in the audit log")
-    create.add_argument("--role", choices=administration.ROLES, required=True, help="viewer reads; admin also writes")
+    create.add_argument("--role", choices=changes.ROLES, required=True, help="viewer reads; admin also writes")
     actions.add_parser("list", parents=[storage_options], help="every admin token, without secrets")
     revoke = actions.add_parser("revoke", parents=[storage_options], help="revoke an admin token")
     revoke.add_argument("token", help="the token's name or id")
@@ -230,7 +231,7 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
 
 
 async def _command(store: Store, args: argparse.Namespace) -> int:
-    actor = administration.cli_actor()
+    actor = changes.cli_actor()
     if args.command == "usage":
         keys = await store.list_keys()
         key = None if args.key is None else _one_key(keys, args.key)
@@ -258,7 +259,7 @@ async def _command(store: Store, args: argparse.Namespace) -> int:
     fields = _changes(args) if args.action in ("create", "update") else {}
     organization = fields.pop("org", None)
     if args.action == "create":
-        key, secret = await administration.create_key(store, actor, organization=organization, **fields)
+        key, secret = await changes.create_key(store, actor, organization=organization, **fields)
         print(f"created key {key.id} ({key.name}); it is shown only this once:\n{secret}")
         return 0
     key = _one_key(await store.list_keys(), args.key)
@@ -267,16 +268,16 @@ async def _command(store: Store, args: argparse.Namespace) -> int:
         return 1
     was_revoked = key.revoked
     if args.action == "rotate":
-        key, secret = await administration.rotate_key(store, actor, key, ref=args.key)
+        key, secret = await changes.rotate_key(store, actor, key, ref=args.key)
         print(f"key {key.id} ({key.name}) has a new secret; the old one no longer works. It is shown only this once:")
         print(secret)
         return 0
     if args.action == "revoke":
-        key = await administration.revoke_key(store, actor, key, ref=args.key)
+        key = await changes.revoke_key(store, actor, key, ref=args.key)
     else:
         if args.unrevoke:
             fields["revoked"] = False
-        key = await administration.update_key(store, actor, key, organization=organization, ref=args.key, **fields)
+        key = await changes.update_key(store, actor, key, organization=organization, ref=args.key, **fields)
     # The change is kept (it holds once the key is made usable again), but requests with the
     # key still get 401: an update must not read as if it had made the key work.
     if args.action == "revoke" and was_revoked:
@@ -300,7 +301,7 @@ async def usage(
     until: datetime | None = None,
     format: str,
 ) -> str:
-    """The usage report as `ezat-gateway usage` prints it (gateway/usage.py: the admin API and
+    """The usage report as `ezat-gateway usage` prints it (gateway/accounting/usage.py: the admin API and
     the console add up the same groups)."""
     groups = await usage_for(store, by=by, key_id=key_id, since=since, until=until)
     if format == "json":
@@ -348,7 +349,7 @@ async def _orgs(store: Store, args: argparse.Namespace, actor: str) -> int:
         print(_table(ORG_COLUMNS, [_org_row(o, reserved) for o in await store.list_organizations()]), end="")
         return 0
     if args.action == "create":
-        made = await administration.create_organization(
+        made = await changes.create_organization(
             store, actor, args.name, balance_usd=args.balance, suspended=args.suspended
         )
         print(_table(ORG_COLUMNS, [_org_row(made, {})]), end="")
@@ -358,30 +359,30 @@ async def _orgs(store: Store, args: argparse.Namespace, actor: str) -> int:
         print(f"no organization named {args.name!r}")
         return 1
     if args.action == "suspend":
-        changed = await administration.suspend_organization(store, actor, found)
+        changed = await changes.suspend_organization(store, actor, found)
     elif args.action == "resume":
-        changed = await administration.resume_organization(store, actor, found)
+        changed = await changes.resume_organization(store, actor, found)
     elif args.action == "top-up":
-        changed = await administration.top_up_organization(store, actor, found, args.amount)
+        changed = await changes.top_up_organization(store, actor, found, args.amount)
     else:
         fields = {
             field: getattr(args, option)
             for option, field in (("balance", "balance_usd"), ("suspended", "suspended"))
             if hasattr(args, option)
         }
-        changed = await administration.update_organization(store, actor, found, **fields)
+        changed = await changes.update_organization(store, actor, found, **fields)
     print(_table(ORG_COLUMNS, [_org_row(changed, await store.organizations_reserved())]), end="")
     return 0
 
 
 async def _admin_tokens(store: Store, args: argparse.Namespace, actor: str) -> int:
     if args.action == "create":
-        token, secret = await administration.create_admin_token(store, actor, args.name, args.role)
+        token, secret = await changes.create_admin_token(store, actor, args.name, args.role)
         print(f"created admin token {token.id} ({token.name}, {token.role}); it is shown only this once:")
         print(secret)  # last, alone on its line: a script takes the output's last line
         return 0
     if args.action == "revoke":
-        token = await administration.revoke_admin_token(store, actor, args.token)
+        token = await changes.revoke_admin_token(store, actor, args.token)
         print(_table(TOKEN_COLUMNS, [_token_row(token)]), end="")
         return 0
     print(_table(TOKEN_COLUMNS, [_token_row(token) for token in await store.list_admin_tokens()]), end="")

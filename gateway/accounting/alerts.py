@@ -29,8 +29,8 @@ from gateway import clock
 from gateway.config import AlertConfig
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import Alert, AlertDelivery, KeyRecord, LedgerRow, OrganizationRecord, Store
+from middlewares.core.addresses import PublicOnlyResolver, is_public, literal_address
 from middlewares.core.periods import next_start, period_start
-from middlewares.images.addresses import PublicOnlyResolver, is_public, literal_address
 
 log = logging.getLogger("ezat.alerts")
 

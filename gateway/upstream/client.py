@@ -14,8 +14,8 @@ from aiohttp import web
 from yarl import URL
 
 from gateway.config import Deployment
-from gateway.upstream_errors import upstream_error
-from gateway.upstream_shape import passed_on_error, readable_event
+from gateway.upstream.errors import upstream_error
+from gateway.upstream.shape import passed_on_error, readable_event
 from middlewares.core.errors import GatewayError, error_event, stream_error, too_deeply_nested
 from middlewares.core.reply import Batch, RelayedEvent, ends_stream
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.group_commit import GroupCommit
 from gateway.storage import Store, StoredResponse
+from gateway.storage.group_commit import GroupCommit
 from middlewares.core.context import API_KEY
 from middlewares.core.errors import GatewayError, invalid_request
 
@@ -25,7 +25,7 @@ class KeptResponses:
     """The responses stage's store (middlewares.core.protocols.ResponseStore) on the gateway's:
     each response kept `retention_days` from its creation (0: none is). Writes run beside the
     answers, never delaying nor failing one (a write that fails is logged: that response is not
-    kept), in groups (gateway/group_commit.py): what is kept while one group is written goes in
+    kept), in groups (gateway/storage/group_commit.py): what is kept while one group is written goes in
     the next, one transaction for many responses; one alone is written at once where the store
     can do that without waiting. A read of a response whose write is still under
     way in this process waits for it, so a client's next request finds its last response."""

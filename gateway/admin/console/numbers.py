@@ -1,5 +1,5 @@
 """What the console's pages show, read from the store: the usage report's groups
-(gateway/usage.py, which `ezat-gateway usage` prints and GET /admin/v1/usage answers), so the
+(gateway/accounting/usage.py, which `ezat-gateway usage` prints and GET /admin/v1/usage answers), so the
 console and the API cannot disagree on a figure."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
+from gateway.accounting.usage import usage_groups
 from gateway.storage import LedgerRow
-from gateway.usage import usage_groups
 
 DAYS = 30  # the plots' span, today included
 

@@ -8,7 +8,7 @@ import hashlib
 
 from aiohttp import web
 
-from gateway.console.html import STYLE
+from gateway.admin.console.html import STYLE
 
 # No script at all (default-src 'none'); the one stylesheet by its hash, so an injected <style>
 # or style attribute would not apply; forms post only to the console; no page may frame it.

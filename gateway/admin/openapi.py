@@ -1,11 +1,11 @@
 """The admin API's OpenAPI 3.1 document, written by hand (served at /admin/v1/openapi.json; a test
-checks that its paths are exactly the routes gateway/admin_api.py registers)."""
+checks that its paths are exactly the routes gateway/admin/api.py registers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.usage import USAGE_COLUMNS
+from gateway.accounting.usage import USAGE_COLUMNS
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """What the admin API reads of a request: its JSON body and query parameters, each checked, a
-400 naming the field at fault (administration.Invalid) otherwise."""
+400 naming the field at fault (changes.Invalid) otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway import administration
+from gateway.admin import changes
 from gateway.config import MAX_PER_MINUTE, usd
 from middlewares.core.periods import PERIODS
 
@@ -26,16 +26,16 @@ async def body(request: web.Request) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise administration.Invalid("the body is not valid JSON") from None
+        raise changes.Invalid("the body is not valid JSON") from None
     if not isinstance(body, dict):
-        raise administration.Invalid("the body must be a JSON object")
+        raise changes.Invalid("the body must be a JSON object")
     return body
 
 
 def known(body: dict[str, Any], fields: tuple[str, ...]) -> None:
     unknown = [name for name in body if name not in fields]
     if unknown:
-        raise administration.Invalid(f"{unknown[0]}: unknown field (expected {', '.join(fields)})")
+        raise changes.Invalid(f"{unknown[0]}: unknown field (expected {', '.join(fields)})")
 
 
 KEY_FIELDS = (
@@ -52,30 +52,26 @@ KEY_FIELDS = (
 
 
 def key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
-    """The key's settings in `body`, as administration.create_key and update_key take them
+    """The key's settings in `body`, as changes.create_key and update_key take them
     (a PATCH may also set `revoked`; null, and 0 for the counts, remove a limit)."""
     known(body, KEY_FIELDS if creating else (*KEY_FIELDS, "revoked"))
     if creating and not isinstance(body.get("name"), str):
-        raise administration.Invalid("name: required, a string")
+        raise changes.Invalid("name: required, a string")
     fields: dict[str, Any] = {}
     for name, value in body.items():
         if name == "name":
             if not isinstance(value, str):
-                raise administration.Invalid("name: expected a string")
+                raise changes.Invalid("name: expected a string")
             fields["name"] = value
         elif name == "models":
             if not isinstance(value, list) or not value or not all(isinstance(m, str) and m for m in value):
-                raise administration.Invalid(
-                    'models: expected a non-empty list of model id globs, e.g. ["anthropic/*"]'
-                )
+                raise changes.Invalid('models: expected a non-empty list of model id globs, e.g. ["anthropic/*"]')
             fields["models"] = tuple(value)
         elif name == "spend_limit_usd":
             fields["spend_limit_usd"] = money(value, name)
         elif name == "budget_period":
             if value is not None and value not in PERIODS:
-                raise administration.Invalid(
-                    'budget_period: expected "day", "week", "month" or null (the key\'s whole life)'
-                )
+                raise changes.Invalid('budget_period: expected "day", "week", "month" or null (the key\'s whole life)')
             fields["budget_period"] = value
         elif name in ("rpm", "tpm", "max_concurrent"):
             fields[name] = count(value, name, MAX_PER_MINUTE if name != "max_concurrent" else MAX_CONCURRENT)
@@ -83,7 +79,7 @@ def key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             fields["expires_at"] = None if value is None else moment(value, name)
         elif name == "organization":
             if not isinstance(value, str) or not value:
-                raise administration.Invalid("organization: expected an organization's name")
+                raise changes.Invalid("organization: expected an organization's name")
             fields["organization"] = value
         elif name == "revoked":
             fields["revoked"] = boolean(value, name)
@@ -95,24 +91,24 @@ def money(value: Any, name: str) -> Decimal | None:
     if value is None:
         return None
     if not isinstance(value, (int, float, str)) or isinstance(value, bool):
-        raise administration.Invalid(f"{name}: expected an amount of USD (a number or a string), or null")
+        raise changes.Invalid(f"{name}: expected an amount of USD (a number or a string), or null")
     try:
         return usd(str(value))
     except ValueError as problem:
-        raise administration.Invalid(f"{name}: {problem}") from None
+        raise changes.Invalid(f"{name}: {problem}") from None
 
 
 def count(value: Any, name: str, most: int) -> int | None:
     if value is None or value == 0 and type(value) is int:
         return None
     if type(value) is not int or not 0 < value <= most:
-        raise administration.Invalid(f"{name}: expected a whole number from 0 (no limit) to {most}, or null")
+        raise changes.Invalid(f"{name}: expected a whole number from 0 (no limit) to {most}, or null")
     return value
 
 
 def boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise administration.Invalid(f"{name}: expected true or false")
+        raise changes.Invalid(f"{name}: expected true or false")
     return value
 
 
@@ -122,7 +118,7 @@ def moment(value: Any, name: str) -> datetime:
         moment = datetime.fromisoformat(value) if isinstance(value, str) else None
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     except (ValueError, OverflowError, AttributeError):  # not ISO; past year 1 or 9999 in UTC; not a string
-        raise administration.Invalid(f"{name}: expected an ISO datetime such as 2030-01-31T12:00:00Z") from None
+        raise changes.Invalid(f"{name}: expected an ISO datetime such as 2030-01-31T12:00:00Z") from None
 
 
 def moment_param(query, name: str) -> datetime | None:
@@ -134,7 +130,7 @@ def int_param(query, name: str, low: int, high: int, *, default: int | None = No
         return default
     text = query[name]
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
-        raise administration.Invalid(f"{name}: expected a whole number from {low} to {high}")
+        raise changes.Invalid(f"{name}: expected a whole number from {low} to {high}")
     return int(text)
 
 
@@ -151,5 +147,5 @@ def flag(query, name: str) -> bool | None:
         return None
     value = query[name].lower()
     if value not in ("true", "false"):
-        raise administration.Invalid(f"{name}: expected true or false")
+        raise changes.Invalid(f"{name}: expected true or false")
     return value == "true"

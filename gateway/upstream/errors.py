@@ -12,7 +12,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
-from gateway.upstream_shape import error_type
+from gateway.upstream.shape import error_type
 from middlewares.core.errors import BY_ANTHROPIC_TYPE, GatewayError, anthropic_type, cut, retry_after
 
 log = logging.getLogger("ezat.errors")

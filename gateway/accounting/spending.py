@@ -1,4 +1,4 @@
-"""Spend reservations in groups (gateway/group_commit.py): what requests ask to hold while one
+"""Spend reservations in groups (gateway/storage/group_commit.py): what requests ask to hold while one
 group is being written go together in the next, so many concurrent admissions cost one
 transaction, as the ledger's rows do (each transaction is a commit, and on SQLite a turn of the
 file's one writer: admissions that arrive together need not wait for one each). A request alone
@@ -12,8 +12,8 @@ import asyncio
 import logging
 from decimal import Decimal
 
-from gateway.group_commit import MAX_GROUP, GroupCommit
 from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
+from gateway.storage.group_commit import MAX_GROUP, GroupCommit
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.spending")

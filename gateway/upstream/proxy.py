@@ -25,14 +25,14 @@ import orjson
 from aiohttp import web
 
 from gateway.config import Config, Deployment, Model
-from gateway.health import Health
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.ops.tracing import Tracing
-from gateway.routing import affinity, ranked
-from gateway.streams import OpenStreams
-from gateway.upstream import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
-from gateway.upstream_errors import retry_after_seconds
-from gateway.upstream_shape import readable_message
+from gateway.upstream.client import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
+from gateway.upstream.errors import retry_after_seconds
+from gateway.upstream.health import Health
+from gateway.upstream.routing import affinity, ranked
+from gateway.upstream.shape import readable_message
+from gateway.upstream.streams import OpenStreams
 from middlewares.core.chain import Stage
 from middlewares.core.context import (
     ANSWERED_MODEL,

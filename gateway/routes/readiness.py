@@ -11,7 +11,7 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.ratelimit import RateLimiter
+from gateway.accounting.ratelimit import RateLimiter
 from gateway.storage import Store
 
 # Seconds a check may take: a probe that hangs is a failing probe.

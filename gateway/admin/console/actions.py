@@ -1,5 +1,5 @@
 """What the console's forms do: sign in and out, and create, revoke and rotate keys. Every change
-goes through gateway/administration.py, as the CLI's and the admin API's do, so the audit log
+goes through gateway/admin/changes.py, as the CLI's and the admin API's do, so the audit log
 names the signed-in token as its actor. A new or rotated key's secret is shown once, on the page
 that answers the POST: it is kept nowhere but in that answer."""
 
@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway import administration
-from gateway.administration import AdminError
+from gateway.admin import changes
+from gateway.admin.changes import AdminError
+from gateway.admin.console.html import page, text
+from gateway.admin.console.pages import Pages, html
+from gateway.admin.console.sessions import Admin, Sessions
 from gateway.config import usd
-from gateway.console.html import page, text
-from gateway.console.pages import Pages, html
-from gateway.console.sessions import Admin, Sessions
 from middlewares.core.periods import PERIODS
 
 MAX_NAME = 200
@@ -98,7 +98,7 @@ class Actions:
             except ValueError as problem:
                 return await self._refused(request, admin, f"Spend limit: {problem}.")
         try:
-            key, secret = await administration.create_key(self.store, admin.name, organization=organization, **fields)
+            key, secret = await changes.create_key(self.store, admin.name, organization=organization, **fields)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         return await self.pages.keys(
@@ -106,22 +106,22 @@ class Actions:
         )
 
     async def revoke_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        key = await administration.find_key(self.store, request.match_info["id"])
+        key = await changes.find_key(self.store, request.match_info["id"])
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
-            await administration.revoke_key(self.store, admin.name, key)
+            await changes.revoke_key(self.store, admin.name, key)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         self.forget_key(key.key_sha256)
         return see_other("/console/keys")
 
     async def rotate_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        key = await administration.find_key(self.store, request.match_info["id"])
+        key = await changes.find_key(self.store, request.match_info["id"])
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
-            rotated, secret = await administration.rotate_key(self.store, admin.name, key)
+            rotated, secret = await changes.rotate_key(self.store, admin.name, key)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         self.forget_key(key.key_sha256)

@@ -1,6 +1,6 @@
 """The changes an administrator makes to keys, organizations and admin tokens, each written to the
-audit log in the change's own transaction. The command line (gateway/admin.py) and the admin API
-(gateway/admin_api.py) both make their changes here, so the two cannot drift apart: the same
+audit log in the change's own transaction. The command line (gateway/admin/commands.py) and the admin API
+(gateway/admin/api.py) both make their changes here, so the two cannot drift apart: the same
 checks, the same secrets, the same audit entries.
 
 Keys and organizations the config file declares are read-only here: the next start would undo a
