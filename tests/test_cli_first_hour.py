@@ -79,9 +79,18 @@ async def test_version_from_a_source_tree_that_is_not_installed(tmp_path):
 
 @pytest.mark.parametrize(
     "command",
-    [("keys", "list"), ("orgs", "list"), ("usage",), ("keys", "revoke", "alice"), ("orgs", "suspend", "acme")],
+    [
+        ("keys", "list"),
+        ("orgs", "list"),
+        ("usage",),
+        ("keys", "revoke", "alice"),
+        ("orgs", "suspend", "acme"),
+        ("keys", "create", "--name", "alice"),  # a key no gateway would read
+        ("orgs", "create", "acme"),
+        ("admin-tokens", "create", "--name", "ops", "--role", "admin"),
+    ],
 )
-async def test_a_command_that_reads_or_changes_makes_no_database_in_a_folder_without_one(tmp_path, command):
+async def test_no_command_makes_a_database_in_a_folder_without_one(tmp_path, command):
     status, out, err = await ezat(*command, cwd=tmp_path)
     assert (status, out) == (1, "")
     assert err == (
@@ -104,25 +113,31 @@ async def test_a_relative_path_of_the_configs_is_the_working_directorys(tmp_path
         "a relative sqlite:/// path is the working directory's: run it from the folder where the gateway runs, "
         "or make the path absolute\n"
     )
+    status, out, err = await ezat("keys", "create", "--name", "alice", "--config", str(config), cwd=elsewhere)
+    assert (status, out) == (1, "")
+    assert err.startswith(f"ezat-gateway keys create: no database at {elsewhere / 'gateway.db'}, and this command")
     status, out, err = await ezat("keys", "list", "--storage", f"sqlite:///{tmp_path / 'nowhere.db'}", cwd=elsewhere)
     assert (status, out) == (1, "")
     assert err.endswith(", and this command makes none; the gateway makes it when it first starts\n")
     assert list(elsewhere.iterdir()) == []
 
 
-async def test_keys_create_makes_the_database_and_says_so_then_each_command_names_it(tmp_path):
-    db = tmp_path / "ezat-demo.db"
-    status, out, err = await ezat("keys", "create", "--name", "alice", cwd=tmp_path)
+async def test_keys_create_makes_a_database_at_an_absolute_path_and_says_so_then_each_command_names_it(tmp_path):
+    db = tmp_path / "gateway.db"
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[storage]\nurl = "sqlite:///{db}"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    status, out, err = await ezat("keys", "create", "--name", "alice", "--config", str(config), cwd=elsewhere)
     assert status == 0, err
     assert out.startswith("created key 1 (alice); it is shown only this once:\n")
     assert err.splitlines() == [
         f"using the database at {db} (SQLite)",
-        f"ezat-demo.db did not exist: created an empty one in {tmp_path}; "
-        "run it from the folder where the gateway runs, or pass --config FILE or --storage URL",
+        f"gateway.db did not exist: created an empty one in {tmp_path}",
     ]
-    assert db.exists()
+    assert db.exists() and list(elsewhere.iterdir()) == []
 
-    status, out, err = await ezat("keys", "list", cwd=tmp_path)
+    status, out, err = await ezat("keys", "list", "--config", str(config), cwd=elsewhere)
     assert status == 0, err
     assert err == f"using the database at {db} (SQLite)\n"  # and no word of making it
     assert [line.split()[1] for line in out.splitlines()[1:]] == ["alice"]

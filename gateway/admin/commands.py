@@ -196,8 +196,10 @@ def _since(text: str) -> datetime:
 
 
 # The commands that may make a new SQLite file: a first key or organization may come before the
-# gateway's first start. The others only read or change what a database holds: on a file that is
-# not there they would make an empty one (in whatever folder they run in) and report nothing.
+# gateway's first start. They make one only at an absolute path named on purpose (--storage, or
+# the config's [storage]): one guessed (the demo's default, a relative path) may be another folder
+# than the gateway's, where a key made would be read by no gateway. The others only read or change
+# what a database holds: on a file that is not there they would make an empty one and report nothing.
 MAKES_A_DATABASE = {("keys", "create"), ("orgs", "create"), ("admin-tokens", "create")}
 
 
@@ -209,7 +211,7 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
     path = _sqlite_path(storage_url)
     missing = path is not None and not path.exists()
     hint = _where_hint(storage_url, named_by)
-    if missing and (args.command, getattr(args, "action", None)) not in MAKES_A_DATABASE:
+    if missing and (hint or (args.command, getattr(args, "action", None)) not in MAKES_A_DATABASE):
         command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
         hint = hint or "the gateway makes it when it first starts"
         print(f"ezat-gateway {command}: no database at {path}, and this command makes none; {hint}", file=sys.stderr)
@@ -219,8 +221,7 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
     store = open_store(storage_url)
     await store.open()
     if missing:
-        made = f"{path.name} did not exist: created an empty one in {path.parent}"
-        print(f"{made}; {hint}" if hint else made, file=sys.stderr)
+        print(f"{path.name} did not exist: created an empty one in {path.parent}", file=sys.stderr)
     try:
         return await _command(store, args)
     except AdminError as refused:
