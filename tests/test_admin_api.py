@@ -421,6 +421,36 @@ async def test_amounts_out_of_range_are_400s(admin):
     assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made
 
 
+async def test_a_budget_period_without_a_spend_limit_is_refused(admin):
+    """A period is what a limit counts over: alone it would limit nothing, so it is refused,
+    whether the key is made so or an update would leave it so."""
+    needs_a_limit = "a budget period (month) needs a spend limit to count over"
+    assert_error(
+        await admin.call("POST", "/keys", json={"name": "monthly", "budget_period": "month"}),
+        400,
+        "invalid_request_error",
+        needs_a_limit,
+    )
+    assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made
+    made = await admin.ok("POST", "/keys", 201, json={"name": "unlimited"})
+    assert_error(
+        await admin.call("PATCH", f"/keys/{made['id']}", json={"budget_period": "month"}),
+        400,
+        "invalid_request_error",
+        needs_a_limit,
+    )
+    limited = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "month", "spend_limit_usd": 5})
+    assert (limited["budget_period"], limited["spend_limit_usd"]) == ("month", "5")
+    assert_error(
+        await admin.call("PATCH", f"/keys/{made['id']}", json={"spend_limit_usd": None}),
+        400,
+        "invalid_request_error",
+        needs_a_limit,
+    )
+    cleared = await admin.ok("PATCH", f"/keys/{made['id']}", json={"spend_limit_usd": None, "budget_period": None})
+    assert (cleared["budget_period"], cleared["spend_limit_usd"]) == (None, None)
+
+
 async def test_the_documented_shapes_are_what_the_api_answers(admin, upstream):
     """The OpenAPI document's keys, ledger rows and usage rows name exactly the fields the API sends."""
     schemas = OPENAPI["components"]["schemas"]

@@ -256,6 +256,28 @@ async def test_a_bad_option_value_is_a_usage_error(tmp_path, upstream, option, v
     assert "Traceback" not in output
 
 
+async def test_a_budget_period_without_a_spend_limit_is_refused(backend):
+    status, output = await ezat(
+        backend, "keys", "create", "--name", "monthly", "--budget-period", "month", "--spend-limit", "5"
+    )
+    assert status == 0, output
+    status, output = await ezat(backend, "keys", "create", "--name", "weekly", "--budget-period", "week")
+    assert (status, output) == (
+        1,
+        "a budget period (week) needs a spend limit to count over: give the key a spend limit too, "
+        "or no budget period\n",
+    )
+    assert "weekly" not in await stored_keys(backend[2])
+    status, output = await ezat(backend, "keys", "update", "monthly", "--spend-limit", "none")
+    assert (status, output.startswith("a budget period (month) needs a spend limit")) == (1, True), output
+    status, output = await ezat(
+        backend, "keys", "update", "monthly", "--spend-limit", "none", "--budget-period", "none"
+    )
+    assert status == 0, output
+    key = (await stored_keys(backend[2]))["monthly"]
+    assert (key.spend_limit_usd, key.budget_period) == (None, None)
+
+
 async def test_a_key_taken_out_of_the_config_file_stops_working_at_the_next_start(backend, start_gateway, upstream):
     path = backend[0]
     await ask(await serve(start_gateway, backend), CONFIG_KEY)

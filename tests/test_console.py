@@ -226,6 +226,9 @@ async def test_a_key_made_in_the_console_may_have_a_budget_period(gateway, stora
     assert (made.name, made.spend_limit_usd, made.budget_period) == ("monthly", Decimal("50"), "month")
     status, body, _ = await visitor.call("POST", "/console/keys", {**form, "name": "yearly", "budget_period": "year"})
     assert status == 400 and "Budget period: expected day, week or month." in body
+    status, body, _ = await visitor.call("POST", "/console/keys", {**form, "name": "unlimited", "spend_limit_usd": ""})
+    assert status == 400 and "a budget period (month) needs a spend limit to count over" in body
+    assert [key.name for key in await in_store(storage_url, lambda store: store.list_keys())][-1] == "monthly"
 
 
 async def test_a_revoked_token_ends_its_sessions(gateway, storage_url):

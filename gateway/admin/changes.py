@@ -77,6 +77,7 @@ async def create_key(
 ) -> tuple[KeyRecord, str]:
     """A new key with `fields` (KeyRecord's) in `organization` (a name; default: "default"), and
     its secret, which is shown once: only its digest is stored."""
+    _check_budget(fields.get("budget_period"), fields.get("spend_limit_usd"))
     if organization is not None:
         fields["organization_id"] = await _organization_id(store, organization)
     secret = new_key_secret()
@@ -97,6 +98,10 @@ async def update_key(
     """The key with `fields` changed (and moved to `organization`, a name). `ref` is how the
     caller named the key, for the messages."""
     _writable_key(key, ref)
+    if "budget_period" in fields or "spend_limit_usd" in fields:
+        _check_budget(
+            fields.get("budget_period", key.budget_period), fields.get("spend_limit_usd", key.spend_limit_usd)
+        )
     if organization is not None:
         fields["organization_id"] = await _organization_id(store, organization)
     changed = await store.update_key(key.id, audit=AuditNote(actor, action), **fields)
@@ -131,6 +136,15 @@ def _writable_key(key: KeyRecord, ref: str | None) -> None:
         raise Conflict(
             f"key {ref or key.name or str(key.id)!r} is declared in the config file: "
             "change it there (revoked = true to revoke it)"
+        )
+
+
+def _check_budget(period: str | None, limit: Decimal | None) -> None:
+    """A budget period is what a spend limit counts over: alone it would limit nothing."""
+    if period is not None and limit is None:
+        raise Invalid(
+            f"a budget period ({period}) needs a spend limit to count over: give the key a spend limit too, "
+            "or no budget period"
         )
 
 
