@@ -52,10 +52,10 @@ def limits_middleware(
     - its `models` must allow each model (403 `permission_error`);
     - `limiter.admit(key, tokens)` must let it through (429 `rate_limit_exceeded` with
       `retry-after`): it takes one request and reserves the request's token estimate, its input
-      estimated from its size plus its output limit: a chat completion request's at most the
-      model's `max_output_tokens` (a larger one is the translator's 400), a Responses API
-      request's (`api="responses"`, its `max_output_tokens`) likewise, an Anthropic Messages
-      request's (`api="anthropic"`) as asked, since it goes upstream as it is;
+      estimated from its size plus its output limit, at most the model's `max_output_tokens` (a
+      larger one is the 400 of the stage that reads the body after this one): a chat completion
+      request's, a Responses API request's (`api="responses"`, its `max_output_tokens`), an
+      Anthropic Messages request's (`api="anthropic"`);
     - with `max_concurrent`, `limiter.enter(key, request id)` must find it running fewer (429
       `rate_limit_exceeded`); it leaves when the request is settled;
     - `spending.reserve(...)` must hold the request's worst-case cost within the key's
@@ -82,7 +82,6 @@ def limits_middleware(
         raise TypeError("limits_middleware: find_model must be a callable")
     if api not in _OUTPUT_LIMITS:
         raise ValueError('limits_middleware: api must be "openai", "anthropic" or "responses"')
-    capped = api != "anthropic"
     output_fields = _OUTPUT_LIMITS[api]
 
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
@@ -101,7 +100,7 @@ def limits_middleware(
         balance = key.organization_balance_usd if spends else None
         tokens = reserve and limiter is not None and bool(key.tpm)
         input_tokens, output_tokens = (
-            _token_estimate(body, request[BODY_BYTES], model, capped, output_fields)
+            _token_estimate(body, request[BODY_BYTES], model, output_fields)
             if tokens or limit is not None or balance is not None  # estimated only where a limit needs it
             else _NO_ESTIMATE
         )
@@ -275,16 +274,16 @@ _OUTPUT_LIMITS = {
 
 
 def _token_estimate(
-    body: dict[str, Any], body_bytes: int, model: ModelSpec, capped: bool, fields: tuple[str, ...]
+    body: dict[str, Any], body_bytes: int, model: ModelSpec, fields: tuple[str, ...]
 ) -> tuple[int, int]:
     """The most tokens a request can take: its input, estimated from the body's size (JSON
     syntax makes that an overestimate), and its output limit (the first of `fields` it sets), at
-    most the model's maximum when `capped`, else as asked."""
+    most the model's maximum."""
     output = min(DEFAULT_MAX_TOKENS, model.max_output_tokens)
     for field in fields:
         limit = body.get(field)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            output = min(limit, model.max_output_tokens) if capped else limit
+            output = min(limit, model.max_output_tokens)
             break
     return estimate_tokens(body_bytes), output
 

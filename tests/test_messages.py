@@ -62,7 +62,7 @@ async def test_a_message_goes_upstream_as_sent_with_the_model_mapped(start_gatew
     gateway = await start_gateway()
     upstream.enqueue(Scenario(usage={"input_tokens": 26, "output_tokens": 20}))
     body = {
-        "max_tokens": 128_000,  # above the model's 64,000: not clamped here, the upstream judges it
+        "max_tokens": 64_000,  # the model's maximum
         "messages": HELLO,
         "metadata": {"user_id": "user-7"},
         "tool_choice": {"type": "auto"},
@@ -72,7 +72,7 @@ async def test_a_message_goes_upstream_as_sent_with_the_model_mapped(start_gatew
     newer = {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}  # newer than this SDK
     raw = await client_of(gateway, prefix).messages.with_raw_response.create(  # (a timeout: the SDK
         model=MODEL, extra_headers={"x-ezat-cache": "off"}, extra_body=newer, timeout=30, **body
-    )  # wants 128k streamed)
+    )  # wants 64k streamed)
     message = await raw.parse()
     assert message.model == MODEL
     assert message.content[0].text == "Hello from the mock upstream. You said: Hello"
@@ -425,18 +425,27 @@ async def test_a_spend_limit_is_a_billing_error(start_gateway, upstream, client_
     assert upstream.requests == []
 
 
-async def test_a_spend_limit_holds_max_tokens_above_the_models_configured_maximum(start_gateway, upstream, client_of):
-    # max_tokens goes upstream as asked here, so the request may write all of it: 128,000 output
-    # tokens at $15 a million may cost $1.92, which $1.50 left does not cover (64,000 would).
+@pytest.mark.parametrize("max_tokens", [64_001, 100_000, 999_999])
+async def test_max_tokens_above_the_models_configured_maximum_is_its_400_not_a_402(
+    start_gateway, upstream, client_of, max_tokens
+):
+    """The config's max_output_tokens is the output limit here as on the OpenAI routes, with the
+    same message; it is refused as such, not first held against a spend limit it may not fit
+    ($1.50 left covers the model's 64,000 output tokens at $15 a million, not 128,000). At the
+    limit, the mock upstream answers: it is never the one to refuse."""
     gateway = await start_gateway(with_key(make_config(upstream.url), spend_limit_usd=Decimal("1.50")))
     claude = client_of(gateway)
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        await claude.messages.create(model=MODEL, max_tokens=128_000, messages=HELLO, timeout=30)
-    assert caught.value.status_code == 402
-    assert "less than this request may cost ($1.92" in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await claude.messages.create(model=MODEL, max_tokens=max_tokens, messages=HELLO, timeout=30)
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "max_tokens: at most 64000 for this model"},
+        "request_id": caught.value.response.headers["request-id"],
+    }
     assert upstream.requests == []
     message = await claude.messages.create(model=MODEL, max_tokens=64_000, messages=HELLO, timeout=30)
-    assert message.content[0].text.startswith("Hello from the mock upstream")
+    assert message.content[0].text == "Hello from the mock upstream. You said: Hello"
+    assert upstream.requests[0].body["max_tokens"] == 64_000
 
 
 async def test_a_body_over_32_mb_is_request_too_large(gateway, upstream):
