@@ -101,6 +101,62 @@ async def test_echo_uses_last_user_message_and_truncates(client):
     assert msg.content[0].text == "Hello from the mock upstream. You said: " + ("x" * 150 + "\n" + "y" * 150)[:200]
 
 
+# What Claude Code adds to a person's turn (before and after the prompt), and what Codex adds to
+# its first turn (through the gateway's translation, text blocks of one user turn).
+REMINDER = "<system-reminder>\nThe user has get_time available. Do not mention this.\n</system-reminder>"
+AGENTS_MD = "# AGENTS.md instructions for /work\n\n<INSTRUCTIONS>\nBe terse.\n</INSTRUCTIONS>"
+ENVIRONMENT = "<environment_context>\n  <cwd>/work</cwd>\n  <shell>bash</shell>\n</environment_context>"
+
+
+def said(*texts: str) -> dict:
+    return {"role": "user", "content": [{"type": "text", "text": text} for text in texts]}
+
+
+@pytest.mark.parametrize(
+    ("messages", "answer"),
+    [
+        ([said(REMINDER, "Say hello", REMINDER)], "Hello from the mock upstream. You said: Say hello"),
+        ([said(AGENTS_MD, ENVIRONMENT, "List the files")], "Hello from the mock upstream. You said: List the files"),
+        # A turn of context alone: the person's words are those of the turn before.
+        (
+            [said("Hi"), {"role": "assistant", "content": "Hello"}, said(REMINDER)],
+            "Hello from the mock upstream. You said: Hi",
+        ),
+        ([said(ENVIRONMENT)], "Hello from the mock upstream."),
+    ],
+)
+async def test_the_echo_quotes_the_person_not_the_context_a_client_adds(client, messages, answer):
+    tools = [{"name": "get_time", "input_schema": {"type": "object"}}]  # named only by the reminder
+    msg = await client.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)
+    assert [block.type for block in msg.content] == ["text"]
+    assert msg.content[0].text == answer
+
+
+async def test_a_tool_result_is_answered_by_naming_the_tool_and_what_it_returned(client):
+    calls = [
+        {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "read_file", "input": {"path": "notes.txt"}},
+        {"type": "tool_use", "id": "toolu_3", "name": "touch", "input": {"path": "done"}},
+    ]
+    results = [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "14:05"}]},
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no such file", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "toolu_3", "content": ""},
+        {"type": "text", "text": REMINDER},  # as Claude Code sends it beside a result
+    ]
+    messages = [
+        said("What time is it in Oslo?"),
+        {"role": "assistant", "content": calls},
+        {"role": "user", "content": results},
+    ]
+    msg = await client.messages.create(model="m", max_tokens=50, messages=messages)
+    assert msg.content[0].text == (
+        "Hello from the mock upstream. The tool get_time returned: 14:05\n"
+        "The tool read_file failed: no such file\n"
+        "The tool touch returned nothing"
+    )
+
+
 async def test_scenarios_are_fifo_then_default(client, mock):
     mock.enqueue(Scenario(blocks=[{"type": "text", "text": "one"}]), Scenario(blocks=[{"type": "text", "text": "two"}]))
     texts = [(await client.messages.create(model="m", max_tokens=5, messages=MSGS)).content[0].text for _ in range(3)]

@@ -118,6 +118,21 @@ async def test_instructions_then_system_and_developer_messages_make_the_system_p
     ]
 
 
+async def test_the_mock_quotes_what_the_person_wrote_not_the_context_codex_adds(client, upstream):
+    """Codex's first turn: its AGENTS.md instructions and environment as user messages before the
+    prompt, which is what the mock upstream's unscripted answer quotes."""
+    context = [
+        "# AGENTS.md instructions for /work\n\n<INSTRUCTIONS>\nBe terse.\n</INSTRUCTIONS>",
+        "<environment_context>\n  <cwd>/work</cwd>\n</environment_context>",
+        "List the files",
+    ]
+    reply = await client.responses.create(
+        model=MODEL,
+        input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]} for t in context],
+    )
+    assert reply.output_text == "Hello from the mock upstream. You said: List the files"
+
+
 async def test_max_output_tokens_is_the_output_limit_within_the_models_maximum(client, upstream):
     await client.responses.create(model=MODEL, input="Hi", max_output_tokens=500)
     assert sent(upstream)["max_tokens"] == 500

@@ -7,8 +7,10 @@ forwards OpenAI-only fields), replies with a scripted ``Scenario`` per request
 and streams Anthropic's exact SSE event sequence.
 
 With no scenario queued it answers as a model would without a script: a tool call when the
-request's ``tool_choice`` forces one or its last user message names one of its tools (arguments
-made from the tool's ``input_schema``), otherwise an echo of that message.
+request's ``tool_choice`` forces one or the person's last words name one of its tools (arguments
+made from the tool's ``input_schema``); after a tool result, the tool's name and what it
+returned; otherwise a quote of the last text the person wrote (not the context a client such as
+Claude Code or Codex adds to the turn).
 
 ``MockUpstream(fast=True)`` is the benchmarks' upstream: no validation, no
 recording, and replies sent from bytes encoded once, chosen by the request's
@@ -167,11 +169,69 @@ def _text_of(content) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
+# Text a client adds to the person's turn as context, which the person did not write: Claude
+# Code's <system-reminder> blocks, Codex's <environment_context> and its AGENTS.md instructions.
+_INJECTED = re.compile(r"\s*(?:<[A-Za-z][\w-]*>|# AGENTS\.md instructions for )")
+
+
+def _persons_text(messages: list) -> str:
+    """The last text the person wrote: the text of the newest user turn that has any, less the
+    context a client injected ("" when there is none)."""
+    for message in reversed(messages):
+        content = message["content"] if message["role"] == "user" else []
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts = [
+            block["text"]
+            for block in blocks
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+            and not _INJECTED.match(block["text"])
+        ]
+        if texts:
+            return "\n".join(texts)
+    return ""
+
+
+def _tool_results(messages: list) -> list[str]:
+    """What the last user turn's tool results say, one line each naming its tool."""
+    last = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    content = last["content"] if last is not None and isinstance(last["content"], list) else []
+    results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if not results:
+        return []
+    names = {
+        block.get("id"): block.get("name")
+        for message in messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    }
+    said = []
+    for result in results:
+        name = names.get(result.get("tool_use_id")) or result.get("tool_use_id")
+        text = _text_of(result.get("content"))[:200]
+        outcome = ("failed: " if result.get("is_error") else "returned: ") + text if text else "returned nothing"
+        said.append(f"The tool {name} {outcome}")
+    return said
+
+
+def _unscripted_text(messages: list) -> str:
+    """The reply with no scenario and no tool to call: what the tool results say, else a quote of
+    the person's last words."""
+    said = "\n".join(_tool_results(messages))
+    if not said:
+        quoted = _persons_text(messages)[:200]
+        said = "You said: " + quoted if quoted else ""
+    return "Hello from the mock upstream." + (" " + said if said else "")
+
+
 def called_tool(body: dict) -> dict | None:
     """The tool an unscripted reply calls: the one `tool_choice` forces (`any`: the first tool), or
-    with `auto` or none given, the tool whose name comes first in the last user message's text, as
-    a whole word. A user turn that answers a tool call calls none by name, so an agent's loop ends
-    (a forced choice still calls one, as it would upstream); `none` never calls one."""
+    with `auto` or none given, the tool whose name comes first in what the person wrote in the
+    last user message (see `_persons_text`), as a whole word. A user turn that answers a tool
+    call calls none by name, so an agent's loop ends (a forced choice still calls one, as it
+    would upstream); `none` never calls one."""
     tools = [tool for tool in body.get("tools") or [] if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
     if not tools:
         return None
@@ -189,7 +249,7 @@ def called_tool(body: dict) -> dict | None:
     content = last_user["content"]
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
         return None
-    text = _text_of(content)
+    text = _persons_text([last_user])
     named = []
     for tool in tools:
         # A whole word: a tool named `now` is not called by "know".
@@ -473,9 +533,7 @@ class MockUpstream:
         warming = body.get("max_tokens") == 0
         blocks = [] if warming else sc.blocks
         if blocks is None:
-            last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), None)
-            echo = _text_of(last_user["content"])[:200] if last_user else ""
-            blocks = [{"type": "text", "text": "Hello from the mock upstream. You said: " + echo}]
+            blocks = [{"type": "text", "text": _unscripted_text(body["messages"])}]
         produced = sum(
             output_tokens(b.get("text", ""))
             + output_tokens(b.get("thinking", ""))
