@@ -320,6 +320,14 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
     for sock in sockets:
         await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
     log.info("ezat-gateway listening on http://%s:%d (pid %d)", server.host, server.port, os.getpid())
+    if config.admin is not None:  # else a newcomer learns of the console only from the docs
+        log.info(
+            "admin console at http://%s:%d/console (admin API under /admin/v1/): sign in with an admin token, "
+            "one of the config's [[admin.tokens]] or one made with "
+            "`ezat-gateway admin-tokens create --config FILE --name NAME --role admin`",
+            server.host,
+            server.port,
+        )
     if demo_key:
         print(_quickstart(f"http://{server.host}:{server.port}", demo_key), flush=True)
 

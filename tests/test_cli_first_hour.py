@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support import COMMAND, ServeProcess, clean_environment, free_port, read_store, run_command
+from tests.support import COMMAND, SERVE_CONFIG, ServeProcess, clean_environment, free_port, read_store, run_command
 
 ROOT = Path(__file__).parent.parent
 
@@ -317,6 +317,28 @@ async def test_a_server_that_says_it_listens_answers_at_once(tmp_path):
     finally:
         await served.stop()
     assert served.process.returncode == 0
+    assert "console" not in served.output()  # the demo has no [admin]
+
+
+async def test_a_server_with_admin_on_names_the_console_and_how_to_get_a_token(tmp_path, upstream):
+    served = ServeProcess(
+        tmp_path,
+        config=SERVE_CONFIG + "\n[admin]\n",
+        storage_url=f"sqlite:///{tmp_path / 'g.db'}",
+        upstream_url=upstream.url,
+    )
+    await served.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(served.url + "/console/sign-in") as response:
+                assert response.status == 200
+    finally:
+        await served.stop()
+    assert (
+        f"admin console at {served.url}/console (admin API under /admin/v1/): sign in with an admin token, "
+        "one of the config's [[admin.tokens]] or one made with "
+        "`ezat-gateway admin-tokens create --config FILE --name NAME --role admin`"
+    ) in served.output()
 
 
 async def test_a_demo_that_cannot_keep_its_key_fails_before_it_says_it_answers(tmp_path):
