@@ -141,9 +141,6 @@ class PostgresStore:
         row = await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.key_sha256 = $1", key_sha256)
         return _key(row) if row else None
 
-    async def _key_by_id(self, key_id: int) -> KeyRecord:
-        return _key(await self._pool.fetchrow(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.id = $1", key_id))
-
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         """The file's keys as it declares them; a key it no longer declares is revoked."""
         async with self._pool.acquire() as db, db.transaction():
