@@ -1,5 +1,5 @@
-"""ezat-gateway: an OpenAI Chat Completions and Anthropic Messages gateway in front of Anthropic
-Messages upstreams."""
+"""ezat-gateway: OpenAI's Chat Completions and Responses APIs, and Anthropic's Messages API, in
+front of Anthropic Messages upstreams."""
 
 from __future__ import annotations
 
