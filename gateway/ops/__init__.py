@@ -1,3 +1,3 @@
-"""What an operator sees of a running gateway: the access log and its format, Prometheus metrics,
-OpenTelemetry traces, and the readiness a load balancer asks for. Each is a stage or a service
-the app wires in; none changes what a client gets."""
+"""What an operator sees of a running gateway: the access log and its format, Prometheus metrics
+and OpenTelemetry traces. Each is a stage or a service the app wires in; none changes what a
+client gets."""
