@@ -10,13 +10,13 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from gateway import clock
 from gateway.accounting.alerts import Alerts
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.ratelimit import RateLimiter, rate_limiter
 from gateway.accounting.spending import SpendReservations
 from gateway.admin.api import add_admin_routes
 from gateway.admin.console import add_console_routes
+from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
 from gateway.ops.observe import observe_middleware
@@ -62,12 +62,14 @@ def build_app(
     ping_interval: float = 15.0,
     key_cache_seconds: float = 5.0,
     tracing: Tracing | None = None,
+    now: Clock = system,
 ) -> web.Application:
-    """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one)."""
+    """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one);
+    `now` is the gateway's idea of now, for budget periods (the CLI's reads `EZAT_NOW`)."""
     # What every route shares, and the stages the chains share.
-    services = make_services(config, ping_interval=ping_interval, tracing=tracing)
+    services = make_services(config, ping_interval=ping_interval, tracing=tracing, now=now)
     ttl = reservation_ttl(config, non_streaming_deadline)
-    stages = make_stages(config, services, key_cache_seconds=key_cache_seconds, reservation_ttl=ttl)
+    stages = make_stages(config, services, key_cache_seconds=key_cache_seconds, reservation_ttl=ttl, now=now)
     # The four API routes: each one's chain, its order checked, around its handler.
     proxy = partial(
         proxy_handler,
@@ -87,8 +89,8 @@ def build_app(
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
-        add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget)
-        add_console_routes(app, config.admin, services.store, forget_key=stages.auth.forget)  # /console
+        add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)
+        add_console_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)  # /console
     return app
 
 
@@ -111,13 +113,14 @@ class Services(NamedTuple):
     alerts: Alerts | None  # [[alerts]]' webhooks, when the config has any
 
 
-def make_services(config: Config, *, ping_interval: float, tracing: Tracing | None) -> Services:
-    """The app's services, from the config; none is opened before the app starts."""
+def make_services(config: Config, *, ping_interval: float, tracing: Tracing | None, now: Clock) -> Services:
+    """The app's services, from the config; none is opened before the app starts. `now` dates
+    budget periods."""
     metrics = Metrics() if config.metrics.enabled else NO_METRICS
     tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
-    store = open_store(config.storage.url)
-    alerts = Alerts(config.alerts, store, metrics=metrics) if config.alerts else None
+    store = open_store(config.storage.url, now=now)
+    alerts = Alerts(config.alerts, store, metrics=metrics, now=now) if config.alerts else None
     ledger = Ledger(store, metrics=metrics, committed=alerts.spent if alerts else None)
     spending = SpendReservations(store)
     limiter = rate_limiter(config.ratelimit.url, workers=config.server.workers)
@@ -155,8 +158,10 @@ class Stages(NamedTuple):
     kept_responses: KeptResponses  # the Responses API's stored responses
 
 
-def make_stages(config: Config, services: Services, *, key_cache_seconds: float, reservation_ttl: float) -> Stages:
-    """The shared stages, each set up from its part of the config."""
+def make_stages(
+    config: Config, services: Services, *, key_cache_seconds: float, reservation_ttl: float, now: Clock
+) -> Stages:
+    """The shared stages, each set up from its part of the config; `now` dates budget periods."""
     settings = config.images
     images = images_middleware(
         max_image_bytes=settings.max_image_mb * MiB,
@@ -183,7 +188,7 @@ def make_stages(config: Config, services: Services, *, key_cache_seconds: float,
             spending=services.spending,
             limiter=services.limiter,
             reservation_ttl=reservation_ttl,
-            now=clock.now,
+            now=now,
             used_up=services.alerts.used_up if services.alerts else None,
         ),
         images=images,

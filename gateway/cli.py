@@ -22,7 +22,7 @@ from pathlib import Path
 import asyncpg
 from aiohttp import web
 
-from gateway import version
+from gateway import clock, version
 from gateway.admin import commands as admin_commands
 from gateway.app import READINESS, build_app
 from gateway.config import (
@@ -314,7 +314,7 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
 
     # On SIGTERM: stop accepting, let open requests and streams finish (up to the shutdown
     # timeout), then close; the app's cleanup writes every ledger row still pending.
-    runner = app_runner(build_app(config), server)
+    runner = app_runner(build_app(config, now=clock.from_environment()), server)
     await runner.setup()
     tune_garbage_collector()
     for sock in sockets:

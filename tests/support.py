@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -80,6 +81,21 @@ def make_config(upstream_url: str, storage_url: str = "sqlite:///:memory:", **mo
         models=(model, small),
         keys=(KeyConfig(name="test", key_sha256=hashlib.sha256(KEY.encode()).hexdigest()),),
     )
+
+
+class SetClock:
+    """The gateway's idea of now for budget periods, as a test sets it and moves it (build_app's
+    and open_store's `now`)."""
+
+    def __init__(self, moment: str) -> None:
+        self.set(moment)
+
+    def set(self, moment: str) -> None:
+        """Now is `moment`, an ISO 8601 instant in UTC."""
+        self.moment = datetime.fromisoformat(moment)
+
+    def __call__(self) -> datetime:
+        return self.moment
 
 
 def free_port() -> int:

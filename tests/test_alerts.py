@@ -19,7 +19,7 @@ from aiohttp import web
 from gateway.app import STORE
 from gateway.config import AlertConfig, ConfigError, KeyConfig, OrganizationConfig, StorageConfig, load_config
 from gateway.mock.upstream import Scenario
-from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, make_config
+from tests.support import KEY, MODEL, SERVE_CONFIG, ServeProcess, SetClock, make_config
 from tests.test_operations import access_lines, scrape
 from tests.test_routing import both_workers_listening
 from tests.test_storage import query, store_url  # noqa: F401 (fixture)
@@ -113,11 +113,10 @@ async def spend(client, times: int) -> None:
         await client.chat.completions.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
 
 
-async def test_each_threshold_is_posted_once_signed(start_gateway, upstream, store_url, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2026-12-15T10:00:00Z")
+async def test_each_threshold_is_posted_once_signed(start_gateway, upstream, store_url):
     webhook = await webhook_started()
     config = alerting_config(upstream, store_url, webhook, spend_limit_usd=Decimal("0.06"), budget_period="month")
-    gateway = await start_gateway(config)
+    gateway = await start_gateway(config, now=SetClock("2026-12-15T10:00:00Z"))
     upstream.enqueue(*(Scenario(**ANSWER) for _ in range(4)))
     async with gateway.client() as client:
         await spend(client, 2)  # $0.03 of $0.06: half
@@ -167,18 +166,19 @@ async def test_a_budget_too_short_for_a_requests_input_is_used_up(start_gateway,
     await webhook.stop()
 
 
-async def test_a_new_period_alerts_again(start_gateway, upstream, tmp_path, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:00:00Z")
+async def test_a_new_period_alerts_again(start_gateway, upstream, tmp_path):
+    now = SetClock("2026-12-31T23:00:00Z")
     webhook = await webhook_started()
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
     gateway = await start_gateway(
-        alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("0.03"), budget_period="month")
+        alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("0.03"), budget_period="month"),
+        now=now,
     )
     upstream.enqueue(*(Scenario(**ANSWER) for _ in range(3)))
     async with gateway.client() as client:
         await spend(client, 1)  # half of December's
         await webhook.receive(1)
-        monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:30:00Z")
+        now.set("2027-01-01T00:30:00Z")
         await spend(client, 1)  # half of January's: a new period, its own alert
         await webhook.receive(2)
         await spend(client, 1)  # all of January's

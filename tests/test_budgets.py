@@ -1,7 +1,6 @@
 """Budgets per period: a key's spend limit counted over a UTC calendar day, week or month
-(`budget_period`), through the real gateway on loopback on SQLite and PostgreSQL. The clock is
-`EZAT_NOW`, which the gateway reads for budget periods each time it needs one, so a test moves
-it across a period's turn."""
+(`budget_period`), through the real gateway on loopback on SQLite and PostgreSQL. The gateway's
+clock is handed to it (`now=`), so a test moves it across a period's turn."""
 
 from __future__ import annotations
 
@@ -14,12 +13,12 @@ from decimal import Decimal
 import openai
 import pytest
 
-from gateway import clock
 from gateway.app import STORE
 from gateway.config import ConfigError, KeyConfig, StorageConfig, load_config
 from gateway.mock.upstream import Scenario
+from gateway.storage import open_store
 from middlewares.core.periods import next_start, period_start
-from tests.support import KEY, MODEL, make_config, run_command
+from tests.support import KEY, MODEL, SetClock, make_config, run_command
 from tests.test_admin_api import ADMIN, Admin
 from tests.test_storage import opened, row, store_url  # noqa: F401 (fixtures)
 
@@ -30,10 +29,10 @@ LONG_ANSWER = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tok
 HI = [{"role": "user", "content": "Tell me about Oslo."}]
 
 
-async def started(start_gateway, upstream, storage_url: str, **key_fields):
+async def started(start_gateway, upstream, storage_url: str, now: SetClock, **key_fields):
     config = make_config(upstream.url)
     key = KeyConfig(name="budgeted", key_sha256=hashlib.sha256(KEY.encode()).hexdigest(), **key_fields)
-    return await start_gateway(replace(config, keys=(key,), storage=StorageConfig(url=storage_url)))
+    return await start_gateway(replace(config, keys=(key,), storage=StorageConfig(url=storage_url)), now=now)
 
 
 async def ask(client) -> str:
@@ -46,9 +45,11 @@ async def ask(client) -> str:
     return "ok"
 
 
-async def test_a_monthly_budget_starts_again_at_the_months_turn(start_gateway, upstream, store_url, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:00:00Z")
-    gateway = await started(start_gateway, upstream, store_url, spend_limit_usd=Decimal("0.05"), budget_period="month")
+async def test_a_monthly_budget_starts_again_at_the_months_turn(start_gateway, upstream, store_url):
+    now = SetClock("2026-12-31T23:00:00Z")
+    gateway = await started(
+        start_gateway, upstream, store_url, now, spend_limit_usd=Decimal("0.05"), budget_period="month"
+    )
     upstream.enqueue(*(Scenario(**ANSWER) for _ in range(7)))
     async with gateway.client() as client:
         assert [await ask(client) for _ in range(3)] == ["ok"] * 3
@@ -58,7 +59,7 @@ async def test_a_monthly_budget_starts_again_at_the_months_turn(start_gateway, u
             r"\(\$0\.015\d*\); a lower max_tokens would fit; it resets on 2027-01-01\.",
             refused,
         ), refused
-        monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:30Z")  # a new month: nothing spent in it yet
+        now.set("2027-01-01T00:00:30Z")  # a new month: nothing spent in it yet
         assert [await ask(client) for _ in range(3)] == ["ok"] * 3
         refused = await ask(client)
         assert refused.endswith("; it resets on 2027-02-01.")
@@ -70,27 +71,27 @@ async def test_a_monthly_budget_starts_again_at_the_months_turn(start_gateway, u
     assert len(upstream.requests) == 6  # the refused never went upstream
 
 
-async def test_a_used_up_daily_budget_says_when_it_resets(start_gateway, upstream, tmp_path, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:59:00+00:00")
+async def test_a_used_up_daily_budget_says_when_it_resets(start_gateway, upstream, tmp_path):
+    now = SetClock("2026-12-31T23:59:00+00:00")
     storage = f"sqlite:///{tmp_path / 'ezat.db'}"
-    gateway = await started(start_gateway, upstream, storage, spend_limit_usd=Decimal("0.03"), budget_period="day")
+    gateway = await started(start_gateway, upstream, storage, now, spend_limit_usd=Decimal("0.03"), budget_period="day")
     upstream.enqueue(Scenario(**LONG_ANSWER), Scenario(**ANSWER))
     async with gateway.client() as client:
         assert await ask(client) == "ok"
         assert await ask(client) == "This key has used up its daily budget of $0.03; it resets on 2027-01-01."
-        monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:01+00:00")
+        now.set("2027-01-01T00:00:01+00:00")
         assert await ask(client) == "ok"
 
 
-async def test_a_key_without_a_period_keeps_its_lifetime_limit(start_gateway, upstream, tmp_path, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:59:00Z")
+async def test_a_key_without_a_period_keeps_its_lifetime_limit(start_gateway, upstream, tmp_path):
+    now = SetClock("2026-12-31T23:59:00Z")
     gateway = await started(
-        start_gateway, upstream, f"sqlite:///{tmp_path / 'ezat.db'}", spend_limit_usd=Decimal("0.03")
+        start_gateway, upstream, f"sqlite:///{tmp_path / 'ezat.db'}", now, spend_limit_usd=Decimal("0.03")
     )
     upstream.enqueue(Scenario(**LONG_ANSWER))
     async with gateway.client() as client:
         assert await ask(client) == "ok"
-        monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:01Z")  # no period: a new month changes nothing
+        now.set("2027-01-01T00:00:01Z")  # no period: a new month changes nothing
         assert await ask(client) == "This key has reached its spend limit of $0.03."
 
 
@@ -118,10 +119,9 @@ def test_an_unknown_budget_period_is_a_config_error(tmp_path):
     assert 'budget_period: expected "day", "week" or "month"' in str(error.value)
 
 
-async def test_the_admin_api_sets_a_keys_budget_period(start_gateway, upstream, tmp_path, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", "2027-03-10T12:00:00Z")
+async def test_the_admin_api_sets_a_keys_budget_period(start_gateway, upstream, tmp_path):
     config = replace(make_config(upstream.url, f"sqlite:///{tmp_path / 'ezat.db'}"), admin=ADMIN)
-    admin = Admin(await start_gateway(config))
+    admin = Admin(await start_gateway(config, now=SetClock("2027-03-10T12:00:00Z")))
     made = await admin.ok(
         "POST", "/keys", 201, json={"name": "team", "spend_limit_usd": "0.05", "budget_period": "week"}
     )
@@ -145,36 +145,53 @@ async def test_the_cli_sets_a_keys_budget_period(tmp_path):
         "keys", "create", "--name", "team", "--spend-limit", "5", "--budget-period", "month", *storage
     )
     assert status == 0, output
-    status, listed = await run_command("keys", "list", *storage)
-    assert status == 0, listed
-    header, line = listed.splitlines()
-    starts = [header.index(name) for name in header.split()]  # the table's columns, blank where a value is none
-    key = {name: line[start:end].strip() for name, start, end in zip(header.split(), starts, [*starts[1:], None])}
+    key = await listed_key(*storage)
     assert (key["spend_limit_usd"], key["budget_period"], key["period_spent_usd"]) == ("5", "month", "0")
     status, output = await run_command("keys", "update", "team", "--budget-period", "year", *storage)
     assert status != 0 and "expected day, week, month or \"none\", not 'year'" in output
 
 
-async def test_a_new_budget_period_counts_what_it_has_spent(start_gateway, upstream, store_url, monkeypatch):
+async def test_the_cli_takes_ezat_now_as_it_starts(tmp_path, opened):
+    url = f"sqlite:///{tmp_path / 'ezat.db'}"
+    store = await opened(url, open_store(url, now=SetClock("2026-12-31T12:00:00Z")))
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    monthly = KeyConfig(name="team", key_sha256=digest, spend_limit_usd=Decimal("1"), budget_period="month")
+    await store.sync_config_keys([monthly])
+    await store.write_ledger([row("req-1", (await store.find_key(digest)).id, "0.25")])
+    december = await listed_key("--storage", url, env={"EZAT_NOW": "2026-12-31T23:59:00Z"})
+    january = await listed_key("--storage", url, env={"EZAT_NOW": "2027-01-01T00:00:01Z"})
+    assert (december["period_spent_usd"], january["period_spent_usd"]) == ("0.25", "0")
+
+
+async def listed_key(*storage: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`keys list`'s one key, by its columns."""
+    status, listed = await run_command("keys", "list", *storage, env=env)
+    assert status == 0, listed
+    header, line = listed.splitlines()
+    starts = [header.index(name) for name in header.split()]  # the table's columns, blank where a value is none
+    return {name: line[start:end].strip() for name, start, end in zip(header.split(), starts, [*starts[1:], None])}
+
+
+async def test_a_new_budget_period_counts_what_it_has_spent(start_gateway, upstream, store_url):
     # Switching a key's period neither carries one period's spend into another nor forgets it:
     # what the new period has spent is read from the ledger.
-    monkeypatch.setenv("EZAT_NOW", datetime.now(UTC).isoformat())  # the ledger's rows are stamped with the real time
+    now = SetClock(datetime.now(UTC).isoformat())  # the ledger's rows are stamped with the real time
     config = replace(make_config(upstream.url, store_url), admin=ADMIN)
-    admin = Admin(await start_gateway(config))
+    admin = Admin(await start_gateway(config, now=now))
     made = await admin.ok("POST", "/keys", 201, json={"name": "team", "spend_limit_usd": "1", "budget_period": "day"})
     upstream.enqueue(*(Scenario(**ANSWER) for _ in range(2)))
     async with admin.gateway.client(api_key=made["secret"]) as client:
         assert [await ask(client) for _ in range(2)] == ["ok"] * 2  # $0.03 today
     month = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "month"})
     assert month["period_spent_usd"] == "0.030"  # this month's spend includes today's
-    monkeypatch.setenv("EZAT_NOW", (datetime.now(UTC) + timedelta(days=40)).isoformat())
+    now.set((datetime.now(UTC) + timedelta(days=40)).isoformat())
     later = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "week"})
     assert later["period_spent_usd"] == "0"  # a week 40 days on has spent nothing
 
 
-async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_url, opened, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", datetime.now(UTC).isoformat())
-    store = await opened(store_url)
+async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_url, opened):
+    now = SetClock(datetime.now(UTC).isoformat())
+    store = await opened(store_url, open_store(store_url, now=now))
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     daily = KeyConfig(name="filed", key_sha256=digest, spend_limit_usd=Decimal("1"), budget_period="day")
     await store.sync_config_keys([daily])
@@ -182,25 +199,26 @@ async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_u
     await store.write_ledger([row("req-1", key.id, "0.25")])
     await store.sync_config_keys([replace(daily, budget_period="month")])  # the file changed, the gateway restarted
     key = await store.find_key(digest)
-    assert (key.budget_period, key.spent_in_period(clock.now())) == ("month", Decimal("0.25"))
+    assert (key.budget_period, key.spent_in_period(now())) == ("month", Decimal("0.25"))
     await store.sync_config_keys([replace(daily, budget_period=None)])
-    assert (await store.find_key(digest)).spent_in_period(clock.now()) == Decimal("0.25")  # lifetime
+    assert (await store.find_key(digest)).spent_in_period(now()) == Decimal("0.25")  # lifetime
 
 
-async def test_a_period_begun_by_a_clock_ahead_does_not_go_back(store_url, opened, monkeypatch):
+async def test_a_period_begun_by_a_clock_ahead_does_not_go_back(store_url, opened):
     """Replicas' clocks differ by a moment at a period's turn: a row billed by one already in
     the new month, then one by another still in the old, both count in the new month, which a
     key's spend never leaves again."""
-    store = await opened(store_url)
+    now = SetClock("2026-12-31T23:00:00Z")
+    store = await opened(store_url, open_store(store_url, now=now))
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     monthly = KeyConfig(name="turning", key_sha256=digest, spend_limit_usd=Decimal("1"), budget_period="month")
     await store.sync_config_keys([monthly])
     key = await store.find_key(digest)
-    monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:01Z")  # the replica a moment ahead
+    now.set("2027-01-01T00:00:01Z")  # the replica a moment ahead
     await store.write_ledger([row("req-ahead", key.id, "0.10")])
-    monkeypatch.setenv("EZAT_NOW", "2026-12-31T23:59:59Z")  # the one a moment behind
+    now.set("2026-12-31T23:59:59Z")  # the one a moment behind
     await store.write_ledger([row("req-behind", key.id, "0.20")])
     key = await store.find_key(digest)
     assert (key.period_start, key.period_spent_usd) == (date(2027, 1, 1), Decimal("0.30"))
-    monkeypatch.setenv("EZAT_NOW", "2027-01-01T00:00:02Z")
-    assert key.spent_in_period(clock.now()) == Decimal("0.30")
+    now.set("2027-01-01T00:00:02Z")
+    assert key.spent_in_period(now()) == Decimal("0.30")

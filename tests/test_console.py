@@ -32,7 +32,7 @@ ADMIN = AdminConfig(
         AdminTokenConfig(name="watcher", role="viewer", token_sha256=hashlib.sha256(VIEWER_TOKEN.encode()).hexdigest()),
     )
 )
-NOW = datetime(2026, 11, 20, 15, 30, tzinfo=UTC)  # the gateway's idea of now here (EZAT_NOW)
+NOW = datetime(2026, 11, 20, 15, 30, tzinfo=UTC)  # the gateway's idea of now here
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "console-overview.png"
 SESSION_COOKIE = "ezat_console_session"
 
@@ -43,9 +43,8 @@ def storage_url(tmp_path) -> str:
 
 
 @pytest.fixture
-async def gateway(start_gateway, upstream, storage_url, monkeypatch):
-    monkeypatch.setenv("EZAT_NOW", NOW.isoformat())
-    return await start_gateway(replace(make_config(upstream.url, storage_url), admin=ADMIN))
+async def gateway(start_gateway, upstream, storage_url):
+    return await start_gateway(replace(make_config(upstream.url, storage_url), admin=ADMIN), now=lambda: NOW)
 
 
 class Browserless:

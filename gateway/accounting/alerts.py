@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from gateway import clock
+from gateway.clock import Clock, system
 from gateway.config import AlertConfig
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import Alert, AlertDelivery, KeyRecord, LedgerRow, OrganizationRecord, Store
@@ -55,11 +55,13 @@ class Alerts:
         metrics: Metrics | NoMetrics = NO_METRICS,
         poll_seconds: float = POLL,
         first_retry: float = FIRST_RETRY,
+        now: Clock = system,
     ) -> None:
         self._entries = tuple(entries)
         self._by_url = {entry.webhook_url: entry for entry in reversed(self._entries)}  # the first entry wins
         self._store, self._metrics = store, metrics
         self._poll, self._first_retry = poll_seconds, first_retry
+        self._now = now  # the gateway's clock, for budget periods
         self._changed: set[int] = set()  # keys whose spend rose, not checked yet
         self._checking: asyncio.Task[None] | None = None
         self._due = asyncio.Event()  # set: look for alerts due now
@@ -127,7 +129,7 @@ class Alerts:
             self._checking = None
 
     async def _claim_crossed(self, keys: list[KeyRecord]) -> bool:
-        now = clock.now()
+        now = self._now()
         alerts = [alert for key in keys for alert in self._key_alerts(key, now)]
         if any(key.organization_balance_usd for key in keys):
             named = {key.organization_id for key in keys}

@@ -15,6 +15,7 @@ by gateway/admin/parsing.py."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +27,7 @@ from gateway.admin import changes, parsing
 from gateway.admin.changes import AdminError
 from gateway.admin.openapi import OPENAPI
 from gateway.admin.tokens import AdminTokens, FailedAttempts, Holder
+from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
@@ -69,12 +71,18 @@ def _error(status: int, message: str, type: str, *, headers: dict[str, str] | No
 
 
 def add_admin_routes(
-    app: web.Application, config: AdminConfig, store: Store, *, forget_key: Callable[[str], None] | None = None
+    app: web.Application,
+    config: AdminConfig,
+    store: Store,
+    *,
+    forget_key: Callable[[str], None] | None = None,
+    now: Clock = system,
 ) -> None:
     """The admin API's routes on `app`. `forget_key(digest)` drops a key from the auth stage's
-    cache once it is revoked or rotated, so that this process refuses it at once."""
+    cache once it is revoked or rotated, so that this process refuses it at once; `now` is the
+    gateway's idea of now, for a key's budget period."""
     auth = AdminAuth(config, store)
-    handlers = AdminHandlers(store, forget_key or (lambda digest: None))
+    handlers = AdminHandlers(store, forget_key or (lambda digest: None), now)
 
     def guarded(handler, *, writes: bool):
         async def guard(request: web.Request) -> web.StreamResponse:
@@ -101,9 +109,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 class AdminHandlers:
-    def __init__(self, store: Store, forget_key: Callable[[str], None]) -> None:
+    def __init__(self, store: Store, forget_key: Callable[[str], None], now: Clock) -> None:
         self.store = store
         self.forget_key = forget_key
+        self.now = now
 
     def routes(self) -> list[tuple[str, str, Callable, bool]]:
         """(method, path under PREFIX, handler, whether it writes)."""
@@ -145,7 +154,7 @@ class AdminHandlers:
         page = matching[:limit]
         return _json(
             {
-                "data": [_key(key, reserved) for key in page],
+                "data": [_key(key, reserved, self.now()) for key in page],
                 "next": str(page[-1].id) if len(matching) > limit else None,
             }
         )
@@ -153,29 +162,29 @@ class AdminHandlers:
     async def create_key(self, request: web.Request, caller: Holder) -> web.Response:
         fields = parsing.key_fields(await parsing.body(request), creating=True)
         key, secret = await changes.create_key(self.store, caller.name, **fields)
-        return _json({**_key(key, {}), "secret": secret}, status=201)
+        return _json({**_key(key, {}, self.now()), "secret": secret}, status=201)
 
     async def get_key(self, request: web.Request, caller: Holder) -> web.Response:
-        return _json(_key(await self._key(request), await self.store.reserved()))
+        return _json(_key(await self._key(request), await self.store.reserved(), self.now()))
 
     async def update_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         fields = parsing.key_fields(await parsing.body(request), creating=False)
         changed = await changes.update_key(self.store, caller.name, key, **fields)
         self.forget_key(key.key_sha256)
-        return _json(_key(changed, await self.store.reserved()))
+        return _json(_key(changed, await self.store.reserved(), self.now()))
 
     async def revoke_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         revoked = await changes.revoke_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
-        return _json(_key(revoked, await self.store.reserved()))
+        return _json(_key(revoked, await self.store.reserved(), self.now()))
 
     async def rotate_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
         rotated, secret = await changes.rotate_key(self.store, caller.name, key)
         self.forget_key(key.key_sha256)
-        return _json({**_key(rotated, await self.store.reserved()), "secret": secret})
+        return _json({**_key(rotated, await self.store.reserved(), self.now()), "secret": secret})
 
     async def _key(self, request: web.Request) -> KeyRecord:
         key_id = request.match_info["id"]
@@ -330,8 +339,8 @@ def _json(value: Any, *, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(value, default=str), status=status, content_type="application/json")
 
 
-def _key(key: KeyRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:
-    return {**key_view(key), "reserved_usd": str(reserved.get(key.id, Decimal(0)))}
+def _key(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> dict[str, Any]:
+    return {**key_view(key, now), "reserved_usd": str(reserved.get(key.id, Decimal(0)))}
 
 
 def _organization(organization: OrganizationRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:

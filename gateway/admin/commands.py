@@ -16,10 +16,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from gateway import clock
 from gateway.accounting.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json
 from gateway.admin import changes
 from gateway.admin.changes import AdminError
+from gateway.clock import Clock, from_environment
 from gateway.config import MAX_PER_MINUTE, usd
 from gateway.storage import AdminTokenRecord, KeyRecord, OrganizationRecord, Store, open_store
 from middlewares.core.periods import PERIODS
@@ -218,12 +218,13 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
         return 1
     if named_by != "--storage":
         print(f"using the database at {describe_storage(storage_url)}", file=sys.stderr)
-    store = open_store(storage_url)
+    now = from_environment()  # once, as the command starts
+    store = open_store(storage_url, now=now)
     await store.open()
     if missing:
         print(f"{path.name} did not exist: created an empty one in {path.parent}", file=sys.stderr)
     try:
-        return await _command(store, args)
+        return await _command(store, args, now)
     except AdminError as refused:
         print(refused.message)
         return 1
@@ -231,7 +232,7 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
         await store.close()
 
 
-async def _command(store: Store, args: argparse.Namespace) -> int:
+async def _command(store: Store, args: argparse.Namespace, now: Clock) -> int:
     actor = changes.cli_actor()
     if args.command == "usage":
         keys = await store.list_keys()
@@ -255,7 +256,7 @@ async def _command(store: Store, args: argparse.Namespace) -> int:
         return 0
     if args.action == "list":
         reserved = await store.reserved()
-        print(_table(KEY_COLUMNS, [_key_row(key, reserved) for key in await store.list_keys()]), end="")
+        print(_table(KEY_COLUMNS, [_key_row(key, reserved, now()) for key in await store.list_keys()]), end="")
         return 0
     fields = _changes(args) if args.action in ("create", "update") else {}
     organization = fields.pop("org", None)
@@ -289,7 +290,7 @@ async def _command(store: Store, args: argparse.Namespace) -> int:
             "(--unrevoke makes it usable again)",
             file=sys.stderr,
         )
-    print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved())]), end="")
+    print(_table(KEY_COLUMNS, [_key_row(key, await store.reserved(), now())]), end="")
     return 0
 
 
@@ -481,7 +482,7 @@ def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
     return found[0] if found else f"no key named or numbered {ref!r}"
 
 
-def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
+def _key_row(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> list[Any]:
     return [
         key.id,
         key.name,
@@ -496,7 +497,7 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal]) -> list[Any]:
         key.revoked,
         key.organization,
         key.budget_period,
-        key.spent_in_period(clock.now()) if key.budget_period else None,
+        key.spent_in_period(now) if key.budget_period else None,
     ]
 
 

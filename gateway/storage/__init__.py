@@ -8,6 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
+from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     DEFAULT_ORGANIZATION_ID,
@@ -205,14 +206,14 @@ class Store(Protocol):
         """Deletes the response if get_response would find it; whether it did."""
 
 
-def open_store(url: str) -> Store:
-    """The store for a `[storage] url`: sqlite:///path or postgresql://…"""
+def open_store(url: str, *, now: Clock = system) -> Store:
+    """The store for a `[storage] url`: sqlite:///path or postgresql://…; `now` dates budget periods."""
     if url.startswith("sqlite:///"):
         from gateway.storage.sqlite import SQLiteStore
 
-        return SQLiteStore(url.removeprefix("sqlite:///"))
+        return SQLiteStore(url.removeprefix("sqlite:///"), now=now)
     if url.startswith(("postgresql://", "postgres://")):
         from gateway.storage.postgres import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, now=now)
     raise ValueError("unsupported storage URL: expected sqlite:///… or postgresql://…")  # it may hold a password

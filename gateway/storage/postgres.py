@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from gateway import clock
+from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     AdminTokenRecord,
@@ -96,8 +96,9 @@ _INSERT_LEDGER = (
 
 
 class PostgresStore:
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, now: Clock = system) -> None:
         self.url = url
+        self._now = now  # the gateway's clock, for budget periods
         self._pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._responses: asyncpg.Pool | None = None  # stored responses' own
@@ -170,7 +171,7 @@ class PostgresStore:
             for key in keys:  # a key the file gave another budget period
                 key_id, period = periods.get(key.key_sha256, (None, key.budget_period))
                 if period != key.budget_period:
-                    await _restart_period(db, key_id, key.budget_period)
+                    await _restart_period(db, key_id, key.budget_period, self._now())
 
     async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
@@ -184,13 +185,14 @@ class PostgresStore:
                 record.organization_id,
             )
             made = await _key_in(db, key_id)
-            await _audit(db, audit, f"key:{key_id}", None, key_view(made))
+            await _audit(db, audit, f"key:{key_id}", None, key_view(made, self._now()))
             return made
 
     async def list_keys(self) -> list[KeyRecord]:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
+        now = self._now()
         async with self._pool.acquire() as db, db.transaction():
             found = await _key_in(db, key_id, lock=True)
             if found is None or not fields:
@@ -204,19 +206,20 @@ class PostgresStore:
                 fields.get("organization_id", found.organization_id),
             )
             if merged["budget_period"] != found.budget_period:
-                await _restart_period(db, key_id, merged["budget_period"])
+                await _restart_period(db, key_id, merged["budget_period"], now)
             changed = await _key_in(db, key_id)
-            await _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+            await _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
             return changed
 
     async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
+        now = self._now()
         async with self._pool.acquire() as db, db.transaction():
             found = await _key_in(db, key_id, lock=True)
             if found is None:
                 return None
             await db.execute("UPDATE keys SET key_sha256 = $2 WHERE id = $1", key_id, key_sha256)
             changed = await _key_in(db, key_id)
-            await _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+            await _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
             return changed
 
     # --- organizations
@@ -389,7 +392,7 @@ class PostgresStore:
             # serialise reservations and ledger writes across replicas; the statements after them
             # see what committed before they were granted. NO KEY UPDATE: the ledger's foreign
             # keys take KEY SHARE locks on keys, which FOR UPDATE would conflict with.
-            starts = _period_starts()
+            starts = current_starts(self._now())
             spent = {
                 key_id: _counted(spent, period, started, period_spent, starts)
                 for key_id, spent, period, started, period_spent in await db.fetch(
@@ -463,7 +466,7 @@ class PostgresStore:
             # In key order, then organization order, as hold() locks them, so two replicas'
             # transactions never wait on each other's locks in a cycle. A key with a budget
             # period: its period's spend too, from 0 in a new period.
-            starts = _period_starts()
+            starts = current_starts(self._now())
             await db.executemany(
                 "UPDATE keys SET spent_usd = spent_usd + $2,"
                 " period_spent_usd = CASE WHEN budget_period IS NULL THEN period_spent_usd"
@@ -677,24 +680,20 @@ def _admin_token(row) -> AdminTokenRecord:
 _CURRENT_START = "(CASE budget_period WHEN 'day' THEN $3::date WHEN 'week' THEN $4::date ELSE $5::date END)"
 
 
-async def _restart_period(db, key_id: int, period: str | None) -> None:
+async def _restart_period(db, key_id: int, period: str | None, now: datetime) -> None:
     """A key given another budget period (or none): what the current one has spent, from the
     ledger, so that changing the period neither carries one period's spend into another nor
     forgets it."""
     if period is None:
         await db.execute("UPDATE keys SET period_start = NULL, period_spent_usd = 0 WHERE id = $1", key_id)
         return
-    start = _period_starts()[period]
+    start = current_starts(now)[period]
     await db.execute(
         "UPDATE keys SET period_start = $2::date, period_spent_usd = (SELECT coalesce(sum(cost_usd), 0) FROM ledger"
         " WHERE key_id = $1 AND finished_at >= $2::date::timestamp AT TIME ZONE 'UTC') WHERE id = $1",
         key_id,
         start,
     )
-
-
-def _period_starts() -> dict[str, date]:
-    return current_starts(clock.now())
 
 
 def _counted(spent: Decimal, period: str | None, started: date | None, period_spent: Decimal, starts) -> Decimal:

@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway import clock
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 __all__ = [
@@ -118,9 +117,9 @@ def _money(amount: Decimal | None) -> str | None:
     return None if amount is None else str(amount)
 
 
-def key_view(key: KeyRecord) -> dict[str, Any]:
-    """A key as the admin API and the audit log show it: its settings as [[keys]] names them, and
-    its spend; never its digest."""
+def key_view(key: KeyRecord, now: datetime) -> dict[str, Any]:
+    """A key as the admin API and the audit log show it at `now`: its settings as [[keys]] names
+    them, and its spend; never its digest."""
     return {
         "id": key.id,
         "name": key.name,
@@ -135,7 +134,7 @@ def key_view(key: KeyRecord) -> dict[str, Any]:
         "organization": key.organization,
         "spent_usd": _money(key.spent_usd),
         # What counts against a period's budget now (None without a period).
-        "period_spent_usd": _money(key.spent_in_period(clock.now())) if key.budget_period else None,
+        "period_spent_usd": _money(key.spent_in_period(now)) if key.budget_period else None,
         "from_config": key.from_config,
     }
 

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
@@ -150,8 +151,9 @@ def _when_unlocked(db: sqlite3.Connection, statement: str, attempts: int = 100) 
 
 
 class SQLiteStore:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, now: Clock = system) -> None:
         self.path = path
+        self._now = now  # the gateway's clock, for budget periods
         self._writer = Connection(path)
         # ":memory:" is one database per connection: there, reads share the writer's.
         self._reader = self._writer if path == ":memory:" else Connection(path)
@@ -212,7 +214,7 @@ class SQLiteStore:
     async def sync_config_keys(self, keys: Sequence[KeyConfig]) -> None:
         now = _text(datetime.now(UTC))
         values = [(k.key_sha256, *_key_values(*(getattr(k, f) for f in KEY_FIELDS)), k.organization, now) for k in keys]
-        await self._writer.call(_transaction, _upsert_config_keys, values)
+        await self._writer.call(_transaction, _upsert_config_keys, values, self._now())
 
     async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
         record = KeyRecord(id=0, key_sha256=key_sha256, **{"name": "", **fields})
@@ -222,16 +224,16 @@ class SQLiteStore:
             record.organization_id,
             _text(datetime.now(UTC)),
         )
-        return await self._writer.call(_transaction, _create_key, values, audit)
+        return await self._writer.call(_transaction, _create_key, values, audit, self._now())
 
     async def list_keys(self) -> list[KeyRecord]:
         return await self._reader.call(_select_keys)
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
-        return await self._writer.call(_transaction, _update_key, key_id, fields, audit)
+        return await self._writer.call(_transaction, _update_key, key_id, fields, audit, self._now())
 
     async def rotate_key(self, key_id: int, key_sha256: str, *, audit: AuditNote | None = None) -> KeyRecord | None:
-        return await self._writer.call(_transaction, _rotate_key, key_id, key_sha256, audit)
+        return await self._writer.call(_transaction, _rotate_key, key_id, key_sha256, audit, self._now())
 
     # --- organizations
 
@@ -316,18 +318,22 @@ class SQLiteStore:
     async def hold(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None]:
         now = datetime.now(UTC)
         if time.monotonic() < self._next_sweep:
-            return await self._write_now_or_wait(reservations.hold, holds, releases, _expiries(holds, now), None)
+            return await self._write_now_or_wait(
+                reservations.hold, holds, releases, _expiries(holds, now), None, self._now()
+            )
         # Once a minute a hold sweeps the reservations first: scans, on the writer thread. The
         # expired responses are deleted beside it, in a task this hold does not wait for.
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._sweep_responses_when_due()
-        return await self._write_waiting(reservations.hold, holds, releases, _expiries(holds, now), _text(now))
+        return await self._write_waiting(
+            reservations.hold, holds, releases, _expiries(holds, now), _text(now), self._now()
+        )
 
     def hold_now(self, holds: Sequence[Hold], releases: Sequence[str]) -> list[Shortfall | None] | None:
         if time.monotonic() >= self._next_sweep:
             return None  # hold() sweeps, off the event loop
         written, result = self._write_inline(
-            reservations.hold, holds, releases, _expiries(holds, datetime.now(UTC)), None
+            reservations.hold, holds, releases, _expiries(holds, datetime.now(UTC)), None, self._now()
         )
         return result if written else None
 
@@ -354,10 +360,10 @@ class SQLiteStore:
         return result
 
     def write_ledger_now(self, rows: Sequence[LedgerRow]) -> bool:
-        return self._write_inline(_insert_ledger, _ledger_values(rows), cost_by_key(rows))[0]
+        return self._write_inline(_insert_ledger, _ledger_values(rows), cost_by_key(rows), self._now())[0]
 
     async def write_ledger(self, rows: Sequence[LedgerRow]) -> None:
-        await self._write_now_or_wait(_insert_ledger, _ledger_values(rows), cost_by_key(rows))
+        await self._write_now_or_wait(_insert_ledger, _ledger_values(rows), cost_by_key(rows), self._now())
 
     def _write_inline(self, work: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
         """(True, its result) for `work` committed on the event loop, (False, None) when another
@@ -698,7 +704,7 @@ def _select_spent(db: sqlite3.Connection, key_id: int) -> Decimal:
     return Decimal(row[0]) if row else Decimal(0)
 
 
-def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
+def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple], now: datetime) -> None:
     """The file's keys as it declares them; a key it no longer declares is revoked."""
     declared = {row[0] for row in values}
     periods = dict(db.execute("SELECT key_sha256, budget_period FROM keys WHERE from_config = 1").fetchall())
@@ -725,23 +731,23 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple]) -> None:
     for digest, *_, period, _organization, _created in values:  # a key the file gave another budget period
         if digest in periods and periods[digest] != period:
             (key_id,) = db.execute("SELECT id FROM keys WHERE key_sha256 = ?", (digest,)).fetchone()
-            _restart_period(db, key_id, period)
+            _restart_period(db, key_id, period, now)
     reservations.reconcile(db)  # a key given a spend limit: what is held counts against it
 
 
-def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None) -> KeyRecord:
+def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None, now: datetime) -> KeyRecord:
     db.execute(
         "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
         " budget_period, organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
     made = _select_key(db, "k.key_sha256 = ?", values[0])
-    _audit(db, audit, f"key:{made.id}", None, key_view(made))
+    _audit(db, audit, f"key:{made.id}", None, key_view(made, now))
     return made
 
 
 def _update_key(
-    db: sqlite3.Connection, key_id: int, fields: dict[str, Any], audit: AuditNote | None
+    db: sqlite3.Connection, key_id: int, fields: dict[str, Any], audit: AuditNote | None, now: datetime
 ) -> KeyRecord | None:
     found = _select_key(db, "k.id = ?", key_id)
     if found is None or not fields:
@@ -753,34 +759,36 @@ def _update_key(
         (*_key_values(*merged.values()), fields.get("organization_id", found.organization_id), found.id),
     )
     if merged["budget_period"] != found.budget_period:
-        _restart_period(db, found.id, merged["budget_period"])
+        _restart_period(db, found.id, merged["budget_period"], now)
     reservations.reconcile(db)
     changed = _select_key(db, "k.id = ?", found.id)
-    _audit(db, audit, f"key:{found.id}", key_view(found), key_view(changed))
+    _audit(db, audit, f"key:{found.id}", key_view(found, now), key_view(changed, now))
     return changed
 
 
-def _restart_period(db: sqlite3.Connection, key_id: int, period: str | None) -> None:
+def _restart_period(db: sqlite3.Connection, key_id: int, period: str | None, now: datetime) -> None:
     """A key given another budget period (or none): what the current one has spent, from the
     ledger, so that changing the period neither carries one period's spend into another nor
     forgets it."""
     if period is None:
         db.execute("UPDATE keys SET period_start = NULL, period_spent_usd = '0' WHERE id = ?", (key_id,))
         return
-    start = reservations.period_starts()[period]
+    start = reservations.period_starts(now)[period]
     costs = db.execute("SELECT cost_usd FROM ledger WHERE key_id = ? AND finished_at >= ?", (key_id, start))
     spent = sum((Decimal(cost) for (cost,) in costs), Decimal(0))
     db.execute("UPDATE keys SET period_start = ?, period_spent_usd = ? WHERE id = ?", (start, str(spent), key_id))
 
 
-def _rotate_key(db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNote | None) -> KeyRecord | None:
+def _rotate_key(
+    db: sqlite3.Connection, key_id: int, digest: str, audit: AuditNote | None, now: datetime
+) -> KeyRecord | None:
     """The key's secret replaced (its digest): the old one finds no key from this commit on."""
     found = _select_key(db, "k.id = ?", key_id)
     if found is None:
         return None
     db.execute("UPDATE keys SET key_sha256 = ? WHERE id = ?", (digest, key_id))
     changed = _select_key(db, "k.id = ?", key_id)
-    _audit(db, audit, f"key:{key_id}", key_view(found), key_view(changed))
+    _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
     return changed
 
 
@@ -908,7 +916,7 @@ _INSERT_LEDGER = (
 )
 
 
-def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal]) -> None:
+def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int, Decimal], now: datetime) -> None:
     """The rows, and each key's spend raised by their cost. A row already
     written (the same request id) is skipped, and its cost not added again. A row's request
     gives up its reservation in the same transaction: its cost now counts as spend instead."""
@@ -940,7 +948,7 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
         if period is None:
             db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(spent) + cost), key_id))
         else:
-            start = (starts or (starts := reservations.period_starts()))[period]
+            start = (starts or (starts := reservations.period_starts(now)))[period]
             if still_current(started, start):  # else a new period, which starts at 0
                 period_spent, start = Decimal(period_spent) + cost, started
             else:

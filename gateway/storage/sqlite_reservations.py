@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 
-from gateway import clock
 from gateway.storage.records import Hold, Shortfall, take
 from middlewares.core.periods import current_starts, still_current
 
@@ -30,14 +30,15 @@ def hold(
     releases: Sequence[str],
     expires_at: dict[float, str],
     sweep_at: str | None,
+    now: datetime,
 ) -> list[Shortfall | None]:
     """`releases` given back, then each hold taken where what is left allows it (records.take).
     `expires_at`: each hold's ttl → its expiry, as the file keeps times; `sweep_at`: the time
-    now, to sweep first (see sweep), or None."""
+    now, to sweep first (see sweep), or None; `now`, the gateway's, for budget periods."""
     drop(db, releases)
     if sweep_at is not None:
         sweep(db, sweep_at)
-    starts = period_starts()
+    starts = period_starts(now)
 
     def key_left(hold: Hold) -> Decimal:
         row = db.execute(
@@ -79,9 +80,9 @@ def hold(
     return results
 
 
-def period_starts() -> dict[str, str]:
-    """Each budget period's current one, by its first day as the file keeps it."""
-    return {period: start.isoformat() for period, start in current_starts(clock.now()).items()}
+def period_starts(now: datetime) -> dict[str, str]:
+    """Each budget period's one at `now`, by its first day as the file keeps it."""
+    return {period: start.isoformat() for period, start in current_starts(now).items()}
 
 
 def drop(db: sqlite3.Connection, request_ids: Iterable[str]) -> None:

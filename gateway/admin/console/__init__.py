@@ -10,16 +10,15 @@ the usage report's), pages.py (what is shown), actions.py (what the forms do).""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 
 from aiohttp import web
 
-from gateway import clock
 from gateway.admin.console.actions import Actions, forbidden, see_other
 from gateway.admin.console.headers import console_headers
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Sessions, csrf_holds
+from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import Store
 
@@ -32,11 +31,11 @@ def add_console_routes(
     store: Store,
     *,
     forget_key: Callable[[str], None] | None = None,
-    now: Callable[[], datetime] = clock.now,
+    now: Clock = system,
 ) -> None:
     """The console's routes on `app`, and its headers on every answer under /console.
     `forget_key(digest)` drops a key revoked or rotated from the auth stage's cache; `now` is the
-    gateway's idea of now (EZAT_NOW), for the plots' days."""
+    gateway's idea of now, for the plots' days."""
     sessions = Sessions(config, store)
     pages = Pages(store, now)
     actions = Actions(sessions, pages, forget_key or (lambda digest: None))
