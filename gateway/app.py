@@ -63,9 +63,12 @@ def build_app(
     key_cache_seconds: float = 5.0,
     tracing: Tracing | None = None,
     now: Clock = system,
+    check_client_bytes: bool = False,
 ) -> web.Application:
     """The gateway's app. `tracing` replaces what [tracing] sets up (tests give an in-memory one);
-    `now` is the gateway's idea of now, for budget periods (the CLI's reads `EZAT_NOW`)."""
+    `now` is the gateway's idea of now, for budget periods (the CLI's reads `EZAT_NOW`);
+    `check_client_bytes`: the proxy proves the client's bytes it sends on still make the body
+    (the tests' gateways do; see middlewares/core/context.py)."""
     # What every route shares, and the stages the chains share.
     services = make_services(config, ping_interval=ping_interval, tracing=tracing, now=now)
     ttl = reservation_ttl(config, non_streaming_deadline)
@@ -78,8 +81,14 @@ def build_app(
         attempts=services.attempts,
         non_streaming_deadline=non_streaming_deadline,
         streams=services.streams,
+        check_client_bytes=check_client_bytes,
     )
-    count = count_tokens_handler(services.upstream, attempts=services.attempts, deadline=non_streaming_deadline)
+    count = count_tokens_handler(
+        services.upstream,
+        attempts=services.attempts,
+        deadline=non_streaming_deadline,
+        check_client_bytes=check_client_bytes,
+    )
     chat_completions = api_route("chat_completions", chain(openai_chain(stages), proxy()))
     responses = api_route("responses", chain(responses_chain(stages), proxy()))
     messages = api_route("messages", chain(messages_chain(stages), proxy(native=True)))

@@ -18,12 +18,7 @@ import redis.exceptions
 from gateway.app import build_app
 from gateway.config import Config
 from gateway.mock.upstream import MockUpstream
-from middlewares.core import context
 from tests.support import UPSTREAM_KEY, Gateway, make_config
-
-# Wherever a handler sends the client's bytes on, every test proves they still make the body:
-# a stage that changed it in place without `body_changed(request)` fails its request (a 500).
-context.CHECK_CLIENT_BYTES = True
 
 
 @pytest.fixture
@@ -45,11 +40,14 @@ async def second(upstream):
 
 @pytest.fixture
 async def start_gateway(upstream):
-    """Starts a gateway in front of `upstream`; keyword arguments go to build_app."""
+    """Starts a gateway in front of `upstream`; keyword arguments go to build_app. Wherever it
+    sends the client's bytes on, it proves they still make the body: a stage that changed it in
+    place without `body_changed(request)` fails its request (a 500)."""
     started: list[Gateway] = []
 
     async def start(config: Config | None = None, **app_options) -> Gateway:
         config = config or make_config(upstream.url)
+        app_options.setdefault("check_client_bytes", True)
         gateway = await Gateway(build_app(config, **app_options), config.server).start()
         started.append(gateway)
         return gateway

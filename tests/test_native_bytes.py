@@ -3,7 +3,7 @@ same whitespace, key order and escapes), and a new encoding whenever something d
 upstream id, a fallback's clamped terms, the gateway's `models` taken out, the automatic cache
 breakpoints, an image URL inlined. What the mock upstream received is read byte for byte.
 
-The suite runs with `CHECK_CLIENT_BYTES` on (tests/conftest.py): wherever the gateway sends
+The tests' gateways are built with `check_client_bytes` (tests/conftest.py): wherever one sends
 the client's bytes, they are proved to still make the body; the last tests show what a stage
 that breaks the contract meets."""
 
@@ -231,10 +231,10 @@ async def test_a_fallback_without_sampling_gets_none(start_gateway, upstream):
 
 async def stage_app(upstream_stage, keep: bool = True) -> tuple[web.AppRunner, str]:
     """size_limit (keeping the client's bytes, or not), then `upstream_stage`, then a handler
-    that answers with `client_bytes`."""
+    that answers with `client_bytes`, checked."""
 
     async def handler(request: web.Request) -> web.Response:
-        return web.Response(body=client_bytes(request) or b"none")
+        return web.Response(body=client_bytes(request, check=True) or b"none")
 
     app = web.Application(middlewares=[size_limit_middleware(keep_client_bytes=keep), web.middleware(upstream_stage)])
     app.router.add_post("/", handler)

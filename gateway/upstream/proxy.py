@@ -82,6 +82,7 @@ def proxy_handler(
     non_streaming_deadline: float = NON_STREAMING_DEADLINE,
     streams: OpenStreams | None = None,
     native: bool = False,
+    check_client_bytes: bool = False,
 ):
     attempts = attempts or Attempts(config)
     metrics = attempts.metrics
@@ -113,7 +114,7 @@ def proxy_handler(
         # Worked out only when there is a deployment to choose (the digest costs a serialisation).
         choosing = any(len(model.deployments) > 1 for model in models)
         stick_by = affinity(request.get(SESSION), body) if choosing else None
-        sent = client_bytes(request) if native else None
+        sent = client_bytes(request, check=check_client_bytes) if native else None
         tries = ((model, _upstream_body(body, model, asked, sent)) for model in models)
         reply, name, model = await attempts.first(
             tries, stream if body.get("stream") else message, stick_by, _forwarded(request) if native else {}, deadline
@@ -148,7 +149,13 @@ def proxy_handler(
     return proxy
 
 
-def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadline: float = NON_STREAMING_DEADLINE):
+def count_tokens_handler(
+    upstream: UpstreamClient,
+    *,
+    attempts: Attempts,
+    deadline: float = NON_STREAMING_DEADLINE,
+    check_client_bytes: bool = False,
+):
     """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
     the first of its deployments that answers, as it answers: never a count made up here, and
     no fallback model stands in (its count would be another model's). Past `deadline` seconds,
@@ -163,7 +170,7 @@ def count_tokens_handler(upstream: UpstreamClient, *, attempts: Attempts, deadli
 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
         model = request[MODEL]
-        body = _upstream_body(request[BODY], model, model, client_bytes(request))
+        body = _upstream_body(request[BODY], model, model, client_bytes(request, check=check_client_bytes))
         try:
             answer, request[DEPLOYMENT], request[ANSWERED_MODEL] = await attempts.first(
                 [(model, body)],

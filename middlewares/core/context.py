@@ -58,9 +58,9 @@ class ClientBytes(NamedTuple):
 # at any depth) calls `body_changed(request)` before it does. Replacing BODY by another dict
 # (the translators) is safe without it, since the bytes are tied to the dict they were parsed
 # into and `client_bytes` gives none for another; calling it frees them sooner. A stage that
-# changes the body in place and forgets is loud wherever `CHECK_CLIENT_BYTES` is on (the test
-# suite turns it on): `client_bytes` then parses the bytes again and raises `StaleClientBytes`
-# when they no longer make the body.
+# changes the body in place and forgets is loud where the reader asks `client_bytes(request,
+# check=True)` (the test suite's gateways do: `build_app(check_client_bytes=True)`): the bytes
+# are then parsed again, and `StaleClientBytes` raised when they no longer make the body.
 CLIENT_BYTES = _key("client_bytes", ClientBytes)
 # The caller's key, set by auth.
 API_KEY = _key("api_key", KeyRecord)
@@ -89,11 +89,6 @@ DEPLOYMENT = _key("deployment", str)
 LEDGER_ROW = _key("ledger_row", LedgerRow)
 
 
-# Whether `client_bytes` proves the bytes it gives still make the body (a second parse and a
-# deep comparison: several times what encoding the body costs). On in the tests, off in service.
-CHECK_CLIENT_BYTES = False
-
-
 class StaleClientBytes(RuntimeError):
     """A stage changed `request[BODY]` in place without calling `body_changed(request)`."""
 
@@ -104,14 +99,16 @@ def body_changed(request: web.Request) -> None:
     request.pop(CLIENT_BYTES, None)
 
 
-def client_bytes(request: web.Request) -> bytes | None:
+def client_bytes(request: web.Request, *, check: bool = False) -> bytes | None:
     """`request[BODY]`'s bytes as the client sent them, when nothing has changed it since
     size_limit parsed them (no stage called `body_changed`, and BODY is still the dict they were
-    parsed into); None otherwise, and the body is to be encoded again."""
+    parsed into); None otherwise, and the body is to be encoded again. `check` proves they still
+    make the body (a second parse and a deep comparison: several times what encoding the body
+    costs, so for tests, not service)."""
     kept = request.get(CLIENT_BYTES)
     if kept is None or kept.body is not request.get(BODY):
         return None
-    if CHECK_CLIENT_BYTES and orjson.loads(kept.data) != kept.body:
+    if check and orjson.loads(kept.data) != kept.body:
         raise StaleClientBytes("request[BODY] was changed in place without body_changed(request)")
     return kept.data
 
