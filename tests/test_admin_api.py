@@ -10,6 +10,7 @@ import io
 import json
 import re
 from dataclasses import replace
+from decimal import Decimal
 
 import aiohttp
 import openai
@@ -144,12 +145,13 @@ async def test_every_key_operation_and_its_audit_entry(admin, storage_url):
     )
     secret = created["secret"]
     assert re.fullmatch(r"sk-ezat-[A-Za-z0-9_-]{40,}", secret)
-    assert (created["spend_limit_usd"], created["rpm"], created["organization"]) == ("5", 100, "acme")
+    assert (created["spend_limit_usd"], created["rpm"], created["organization"]) == ("5.000000000", 100, "acme")
     assert (await ask(gateway, secret)).choices[0].message.content
 
     got = await admin.ok("GET", f"/keys/{created['id']}")
     assert "secret" not in got and "key_sha256" not in got
-    assert got["spent_usd"] != "0"  # the request above
+    # The request above, exact to the billionth, as every amount the API answers with.
+    assert re.fullmatch(r"0\.\d{9}", got["spent_usd"]) and Decimal(got["spent_usd"]) > 0
 
     # Filters, and pages followed by their cursor.
     for i in range(3):
@@ -241,16 +243,18 @@ async def test_keys_and_organizations_from_the_config_file_are_read_only(admin):
 
 async def test_every_organization_operation_and_its_audit_entry(admin):
     made = await admin.ok("POST", "/organizations", 201, json={"name": "acme", "balance_usd": 10})
-    assert (made["balance_usd"], made["suspended"], made["spent_usd"]) == ("10", False, "0")
+    assert (made["balance_usd"], made["suspended"], made["spent_usd"]) == ("10.000000000", False, "0.000000000")
     assert_error(await admin.call("POST", "/organizations", json={"name": "acme"}), 409, "conflict_error", "exists")
     assert (await admin.ok("GET", f"/organizations/{made['id']}"))["name"] == "acme"
     assert (await admin.ok("GET", "/organizations/acme"))["id"] == made["id"]
     assert [o["name"] for o in (await admin.ok("GET", "/organizations"))["data"]] == ["default", "filed", "acme"]
 
     key = await admin.ok("POST", "/keys", 201, json={"name": "acme-ci", "organization": "acme"})
-    assert (await admin.ok("PATCH", "/organizations/acme", json={"balance_usd": "20.5"}))["balance_usd"] == "20.5"
+    assert (await admin.ok("PATCH", "/organizations/acme", json={"balance_usd": "20.5"}))[
+        "balance_usd"
+    ] == "20.500000000"
     topped = await admin.ok("POST", "/organizations/acme/top-up", json={"amount_usd": 4.5})
-    assert topped["balance_usd"] == "25.0"
+    assert topped["balance_usd"] == "25.000000000"
     none = await admin.ok("POST", "/organizations", 201, json={"name": "open"})
     assert_error(
         await admin.call("POST", f"/organizations/{none['id']}/top-up", json={"amount_usd": 1}),
@@ -272,7 +276,7 @@ async def test_every_organization_operation_and_its_audit_entry(admin):
         "organization.suspend",
         "organization.resume",
     ]
-    top_up = entries[2]
+    top_up = entries[2]  # its before and after as they were written
     assert (top_up["before"]["balance_usd"], top_up["after"]["balance_usd"], top_up["actor"]) == (
         "20.5",
         "25.0",

@@ -158,7 +158,7 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
     assert header.split()[:4] == ["id", "name", "models", "spent_usd"]
     (ci_line,) = [line for line in lines if line.split()[1] == "ci"]
     assert ci_line.split()[2:3] == ["anthropic/*"]
-    for shown in ("5", "10", "1000", "2030-01-01T00:00:00+00:00", "False"):
+    for shown in ("5.0000", "10", "1000", "2030-01-01T00:00:00+00:00", "False"):
         assert shown in ci_line.split(), ci_line
     assert any(line.split()[1] == "cfg" for line in lines)
     assert secret not in listed
@@ -448,7 +448,8 @@ def totals(rows) -> dict:
 
 def parsed(output: str, format: str, by: str) -> dict:
     """{group: totals} from the command's csv, json or table output (an empty group, as
-    requests without a session are, is None)."""
+    requests without a session are in csv and json, is None). Costs: in csv and json exact
+    decimals of nine places, read as Decimal; in a table, for people, the text shown."""
     if format == "json":
         lines = json.loads(output)
     elif format == "csv":
@@ -464,12 +465,28 @@ def parsed(output: str, format: str, by: str) -> dict:
     result = {}
     for line in lines:
         assert set(line) == {by, *totals([])}, line
-        result[line[by] if line[by] != "" else None] = {
-            name: Decimal(str(value)) if name == "cost_usd" else int(value)
+        if format != "table":
+            assert re.fullmatch(r"\d+\.\d{9}", line["cost_usd"]), line
+        result[line[by] if line[by] not in ("", None) else None] = {
+            name: (value if format == "table" else Decimal(value)) if name == "cost_usd" else int(value)
             for name, value in line.items()
             if name != by
         }
     return result
+
+
+def printed(expected: dict, format: str) -> dict:
+    """`expected` as `parsed` reads it back in `format`: a table labels the requests without a
+    session, and shows costs to four places ("<0.0001" for less, above 0)."""
+    if format != "table":
+        return expected
+    return {
+        "(no session)" if group is None else group: {
+            **numbers,
+            "cost_usd": "<0.0001" if 0 < numbers["cost_usd"] < Decimal("0.0001") else f"{numbers['cost_usd']:.4f}",
+        }
+        for group, numbers in expected.items()
+    }
 
 
 async def billed(gateway, secret: str, model: str, usage: dict, upstream) -> None:
@@ -508,11 +525,11 @@ async def test_usage_reports_by_day_model_and_key_in_every_format(backend, start
     outputs = await asyncio.gather(*(ezat(backend, "usage", "--by", by, "--format", f) for by, f in runs))
     for (by, format), (status, output) in zip(runs, outputs):
         assert status == 0, output
-        assert parsed(output, format, by) == expected[by], (by, format, output)
+        assert parsed(output, format, by) == printed(expected[by], format), (by, format, output)
 
     default_status, default_output = await ezat(backend, "usage")  # --by day --format table
     assert default_status == 0
-    assert parsed(default_output, "table", "day") == expected["day"]
+    assert parsed(default_output, "table", "day") == printed(expected["day"], "table")
 
     filters = {
         ("--key", "ci"): {"ci": totals(ci_rows)},
@@ -556,7 +573,7 @@ async def test_usage_by_session_adds_up_each_conversations_cost_in_every_format(
     for format in ("table", "csv", "json"):
         status, output = await ezat(backend, "usage", "--by", "session", "--format", format)
         assert status == 0, output
-        assert parsed(output, format, "session") == expected, (format, output)
-        assert list(parsed(output, format, "session")) == ["alpha", "beta", None]  # the unnamed last
+        assert parsed(output, format, "session") == printed(expected, format), (format, output)
+        assert list(parsed(output, format, "session")) == list(printed(expected, format))  # the unnamed last
     status, output = await ezat(backend, "usage", "--by", "session", "--key", "ci", "--format", "json")
     assert parsed(output, "json", "session") == {"alpha": totals([rows[0]]), "beta": totals([rows[1]])}

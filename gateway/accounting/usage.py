@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from gateway.accounting.money import usd_exact, usd_text
 from gateway.storage import LedgerRow, Store
 
 # The requests, then the ledger's columns of the same names, added up.
@@ -26,6 +27,7 @@ USAGE_COLUMNS = [
     "cost_usd",
 ]
 USAGE_GROUPS = ("day", "model", "key", "org", "organization", "session")
+NO_SESSION = "(no session)"  # the group of requests that named no conversation, in a table
 
 
 def usage_groups(rows: list[LedgerRow], key_names: dict[int, str], *, by: str) -> list[dict[str, Any]]:
@@ -70,13 +72,31 @@ async def usage_for(
     return usage_groups(rows, names, by=by)
 
 
+def usage_table(groups: list[dict[str, Any]], by: str) -> list[list[Any]]:
+    """The groups as a table's lines, for people: the requests that named no session labelled
+    as such, and the cost at the precision people read (gateway/accounting/money.py)."""
+    return [
+        [
+            NO_SESSION if group[by] is None else group[by],
+            *(group[column] for column in USAGE_COLUMNS[:-1]),
+            usd_text(group["cost_usd"], symbol=False),
+        ]
+        for group in groups
+    ]
+
+
 def usage_json(groups: list[dict[str, Any]]) -> str:
-    return orjson.dumps(groups, default=str, option=orjson.OPT_INDENT_2).decode() + "\n"
+    return orjson.dumps(_exact(groups), option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
 def usage_csv(groups: list[dict[str, Any]], by: str) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([by, *USAGE_COLUMNS])
-    writer.writerows(group.values() for group in groups)
+    writer.writerows(group.values() for group in _exact(groups))
     return out.getvalue()
+
+
+def _exact(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups for machines: the cost as an exact decimal string (gateway/accounting/money.py)."""
+    return [{**group, "cost_usd": usd_exact(group["cost_usd"])} for group in groups]

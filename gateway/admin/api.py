@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.accounting.money import usd_exact
 from gateway.accounting.usage import usage_csv, usage_for
 from gateway.admin import changes, parsing
 from gateway.admin.changes import AdminError
@@ -335,16 +336,30 @@ class AdminHandlers:
 
 
 def _json(value: Any, *, status: int = 200) -> web.Response:
-    # Amounts of USD go out as exact decimal strings (Decimal, by str).
-    return web.Response(body=orjson.dumps(value, default=str), status=status, content_type="application/json")
+    return web.Response(body=orjson.dumps(value, default=_exact), status=status, content_type="application/json")
+
+
+def _exact(value: Any) -> str:
+    """orjson's fallback: the only Decimals in answers are amounts of USD, which go out as exact
+    decimal strings of one precision (gateway/accounting/money.py)."""
+    if isinstance(value, Decimal):
+        return usd_exact(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _amounts(view: dict[str, Any]) -> dict[str, Any]:
+    """A stored thing's view with its amounts (its `…_usd` fields) at the API's precision."""
+    return {
+        name: usd_exact(value) if name.endswith("_usd") and value is not None else value for name, value in view.items()
+    }
 
 
 def _key(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> dict[str, Any]:
-    return {**key_view(key, now), "reserved_usd": str(reserved.get(key.id, Decimal(0)))}
+    return _amounts({**key_view(key, now), "reserved_usd": reserved.get(key.id, Decimal(0))})
 
 
 def _organization(organization: OrganizationRecord, reserved: dict[int, Decimal]) -> dict[str, Any]:
-    return {**organization_view(organization), "reserved_usd": str(reserved.get(organization.id, Decimal(0)))}
+    return _amounts({**organization_view(organization), "reserved_usd": reserved.get(organization.id, Decimal(0))})
 
 
 def _ledger_row(row, names: dict[int, str]) -> dict[str, Any]:
@@ -361,7 +376,7 @@ def _ledger_row(row, names: dict[int, str]) -> dict[str, Any]:
         "cache_read_tokens": row.cache_read_tokens,
         "output_tokens": row.output_tokens,
         "reasoning_tokens": row.reasoning_tokens,
-        "cost_usd": str(row.cost_usd),
+        "cost_usd": usd_exact(row.cost_usd),
         "status": row.outcome,
         "session": row.session,
         "started_at": row.started_at.isoformat(),

@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from gateway.accounting.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json
+from gateway.accounting.money import usd_text
+from gateway.accounting.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usage_for, usage_json, usage_table
 from gateway.admin import changes
 from gateway.admin.changes import AdminError
 from gateway.clock import Clock, from_environment
@@ -310,7 +311,7 @@ async def usage(
         return usage_json(groups)
     if format == "csv":
         return usage_csv(groups, by)
-    return _table([by, *USAGE_COLUMNS], [list(group.values()) for group in groups])
+    return _table([by, *USAGE_COLUMNS], usage_table(groups, by))
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -429,7 +430,15 @@ ORG_COLUMNS = ["id", "name", "balance_usd", "spent_usd", "reserved_usd", "suspen
 
 
 def _org_row(org: OrganizationRecord, reserved: dict[int, Decimal]) -> list[Any]:
-    return [org.id, org.name, org.balance_usd, org.spent_usd, reserved.get(org.id, Decimal(0)), org.suspended, org.keys]
+    return [
+        org.id,
+        org.name,
+        _usd(org.balance_usd),
+        _usd(org.spent_usd),
+        _usd(reserved.get(org.id, Decimal(0))),
+        org.suspended,
+        org.keys,
+    ]
 
 
 # command-line option → key field
@@ -487,9 +496,9 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> lis
         key.id,
         key.name,
         ",".join(key.models),
-        key.spent_usd,
-        reserved.get(key.id, Decimal(0)),
-        key.spend_limit_usd,
+        _usd(key.spent_usd),
+        _usd(reserved.get(key.id, Decimal(0))),
+        _usd(key.spend_limit_usd),
         key.rpm,
         key.tpm,
         key.max_concurrent,
@@ -497,8 +506,13 @@ def _key_row(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> lis
         key.revoked,
         key.organization,
         key.budget_period,
-        key.spent_in_period(now) if key.budget_period else None,
+        _usd(key.spent_in_period(now) if key.budget_period else None),
     ]
+
+
+def _usd(amount: Decimal | None) -> str | None:
+    """An amount in a table whose column says USD (blank for none: no limit)."""
+    return None if amount is None else usd_text(amount, symbol=False)
 
 
 def _table(header: list[str], lines: list[list[Any]]) -> str:

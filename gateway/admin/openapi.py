@@ -42,7 +42,10 @@ PAGE = [
     _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}, "Rows per page."),
     _query("after", {"type": "string"}, "The previous page's `next`."),
 ]
-MONEY = {"type": ["string", "null"], "description": "USD, as an exact decimal string; null: no limit."}
+MONEY = {
+    "type": ["string", "null"],
+    "description": 'USD, a decimal string of nine places ("12.500000000"); null: no limit.',
+}
 MONEY_IN = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, {"type": "null"}],
     "description": "USD: a number or a decimal string; null: no limit.",
