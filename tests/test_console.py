@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -198,11 +199,22 @@ async def test_csrf_and_what_a_viewer_may_do(gateway, storage_url):
     assert made.name == "made-here" and made.key_sha256 == changes.digest(secret)
     status, body, _ = await viewer.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": viewer_csrf})
     assert status == 403
+    question = await root.page(f"/console/keys/{made.id}/rotate")
+    assert f"Give key {made.id} (made-here) a new secret?" in question and secrets_in(question) == []
     status, body, _ = await root.call("POST", f"/console/keys/{made.id}/rotate", {"csrf": root_csrf})
     (rotated,) = secrets_in(body)
     assert status == 200 and rotated != secret
-    status, _, headers = await root.call("POST", f"/console/keys/{made.id}/revoke", {"csrf": root_csrf})
-    assert (status, headers["Location"]) == (303, "/console/keys")
+    # Revoking asks first: a viewer may not be asked, an admin gets a page whose one form does it.
+    assert (await viewer.call("GET", f"/console/keys/{made.id}/revoke"))[0] == 403
+    question = await root.page(f"/console/keys/{made.id}/revoke")
+    assert f"Revoke key {made.id} (made-here)?" in question and f'href="/console/keys/{made.id}"' in question
+    assert f'action="/console/keys/{made.id}/revoke"' in question and csrf(question) == root_csrf
+    assert (await in_store(storage_url, lambda store: store.list_keys()))[-1].revoked is False  # asking changes nothing
+    status, body, _ = await root.call("POST", f"/console/keys/{made.id}/revoke", {"csrf": root_csrf})
+    assert status == 200 and f"Key {made.id} (made-here) was revoked: its requests get 401" in body
+    status, body, _ = await root.call("POST", f"/console/keys/{made.id}/revoke", {"csrf": root_csrf})
+    assert status == 200 and "was revoked already: nothing changed" in body
+    assert (await root.call("GET", f"/console/keys/{made.id}/revoke"))[0] == 409  # nothing left to ask
     # The config file's key is its own: no buttons, and a POST is refused with the reason.
     status, body, _ = await root.call("POST", "/console/keys/1/revoke", {"csrf": root_csrf})
     assert status == 409 and "declared in the config file" in body
@@ -345,6 +357,61 @@ async def test_names_are_shown_as_text(gateway, storage_url):
     assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt;" in page and "<img" not in page
 
 
+def tables(body: str) -> list[list[list[str]]]:
+    """A page's tables, each its rows (the header's first), each row its cells' text."""
+    return [
+        [
+            [
+                html.unescape(re.sub(r"<[^>]+>", " ", cell)).split()
+                for cell in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr)
+            ]
+            for tr in re.findall(r"<tr>(.*?)</tr>", table)
+        ]
+        for table in re.findall(r"<table>(.*?)</table>", body)
+    ]
+
+
+async def test_a_keys_page_counts_tokens_and_money_as_its_requests_do(gateway, storage_url):
+    visitor, _ = await signed_in(gateway)
+    costs = ["0.00371", "0.04", "0.00004"]
+    await in_store(
+        storage_url,
+        lambda store: store.write_ledger(
+            [ledger_row(i, 1, cost, NOW - timedelta(hours=len(costs) - i)) for i, cost in enumerate(costs)]
+        ),
+    )
+    body = await visitor.page("/console/keys/1")
+    *_, models, recent = [[[" ".join(cell) for cell in row] for row in table] for table in tables(body)]
+    tokens = ["input", "cache write", "cache read", "output"]
+    assert models[0] == ["model", "requests", *tokens, "cost"]
+    assert recent[0][4:9] == [*tokens, "cost"]
+    # The models table's tokens add up the requests' own, column by column (cache apart from input).
+    (model,) = models[1:]
+    for column, name in enumerate(tokens):
+        assert int(model[2 + column]) == sum(int(request[4 + column]) for request in recent[1:]), name
+    # Every amount has one precision: four decimals, and a sliver above 0 says so.
+    assert [request[8] for request in recent[1:]] == ["<$0.0001", "$0.0400", "$0.0037"]  # the newest first
+    assert model[6] == "$0.0438"
+    amounts = re.findall(r"<?\$[\d,.]+", re.sub(r"<[^>]+>", " ", body))
+    assert amounts and all(re.fullmatch(r"<?\$[\d,]+\.\d{4}", amount) for amount in amounts), amounts
+
+
+async def test_the_audit_log_reads_as_fields(gateway, storage_url):
+    visitor, session_csrf = await signed_in(gateway)
+    form = {"name": "ci-runner", "spend_limit_usd": "12.5", "csrf": session_csrf}
+    assert (await visitor.call("POST", "/console/keys", form))[0] == 200
+    made = (await in_store(storage_url, lambda store: store.list_keys()))[-1]
+    await visitor.call("POST", f"/console/keys/{made.id}/revoke", {"csrf": session_csrf})
+    body = await visitor.page("/console/audit")
+    assert "<pre" not in body and "{" not in re.sub(r"<style>.*?</style>", "", body, flags=re.S)
+    revoke, create = tables(body)[0][1:3]
+    # A change shows the fields that changed, then every field under "all fields".
+    assert revoke[5][:2] == ["revoked", "no"] and revoke[6][:2] == ["revoked", "yes"]
+    # A thing made shows each field as a name and its value, an amount in dollars.
+    after = " ".join(create[6])
+    assert "name ci-runner" in after and "spend_limit_usd $12.5000" in after and "revoked no" in after
+
+
 async def test_the_console_in_a_browser(gateway, storage_url, chromium):
     from playwright.async_api import async_playwright
 
@@ -385,9 +452,23 @@ async def test_the_console_in_a_browser(gateway, storage_url, chromium):
                 ) as response:
                     by_day = {r["day"]: Decimal(r["cost_usd"]) for r in (await response.json())["data"]}
             assert {day: Decimal(cost) for day, cost in costs_drawn.items()} == {d: by_day[d] for d in spent_days}
+            # Its axis is marked at round amounts from $0 up past the dearest day, ruled across.
+            steps = await page.locator("svg.spend-per-day text.step").evaluate_all("all => all.map(t => t.textContent)")
+            amounts = [Decimal(step.removeprefix("$")) for step in steps]
+            assert amounts[0] == 0 and amounts[-1] >= Decimal("2.10") > amounts[-2]
+            assert len({b - a for a, b in zip(amounts, amounts[1:])}) == 1 and len(amounts) >= 3
+            assert all(re.fullmatch(r"\$\d+\.\d{4}", step) for step in steps), steps
+            # Beside it, requests per day: the same days, two requests on the one that had two.
+            counts = {
+                await bar.get_attribute("data-day"): await bar.get_attribute("data-requests")
+                for bar in await page.locator("svg.requests-per-day rect.bar").all()
+            }
+            zero_cost_day = (NOW - timedelta(days=9, hours=1)).date().isoformat()  # a request is one, free or not
+            assert sorted(counts) == sorted([*spent_days, zero_cost_day])
+            assert counts[(NOW - timedelta(days=4, hours=1)).date().isoformat()] == "2"
             # The stylesheet applies (its hash is in the policy): the bars are its blue.
             assert await bars.first.evaluate("bar => getComputedStyle(bar).fill") == "rgb(62, 111, 216)"
-            assert "$4.80" in await page.locator(".figures").inner_text()  # this month: November's four days
+            assert "$4.8000" in await page.locator(".figures").inner_text()  # this month: November's four days
             SCREENSHOT.parent.mkdir(exist_ok=True)
             await page.screenshot(path=str(SCREENSHOT), full_page=True)
 
@@ -403,11 +484,19 @@ async def test_the_console_in_a_browser(gateway, storage_url, chromium):
                     assert r.status == 200
 
             row = page.locator("tr", has_text="from-the-browser")
-            await row.locator('button:has-text("Revoke")').click()
-            await page.wait_for_url(gateway.url + "/console/keys")
-            row = page.locator("tr", has_text="from-the-browser")
-            assert "revoked" in await row.inner_text() and await row.locator("button").count() == 0
             made_id = (await row.locator("td").first.inner_text()).strip()
+            await row.locator('a:has-text("Revoke")').click()  # asks first; Cancel goes back, changing nothing
+            assert await page.locator("h1").inner_text() == f"Revoke key {made_id} (from-the-browser)?"
+            await page.click('a:has-text("Cancel")')
+            await page.wait_for_url(gateway.url + f"/console/keys/{made_id}")
+            assert "active" in await page.locator("table").first.inner_text()
+            await page.click('a:has-text("Revoke")')
+            await page.click('button:has-text("Revoke")')
+            await page.wait_for_url(gateway.url + f"/console/keys/{made_id}/revoke")
+            said = await page.locator(".notice").inner_text()
+            assert said == f"Key {made_id} (from-the-browser) was revoked: its requests get 401 from now on."
+            row = page.locator("tr", has_text="from-the-browser")
+            assert "revoked" in await row.inner_text() and await row.locator("a.button").count() == 0
 
             await page.click('header a:has-text("Audit log")')
             entries = [await row.locator("td").all_inner_texts() for row in await page.locator("tbody tr").all()]

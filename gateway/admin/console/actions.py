@@ -105,16 +105,65 @@ class Actions:
             request, admin, notice=_secret_notice(f"Key {key.id} ({key.name}) was created.", secret)
         )
 
+    # Revoking and rotating ask first: the key's buttons GET a page that says what will happen,
+    # whose one form POSTs (with the session's CSRF token) to do it; Cancel goes back to the key.
+
+    async def confirm_revoke(self, request: web.Request, admin: Admin) -> web.Response:
+        return await self._confirm(
+            request,
+            admin,
+            "revoke",
+            "Revoke key {}?",
+            "Its requests get 401 from now on (on other gateway processes within seconds). Its settings, "
+            "spend and ledger rows stay; ezat-gateway keys update --unrevoke makes it usable again.",
+        )
+
+    async def confirm_rotate(self, request: web.Request, admin: Admin) -> web.Response:
+        return await self._confirm(
+            request,
+            admin,
+            "rotate",
+            "Give key {} a new secret?",
+            "The new secret is shown once, on the next page. The old one stops working at once on this "
+            "process and within seconds on the others. Its id, settings, spend and ledger rows stay.",
+        )
+
+    async def _confirm(
+        self, request: web.Request, admin: Admin, verb: str, question: str, consequence: str
+    ) -> web.Response:
+        if not admin.writes:
+            return forbidden(f"Admin token {admin.name!r} is a viewer's: it may look, not change.")
+        key = await changes.find_key(self.store, request.match_info["id"])
+        if key is None:
+            return await self._refused(request, admin, "No such key.", 404)
+        if key.from_config or key.revoked:
+            why = "is declared in the config file: change it there" if key.from_config else "is revoked already"
+            return await self._refused(request, admin, f"Key {_named(key)} {why}.", 409)
+        return self.pages.confirmation(
+            admin,
+            question.format(_named(key)),
+            consequence,
+            action=f"/console/keys/{key.id}/{verb}",
+            button=verb.capitalize(),
+            cancel=f"/console/keys/{key.id}",
+            danger=verb == "revoke",
+        )
+
     async def revoke_key(self, request: web.Request, admin: Admin, form) -> web.Response:
         key = await changes.find_key(self.store, request.match_info["id"])
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
-            await changes.revoke_key(self.store, admin.name, key)
+            revoked = await changes.revoke_key(self.store, admin.name, key)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         self.forget_key(key.key_sha256)
-        return see_other("/console/keys")
+        said = (
+            f"Key {_named(key)} was revoked already: nothing changed."
+            if key.revoked
+            else f"Key {_named(revoked)} was revoked: its requests get 401 from now on."
+        )
+        return await self.pages.keys(request, admin, notice=f'<div class="notice"><p>{text(said)}</p></div>')
 
     async def rotate_key(self, request: web.Request, admin: Admin, form) -> web.Response:
         key = await changes.find_key(self.store, request.match_info["id"])
@@ -125,11 +174,18 @@ class Actions:
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
         self.forget_key(key.key_sha256)
-        said = f"Key {rotated.id} ({rotated.name}) has a new secret; the old one stops working within seconds (at once on this process)."
+        said = (
+            f"Key {_named(rotated)} has a new secret; the old one stops working within seconds "
+            "(at once on this process)."
+        )
         return await self.pages.keys(request, admin, notice=_secret_notice(said, secret))
 
     async def _refused(self, request: web.Request, admin: Admin, message: str, status: int = 400) -> web.Response:
         return await self.pages.keys(request, admin, error=message, status=status)
+
+
+def _named(key) -> str:
+    return f"{key.id} ({key.name or 'no name'})"
 
 
 def _secret_notice(said: str, secret: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
-from decimal import Decimal
 from typing import Any
 
 STYLE = """
@@ -27,8 +26,10 @@ th, td { text-align: left; padding: 0.35em 0.7em; border-bottom: 1px solid #e3e6
 th { font-weight: 600; background: #eef0f4; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 td form { display: inline; margin: 0; }
-code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
-pre { white-space: pre-wrap; word-break: break-all; margin: 0; }
+code { font-family: ui-monospace, monospace; font-size: 0.9em; }
+dl.fields { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 0 0.6em; margin: 0; font-size: 0.9em; }
+dl.fields dt { color: #667085; }
+dl.fields dd { margin: 0; overflow-wrap: break-word; }
 details summary { color: #667085; cursor: pointer; font-size: 0.85em; }
 .figures { display: flex; gap: 1em; flex-wrap: wrap; }
 .figure { background: #fff; padding: 0.7em 1em; border: 1px solid #e3e6eb; min-width: 11em; }
@@ -44,12 +45,17 @@ svg .track { fill: #e3e6eb; }
 svg .used { fill: #3e6fd8; }
 svg .over { fill: #d64545; }
 svg text { font: 11px system-ui, sans-serif; fill: #667085; }
-svg line { stroke: #c9ced8; }
+svg line { stroke: #98a2b3; }
+svg line.rule { stroke: #e3e6eb; }
 td svg { border: 0; display: inline-block; vertical-align: middle; background: none; }
 form.inline input, form.inline select, form.inline button { margin-right: 0.5em; }
 input, select, button { font: inherit; padding: 0.25em 0.5em; }
 button { cursor: pointer; }
-button.danger { color: #a11; }
+a.button { font-size: 0.9em; padding: 0.15em 0.5em; border: 1px solid #c9ced8; border-radius: 3px; background: #fff;
+  color: inherit; text-decoration: none; white-space: nowrap; }
+button.danger, a.button.danger { color: #a11; }
+.confirm { display: flex; gap: 1em; align-items: center; }
+.confirm form { margin: 0; }
 .sign-in { max-width: 26em; margin: 4em auto; background: #fff; padding: 1.5em 2em; border: 1px solid #e3e6eb; }
 .sign-in input { width: 100%; box-sizing: border-box; margin: 0.4em 0 1em; }
 """
@@ -61,18 +67,6 @@ PAGES += (("/console/audit", "Audit log"),)
 def text(value: Any) -> str:
     """A value as HTML text, escaped (quotes too: it may go into an attribute)."""
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def usd(amount: Decimal | str | None, *, none: str = "none") -> str:
-    """An amount of USD for people: cents, or more digits for amounts under a cent."""
-    if amount is None:
-        return none
-    amount = Decimal(amount)
-    if amount == 0:
-        return "$0.00"
-    if abs(amount) < Decimal("0.01"):
-        return f"${amount:.6f}".rstrip("0")
-    return f"${amount:,.2f}"
 
 
 def csrf_field(csrf: str) -> str:

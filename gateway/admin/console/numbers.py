@@ -35,6 +35,10 @@ def spend_by_day(rows: list[LedgerRow]) -> dict[date, Decimal]:
     return {date.fromisoformat(group["day"]): group["cost_usd"] for group in groups(rows, by="day")}
 
 
+def requests_by_day(rows: list[LedgerRow]) -> dict[date, int]:
+    return {date.fromisoformat(group["day"]): group["requests"] for group in groups(rows, by="day")}
+
+
 def top(report: list[dict[str, Any]], n: int = 10) -> list[dict[str, Any]]:
     """The `n` groups that cost most, most first."""
     return sorted(report, key=lambda group: group["cost_usd"], reverse=True)[:n]

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
-import orjson
 from aiohttp import web
 
+from gateway.accounting.money import usd_text
 from gateway.admin.changes import find_key, row_id
 from gateway.admin.console import numbers
-from gateway.admin.console.html import button_form, csrf_field, page, table, text, usd
-from gateway.admin.console.plots import budget_bar, spend_per_day
+from gateway.admin.console.html import button_form, csrf_field, page, table, text
+from gateway.admin.console.plots import budget_bar, requests_per_day, spend_per_day
 from gateway.admin.console.sessions import Admin
 from gateway.storage import KeyRecord, Store
 from middlewares.core.periods import PERIODS
 
 RECENT_REQUESTS = 50  # a key's page lists its newest requests, up to this many
 AUDIT_PAGE = 100
+# A key's models and its requests count tokens alike: input, cache writes and cache reads apart
+# (as the ledger keeps them: each has its price), then output.
+TOKEN_FIELDS = ("input_tokens", "cache_write_tokens", "cache_read_tokens", "output_tokens")
+TOKEN_COLUMNS = ("input", "cache write", "cache read", "output")
 
 
 def html(body: str, *, status: int = 200) -> web.Response:
@@ -49,8 +54,8 @@ class Pages:
         by_model = numbers.top(numbers.groups(recent, by="model"))
         keys = {str(key.id): key for key in await self.store.list_keys()}
         figures = (
-            (f"This month ({month.strftime('%B %Y')})", usd(month_total)),
-            (f"Last {numbers.DAYS} days", usd(sum(by_day.values(), start=0))),
+            (f"This month ({month.strftime('%B %Y')})", usd_text(month_total)),
+            (f"Last {numbers.DAYS} days", usd_text(sum(by_day.values(), start=0))),
             (f"Requests, last {numbers.DAYS} days", str(len(recent))),
         )
         body = [
@@ -60,6 +65,10 @@ class Pages:
             + "</div>",
             f"<h2>Spend per day, {first.isoformat()} to {last.isoformat()} (UTC)</h2>",
             spend_per_day(by_day, first, last, label=f"Spend per day, last {numbers.DAYS} days"),
+            f"<h2>Requests per day, {first.isoformat()} to {last.isoformat()} (UTC)</h2>",
+            requests_per_day(
+                numbers.requests_by_day(recent), first, last, label=f"Requests per day, last {numbers.DAYS} days"
+            ),
             f"<h2>Top keys, last {numbers.DAYS} days</h2>",
             table(
                 ("key", "organization", "requests", "cost"),
@@ -68,7 +77,7 @@ class Pages:
                         _key_link(keys.get(group["key"]), _key_label(keys.get(group["key"]), group["key"])),
                         text(keys[group["key"]].organization) if group["key"] in keys else "",
                         str(group["requests"]),
-                        text(usd(group["cost_usd"])),
+                        text(usd_text(group["cost_usd"])),
                     )
                     for group in by_key
                 ),
@@ -82,7 +91,7 @@ class Pages:
                         text(group["model"]),
                         str(group["requests"]),
                         str(group["output_tokens"]),
-                        text(usd(group["cost_usd"])),
+                        text(usd_text(group["cost_usd"])),
                     )
                     for group in by_model
                 ),
@@ -160,7 +169,7 @@ class Pages:
             ("models it may use", text(", ".join(key.models))),
             ("spend / budget", budget_bar(key.spent_in_period(now), key.spend_limit_usd)),
             ("budget period", text(_period(key))),
-            ("spent in all", text(usd(key.spent_usd))),
+            ("spent in all", text(usd_text(key.spent_usd))),
             ("requests per minute", text(key.rpm or "no limit")),
             ("tokens per minute", text(key.tpm or "no limit")),
             ("requests at once", text(key.max_concurrent or "no limit")),
@@ -176,39 +185,49 @@ class Pages:
             spend_per_day(numbers.spend_by_day(rows), first, last, label=f"Spend per day of key {key.id}"),
             f"<h2>Models, last {numbers.DAYS} days</h2>",
             table(
-                ("model", "requests", "input tokens", "output tokens", "cost"),
+                ("model", "requests", *TOKEN_COLUMNS, "cost"),
                 (
                     (
                         text(g["model"]),
                         str(g["requests"]),
-                        str(g["input_tokens"]),
-                        str(g["output_tokens"]),
-                        text(usd(g["cost_usd"])),
+                        *(str(g[name]) for name in TOKEN_FIELDS),
+                        text(usd_text(g["cost_usd"])),
                     )
                     for g in by_model
                 ),
-                numeric=(1, 2, 3, 4),
+                numeric=range(1, 7),
             ),
             f"<h2>Recent requests (the newest {RECENT_REQUESTS}, last {numbers.DAYS} days)</h2>",
             table(
-                ("finished (UTC)", "request id", "model", "answered by", "input", "output", "cost", "outcome"),
+                ("finished (UTC)", "request id", "model", "answered by", *TOKEN_COLUMNS, "cost", "outcome"),
                 (
                     (
                         text(row.finished_at.strftime("%Y-%m-%d %H:%M:%S")),
                         f"<code>{text(row.request_id)}</code>",
                         text(row.model),
                         text(row.answered_model),
-                        str(row.input_tokens + row.cache_write_tokens + row.cache_read_tokens),
-                        str(row.output_tokens),
-                        text(usd(row.cost_usd)),
+                        *(str(getattr(row, name)) for name in TOKEN_FIELDS),
+                        text(usd_text(row.cost_usd)),
                         text(row.outcome),
                     )
                     for row in recent
                 ),
-                numeric=(4, 5, 6),
+                numeric=range(4, 9),
             ),
         ]
         return self._page(admin, f"Key {key.id}", "".join(body), here="/console/keys")
+
+    def confirmation(
+        self, admin: Admin, question: str, consequence: str, *, action: str, button: str, cancel: str, danger: bool
+    ) -> web.Response:
+        """A page that asks before a change: `question`, what the change does, and its one
+        button, which POSTs to `action`; Cancel is a link back to `cancel`."""
+        body = (
+            f"<h1>{text(question)}</h1><p>{text(consequence)}</p>"
+            f'<div class="confirm">{button_form(action, button, admin.csrf, danger=danger)}'
+            f'<a href="{text(cancel)}">Cancel</a></div>'
+        )
+        return self._page(admin, question, body, here="/console/keys")
 
     # --- organizations and the audit log
 
@@ -219,7 +238,7 @@ class Pages:
                 text(o.id),
                 text(o.name),
                 budget_bar(o.spent_usd, o.balance_usd),
-                text(usd(reserved.get(o.id, 0))),
+                text(usd_text(reserved.get(o.id, 0))),
                 text(o.keys),
                 "suspended" if o.suspended else "active",
                 "config file" if o.from_config else "store",
@@ -262,11 +281,13 @@ def _key_label(key: KeyRecord | None, ref: str) -> str:
 
 
 def _key_buttons(key: KeyRecord, admin: Admin) -> str:
-    """Rotate and revoke, for a key the console may change (the config file's are its own)."""
+    """Rotate and revoke, for a key the console may change (the config file's are its own): links
+    to the pages that ask first (actions.py)."""
     if key.from_config or key.revoked:
         return ""
-    return button_form(f"/console/keys/{key.id}/rotate", "Rotate", admin.csrf) + button_form(
-        f"/console/keys/{key.id}/revoke", "Revoke", admin.csrf, danger=True
+    return (
+        f'<a class="button" href="/console/keys/{key.id}/rotate">Rotate</a> '
+        f'<a class="button danger" href="/console/keys/{key.id}/revoke">Revoke</a>'
     )
 
 
@@ -283,19 +304,33 @@ def _status(key: KeyRecord, now: datetime) -> str:
 
 
 def _changes(before: dict | None, after: dict | None) -> tuple[str, str]:
-    """An audit entry's before and after: of a thing changed, the fields that changed (the whole
-    of each in a <details>); of one made or ended, the whole of it."""
+    """An audit entry's before and after, as fields: of a thing changed, the fields that changed
+    (the whole of each in a <details>); of one made or ended, the whole of it."""
     if before is None or after is None:
-        return _json(before), _json(after)
+        return _fields(before), _fields(after)
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     return tuple(
-        _json({name: whole.get(name) for name in changed})
-        + f"<details><summary>all fields</summary>{_json(whole)}</details>"
+        _fields({name: whole.get(name) for name in changed})
+        + f"<details><summary>all fields</summary>{_fields(whole)}</details>"
         for whole in (before, after)
     )
 
 
-def _json(value) -> str:
-    if value is None:
+def _fields(view: dict | None) -> str:
+    """A thing's fields as a list of names and values, read as a person would write them."""
+    if view is None:
         return ""
-    return f"<pre>{text(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode())}</pre>"
+    items = "".join(f"<dt>{text(name)}</dt><dd>{text(_value(name, view[name]))}</dd>" for name in sorted(view))
+    return f'<dl class="fields">{items}</dl>'
+
+
+def _value(name: str, value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    if name.endswith("_usd"):  # an amount, kept as the exact decimal string it was
+        return usd_text(value)
+    return str(value)
