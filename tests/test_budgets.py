@@ -125,12 +125,12 @@ async def test_the_admin_api_sets_a_keys_budget_period(start_gateway, upstream, 
     made = await admin.ok(
         "POST", "/keys", 201, json={"name": "team", "spend_limit_usd": "0.05", "budget_period": "week"}
     )
-    assert (made["budget_period"], made["period_spent_usd"]) == ("week", "0")
+    assert (made["budget_period"], made["period_spent_usd"]) == ("week", "0.000000000")
     upstream.enqueue(Scenario(**ANSWER))
     async with admin.gateway.client(api_key=made["secret"]) as client:
         assert await ask(client) == "ok"
     key = await admin.ok("GET", f"/keys/{made['id']}")
-    assert (key["period_spent_usd"], key["spent_usd"]) == ("0.015", "0.015")
+    assert (key["period_spent_usd"], key["spent_usd"]) == ("0.015000000", "0.015000000")
     status, body, _ = await admin.call("PATCH", f"/keys/{made['id']}", json={"budget_period": "year"})
     assert status == 400 and body["error"]["message"].startswith('budget_period: expected "day", "week", "month"')
     cleared = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": None})
@@ -146,7 +146,7 @@ async def test_the_cli_sets_a_keys_budget_period(tmp_path):
     )
     assert status == 0, output
     key = await listed_key(*storage)
-    assert (key["spend_limit_usd"], key["budget_period"], key["period_spent_usd"]) == ("5", "month", "0")
+    assert (key["spend_limit_usd"], key["budget_period"], key["period_spent_usd"]) == ("5.0000", "month", "0.0000")
     status, output = await run_command("keys", "update", "team", "--budget-period", "year", *storage)
     assert status != 0 and "expected day, week, month or \"none\", not 'year'" in output
 
@@ -183,10 +183,10 @@ async def test_a_new_budget_period_counts_what_it_has_spent(start_gateway, upstr
     async with admin.gateway.client(api_key=made["secret"]) as client:
         assert [await ask(client) for _ in range(2)] == ["ok"] * 2  # $0.03 today
     month = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "month"})
-    assert month["period_spent_usd"] == "0.030"  # this month's spend includes today's
+    assert month["period_spent_usd"] == "0.030000000"  # this month's spend includes today's
     now.set((datetime.now(UTC) + timedelta(days=40)).isoformat())
     later = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "week"})
-    assert later["period_spent_usd"] == "0"  # a week 40 days on has spent nothing
+    assert later["period_spent_usd"] == "0.000000000"  # a week 40 days on has spent nothing
 
 
 async def test_a_config_files_new_budget_period_counts_what_it_has_spent(store_url, opened):

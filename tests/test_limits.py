@@ -424,9 +424,9 @@ async def test_keys_list_shows_each_keys_spend_reservations_and_limits(tmp_path,
         rows[cells[1]] = dict(zip(names, cells))
     assert names[:6] == ["id", "name", "models", "spent_usd", "reserved_usd", "spend_limit_usd"]
     assert (rows["batch"]["spend_limit_usd"], rows["batch"]["max_concurrent"], rows["batch"]["reserved_usd"]) == (
-        "2",
+        "2.0000",
         "3",
-        "0",
+        "0.0000",
     )
     assert Decimal("0.015") < Decimal(rows["test"]["reserved_usd"]) < Decimal("0.016")  # its request's worst case
 

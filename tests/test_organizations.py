@@ -275,11 +275,11 @@ async def test_orgs_and_keys_commands_and_usage_by_org(start_gateway, upstream, 
         listed = table((await ezat("orgs", "list"))[1])
         assert list(listed["team"]) == ["id", "name", "balance_usd", "spent_usd", "reserved_usd", "suspended", "keys"]
         assert (listed["team"]["balance_usd"], listed["team"]["suspended"], listed["team"]["keys"]) == (
-            "5",
+            "5.0000",
             "False",
             "1",
         )
-        assert Decimal(listed["team"]["spent_usd"]) > 0 and listed["team"]["reserved_usd"] == "0"
+        assert Decimal(listed["team"]["spent_usd"]) > 0 and listed["team"]["reserved_usd"] == "0.0000"
         assert (listed["default"]["balance_usd"], listed["default"]["keys"]) == ("", "1")
 
         assert (await ezat("orgs", "suspend", "team"))[0] == 0
