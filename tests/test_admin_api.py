@@ -444,7 +444,7 @@ async def test_a_budget_period_without_a_spend_limit_is_refused(admin):
         needs_a_limit,
     )
     limited = await admin.ok("PATCH", f"/keys/{made['id']}", json={"budget_period": "month", "spend_limit_usd": 5})
-    assert (limited["budget_period"], limited["spend_limit_usd"]) == ("month", "5")
+    assert (limited["budget_period"], limited["spend_limit_usd"]) == ("month", "5.000000000")
     assert_error(
         await admin.call("PATCH", f"/keys/{made['id']}", json={"spend_limit_usd": None}),
         400,

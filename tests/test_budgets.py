@@ -160,7 +160,7 @@ async def test_the_cli_takes_ezat_now_as_it_starts(tmp_path, opened):
     await store.write_ledger([row("req-1", (await store.find_key(digest)).id, "0.25")])
     december = await listed_key("--storage", url, env={"EZAT_NOW": "2026-12-31T23:59:00Z"})
     january = await listed_key("--storage", url, env={"EZAT_NOW": "2027-01-01T00:00:01Z"})
-    assert (december["period_spent_usd"], january["period_spent_usd"]) == ("0.25", "0")
+    assert (december["period_spent_usd"], january["period_spent_usd"]) == ("0.2500", "0.0000")
 
 
 async def listed_key(*storage: str, env: dict[str, str] | None = None) -> dict[str, str]:
