@@ -9,6 +9,7 @@ from functools import partial, update_wrapper
 from typing import NamedTuple
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.accounting.alerts import Alerts
 from gateway.accounting.ledger import Ledger
@@ -19,7 +20,7 @@ from gateway.admin.console import add_console_routes
 from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
-from gateway.ops.observe import observe_middleware
+from gateway.ops.observe import API_ROUTES, observe_middleware
 from gateway.ops.tracing import Tracing
 from gateway.routes.catalog import catalog_handlers, speaks_anthropic
 from gateway.routes.readiness import Readiness
@@ -29,15 +30,15 @@ from gateway.storage import Store, open_store
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
 from gateway.upstream.streams import OpenStreams
-from middlewares.auth import auth_middleware
+from middlewares.auth import AuthStage, auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
-from middlewares.core.chain import checked
+from middlewares.core.chain import Endpoint, Stage, checked
 from middlewares.core.context import request_id
 from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
 from middlewares.core.sizes import MiB
-from middlewares.images import images_middleware
+from middlewares.images import ImagesStage, images_middleware
 from middlewares.limits import RESERVATION_TTL, limits_middleware
 from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
@@ -46,12 +47,17 @@ from middlewares.size_limit import size_limit_middleware
 from middlewares.translator import translator_middleware
 
 
-def chain(middlewares, handler):
+def chain(middlewares: list[Middleware], handler: Endpoint | Handler) -> Handler:
     """`handler` behind `middlewares`, the first one outermost, exactly as an aiohttp app would
     run them (each route gets the chain its API needs), once their order is checked."""
-    for middleware in reversed(checked(middlewares, handler)):
-        # (Not the handler's __dict__: its `stage` describes it, not the chain in front of it.)
-        handler = update_wrapper(partial(middleware, handler=handler), handler, updated=())
+    if isinstance(handler, Endpoint):
+        ordered, handler = checked(middlewares, handler), handler.handle
+    else:
+        ordered = checked(middlewares)
+    for middleware in reversed(ordered):
+        # A stage's own coroutine function, for aiohttp to see the route's handler is one.
+        step = middleware.fn if isinstance(middleware, Stage) else middleware
+        handler = update_wrapper(partial(step, handler=handler), handler)
     return handler
 
 
@@ -73,6 +79,7 @@ def build_app(
     services = make_services(config, ping_interval=ping_interval, tracing=tracing, now=now)
     ttl = reservation_ttl(config, non_streaming_deadline)
     stages = make_stages(config, services, key_cache_seconds=key_cache_seconds, reservation_ttl=ttl, now=now)
+    app = application(config, services, stages)
     # The four API routes: each one's chain, its order checked, around its handler.
     proxy = partial(
         proxy_handler,
@@ -89,12 +96,10 @@ def build_app(
         deadline=non_streaming_deadline,
         check_client_bytes=check_client_bytes,
     )
-    chat_completions = api_route("chat_completions", chain(openai_chain(stages), proxy()))
-    responses = api_route("responses", chain(responses_chain(stages), proxy()))
-    messages = api_route("messages", chain(messages_chain(stages), proxy(native=True)))
-    count_tokens = api_route("count_tokens", chain(count_tokens_chain(stages), count))
-    # The app around them: its services' lifetimes, then every route.
-    app = application(config, services, stages)
+    chat_completions = api_route(app, "chat_completions", chain(openai_chain(stages), proxy()))
+    responses = api_route(app, "responses", chain(responses_chain(stages), proxy()))
+    messages = api_route(app, "messages", chain(messages_chain(stages), proxy(native=True)))
+    count_tokens = api_route(app, "count_tokens", chain(count_tokens_chain(stages), count))
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
@@ -153,12 +158,12 @@ class Stages(NamedTuple):
     """The stages the chains share, made once: one images stage means one download pool for
     the app, whichever API's shape it reads. `limits` makes a limits stage for an API."""
 
-    auth: Callable
+    auth: AuthStage
     size_limit: Callable
     native_size_limit: Callable  # keeps the client's bytes, which the Messages route may send on
     bounds: Callable
     limits: Callable[..., Callable]
-    images: Callable
+    images: ImagesStage
     anthropic_images: Callable
     native: Callable
     billing: Callable
@@ -303,6 +308,7 @@ def application(config: Config, services: Services, stages: Stages) -> web.Appli
         ]
     )
     app[STORE] = store
+    app[API_ROUTES] = {}  # api_route names them
     app[READINESS] = services.readiness
     app.cleanup_ctx.append(storage)
     app.cleanup_ctx.append(services.upstream.lifespan)
@@ -332,8 +338,8 @@ def add_routes(
     """Every route, under each prefix its clients use: the four API routes, the models (behind
     auth), the catalog, the probes and the metrics."""
     healthz, list_models, one_model, model_catalog = catalog_handlers(config)
-    list_models = api_route("models", chain([stages.auth], list_models))
-    one_model = api_route("models", chain([stages.auth], one_model))
+    list_models = api_route(app, "models", chain([stages.auth], list_models))
+    one_model = api_route(app, "models", chain([stages.auth], one_model))
     for prefix in ("", "/openai"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/v1/responses", responses)
@@ -358,7 +364,7 @@ def add_stored_response_routes(app: web.Application, kept: KeptResponses, stages
     prefixes. Behind auth alone: a read of the key's own responses reserves nothing and costs no
     upstream call, so the limits stage, which admits a model's request, has nothing to weigh."""
     retrieve, delete, list_items = (
-        api_route("stored_responses", chain([stages.auth], handler)) for handler in stored_response_handlers(kept)
+        api_route(app, "stored_responses", chain([stages.auth], handler)) for handler in stored_response_handlers(kept)
     )
     for prefix in ("", "/openai"):
         route = prefix + "/v1/responses/{response_id}"
@@ -387,9 +393,9 @@ READINESS = web.AppKey("ezat.readiness", Readiness)
 SHUTTING_DOWN = error_event("The gateway is shutting down; send the request again.")
 
 
-def api_route(name: str, handler):
+def api_route(app: web.Application, name: str, handler: Handler) -> Handler:
     """`handler`, named as the metrics and the access log call its route (others are not observed)."""
-    handler.api_route = name
+    app[API_ROUTES][handler] = name
     return handler
 
 

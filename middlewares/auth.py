@@ -9,20 +9,30 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Keys, Stage
 from middlewares.core.context import API_KEY
 from middlewares.core.credentials import presented_key
 from middlewares.core.errors import GatewayError
 from middlewares.core.protocols import FindKey
 from middlewares.core.records import KeyRecord
 
-__all__ = ["auth_middleware"]
+__all__ = ["AuthStage", "auth_middleware"]
 
 
-def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size: int = 10_000):
+@dataclass(frozen=True)
+class AuthStage(Stage):
+    """The auth stage, and `forget(digest)`, which drops one key's cached record at once."""
+
+    forget: Callable[[str], None]
+
+
+def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size: int = 10_000) -> AuthStage:
     """A request without a key, with an unknown, revoked or expired one gets 401
     `invalid_api_key`; otherwise its `KeyRecord` is `request[API_KEY]`. `find_key(digest)` finds
     a key by the SHA-256 hex digest of its secret (so the secret is never stored), or None.
@@ -64,8 +74,7 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
             cache.popitem(last=False)
         return key
 
-    @stage("auth", provides=(API_KEY,))
-    async def auth(request: web.Request, handler) -> web.StreamResponse:
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         secret = presented_key(request)
         if secret is None:
             raise _unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
@@ -89,8 +98,7 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
         forgotten[digest] = now
         cache.pop(digest, None)
 
-    auth.forget = forget
-    return auth
+    return AuthStage(Keys("auth", provides=frozenset({API_KEY})), auth, forget)
 
 
 def _unauthorized(message: str) -> GatewayError:

@@ -36,7 +36,7 @@ def billing_middleware(*, record: RecordRow):
         raise TypeError("billing_middleware: record must be an async callable")
 
     # (It sets request[LEDGER_ROW] too, but on the way out: no stage after it could read it.)
-    @stage("billing", requires=(API_KEY, MODEL))
+    @stage("billing", requires=(API_KEY, MODEL), reads=(SETTLE, ANSWERED_MODEL, DEPLOYMENT, SESSION))
     async def billing(request: web.Request, handler) -> web.StreamResponse:
         started = datetime.now(UTC)
         reply = await handler(request)

@@ -48,7 +48,7 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "op
         raise ValueError('cache_breakpoints_middleware: api must be "openai" or "anthropic"')
     session, scan, mark_prefix, mark_newest, most = _APIS[api]
 
-    @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,))
+    @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,), reads=(MODEL, CONVERSATION))
     async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         request[SESSION] = session(request, body)

@@ -22,7 +22,7 @@ from yarl import URL
 from gateway.config import Config, Deployment, KeyConfig, Model, Pricing, ServerConfig, StorageConfig
 from gateway.server import app_runner
 from gateway.storage import KeyRecord, LedgerRow, open_store
-from middlewares.core import Stage
+from middlewares.core import stage
 
 KEY = "sk-test-key"
 MODEL = "anthropic/claude-sonnet-5-5"
@@ -367,12 +367,11 @@ class Link:
 def setting(name: str, key: web.RequestKey, value: object):
     """A foreign app's stage that sets `key` to `value` on every request (its own admission)."""
 
-    @web.middleware
+    @stage(name, provides=(key,))
     async def set_it(request: web.Request, handler) -> web.StreamResponse:
         request[key] = value
         return await handler(request)
 
-    set_it.stage = Stage(name, provides=frozenset({key}))
     return set_it
 
 

@@ -29,9 +29,8 @@ from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
-from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked
+from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked, stage
 from middlewares.core import MODEL as MODEL_KEY
-from middlewares.core.chain import Stage
 from middlewares.images import images_middleware
 from middlewares.limits import limits_middleware
 from middlewares.refusals import refusals_middleware
@@ -314,6 +313,44 @@ def test_the_gateways_routes_are_built_only_from_a_chain_in_order(upstream):
         chain([cache_breakpoints_middleware(), size_limit_middleware()], echo_body)
 
 
+def test_a_key_read_before_the_stage_that_provides_it_is_an_error_naming_both():
+    # Images reads the caller's key for its per-key cap: behind auth, not in front of it.
+    def find_key(digest: str) -> None:
+        return None
+
+    with pytest.raises(ChainError) as error:
+        checked([size_limit_middleware(), images_middleware(), auth_middleware(find_key=find_key)])
+    assert str(error.value) == "images reads the request's api_key, which auth provides: put auth before images"
+
+
+def test_a_key_read_that_no_stage_provides_is_done_without_and_logged(caplog):
+    caplog.set_level("DEBUG", logger="ezat.chain")
+    stages = [size_limit_middleware(), images_middleware()]
+    assert checked(stages) == stages
+    assert caplog.messages == ["images reads the request's api_key, which no stage provides here"]
+
+
+def test_a_key_the_handler_provides_is_read_on_the_way_out(upstream, caplog):
+    # billing prices at the model that answered, which only the proxy knows once it has answered.
+    caplog.set_level("DEBUG", logger="ezat.chain")
+    config = make_config(upstream.url)
+    stages = [
+        size_limit_middleware(),
+        setting("the_key", API_KEY, KeyRecord(id=1, name="k", key_sha256="")),
+        setting("the_model", MODEL_KEY, config.model(MODEL)),
+        billing_middleware(record=lambda row: None),
+    ]
+    chain(stages, proxy_handler(config, UpstreamClient()))
+    assert [m for m in caplog.messages if "answered_model" in m or "deployment" in m] == []
+    assert sorted(caplog.messages) == [
+        "billing reads the request's session, which no stage provides here",
+        "billing reads the request's settle, which no stage provides here",
+        "proxy reads the request's client_bytes, which no stage provides here",
+        "proxy reads the request's fallback_models, which no stage provides here",
+        "proxy reads the request's session, which no stage provides here",
+    ]
+
+
 def test_the_stages_are_new_style_middlewares():
     stages = [
         size_limit_middleware(),
@@ -335,18 +372,17 @@ async def test_the_proxy_lets_go_of_the_prompt_once_its_answer_has_begun(foreign
     config = make_config(upstream.url)
     seen = []
 
-    @web.middleware
+    @stage("probe", requires=(BODY,))
     async def probe(request: web.Request, handler) -> web.StreamResponse:
         seen.append(BODY in request)
         reply = await handler(request)
         seen.append(BODY in request)
         return reply
 
-    probe.stage = Stage("probe", requires=frozenset({BODY}))
     upstream_client = UpstreamClient()
     app = await foreign(
         [size_limit_middleware(), setting("the_model", MODEL_KEY, config.model(MODEL)), probe],
-        proxy_handler(config, upstream_client),
+        proxy_handler(config, upstream_client).handle,
         on_app=lambda app: app.cleanup_ctx.append(upstream_client.lifespan),
     )
     body = {"model": MODEL, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hi"}]}

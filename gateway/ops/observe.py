@@ -2,8 +2,8 @@
 metrics and, with [tracing], its span. A stream ends after its reply has left this middleware,
 so it is finished from the stream's own `when_done`; every other reply here and now.
 
-Only the API routes are observed (a handler says which by its `api_route`): health probes and
-scrapes would drown them.
+Only the API routes are observed (the app names their handlers in `API_ROUTES`): health probes
+and scrapes would drown them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gateway.ops.logs import ACCESS, CURRENT_REQUEST, access
 from gateway.ops.metrics import NO_METRICS, TOKEN_COLUMNS, Metrics, NoMetrics
@@ -26,6 +27,8 @@ from middlewares.core.reply import EventStreamReply
 GENERATING = frozenset({"chat_completions", "responses", "messages"})
 CLIENT_CLOSED = 499  # the status a request has whose client left before its answer began
 log = logging.getLogger("ezat.observe")
+# The API routes' handlers, each with the name its metrics and access line give its route.
+API_ROUTES = web.AppKey("ezat.api_routes", dict[Handler, str])
 
 
 def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None):
@@ -34,7 +37,7 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
 
     @web.middleware
     async def observe(request: web.Request, handler) -> web.StreamResponse:
-        route = getattr(request.match_info.handler, "api_route", None)
+        route = request.config_dict[API_ROUTES].get(request.match_info.handler)
         if route is None:
             return await handler(request)
         CURRENT_REQUEST.set(request_id(request))

@@ -33,7 +33,7 @@ from gateway.upstream.health import Health
 from gateway.upstream.routing import affinity, ranked
 from gateway.upstream.shape import readable_message
 from gateway.upstream.streams import OpenStreams
-from middlewares.core.chain import Stage
+from middlewares.core.chain import Endpoint, Keys
 from middlewares.core.context import (
     ANSWERED_MODEL,
     BODY,
@@ -83,7 +83,7 @@ def proxy_handler(
     streams: OpenStreams | None = None,
     native: bool = False,
     check_client_bytes: bool = False,
-):
+) -> Endpoint:
     attempts = attempts or Attempts(config)
     metrics = attempts.metrics
 
@@ -145,8 +145,13 @@ def proxy_handler(
                 code="timeout",
             ) from None
 
-    proxy.stage = Stage("proxy", requires=frozenset({BODY, MODEL}), provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}))
-    return proxy
+    keys = Keys(
+        "proxy",
+        requires=frozenset({BODY, MODEL}),
+        provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}),
+        reads=frozenset({FALLBACK_MODELS, SESSION, CLIENT_BYTES}),
+    )
+    return Endpoint(keys, proxy)
 
 
 def count_tokens_handler(
@@ -155,7 +160,7 @@ def count_tokens_handler(
     attempts: Attempts,
     deadline: float = NON_STREAMING_DEADLINE,
     check_client_bytes: bool = False,
-):
+) -> Endpoint:
     """Answers Anthropic's `count_tokens` with the asked model's count (`request[MODEL]`), from
     the first of its deployments that answers, as it answers: never a count made up here, and
     no fallback model stands in (its count would be another model's). Past `deadline` seconds,
@@ -186,10 +191,13 @@ def count_tokens_handler(
             ) from None
         return answer
 
-    count_tokens.stage = Stage(
-        "count_tokens", requires=frozenset({BODY, MODEL}), provides=frozenset({ANSWERED_MODEL, DEPLOYMENT})
+    keys = Keys(
+        "count_tokens",
+        requires=frozenset({BODY, MODEL}),
+        provides=frozenset({ANSWERED_MODEL, DEPLOYMENT}),
+        reads=frozenset({CLIENT_BYTES}),
     )
-    return count_tokens
+    return Endpoint(keys, count_tokens)
 
 
 class Attempts:

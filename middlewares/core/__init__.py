@@ -4,7 +4,7 @@ writes, and the Protocols for what a stage is handed. It imports only aiohttp, o
 standard library, so another aiohttp app can mount a stage without the gateway's application,
 config, storage or ledger."""
 
-from middlewares.core.chain import ChainError, Stage, checked, stage
+from middlewares.core.chain import ChainError, Endpoint, Keys, Stage, checked, stage
 from middlewares.core.context import (
     ANSWERED_MODEL,
     API_KEY,
@@ -40,11 +40,13 @@ __all__ = [
     "SESSION",
     "SETTLE",
     "ChainError",
+    "Endpoint",
     "EventStreamReply",
     "FindKey",
     "FindModel",
     "GatewayError",
     "KeyRecord",
+    "Keys",
     "LedgerRow",
     "MessageReply",
     "ModelSpec",

@@ -19,14 +19,16 @@ import base64
 import binascii
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
 import pybase64
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Keys, Stage
 from middlewares.core.context import API_KEY, BODY, body_changed
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, split_data_url
@@ -34,7 +36,7 @@ from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
 from middlewares.images.sniff import image_type
 
-__all__ = ["DEFAULT_LIMITS", "ImageLimits", "images_middleware"]
+__all__ = ["DEFAULT_LIMITS", "ImageLimits", "ImagesStage", "images_middleware"]
 
 log = logging.getLogger("ezat.images")
 
@@ -56,6 +58,16 @@ class ImageLimits(NamedTuple):
 
 
 DEFAULT_LIMITS = ImageLimits()
+
+
+@dataclass(frozen=True)
+class ImagesStage(Stage):
+    """The images stage, with what an app does with it: `cleanup_ctx`, which opens its pool on
+    startup and closes it on cleanup, and `for_api(api)`, the same stage for another API's
+    shape, sharing its pool and its caps."""
+
+    cleanup_ctx: Callable[[web.Application], AsyncIterator[None]]
+    for_api: Callable[[str], ImagesStage]
 
 
 def images_middleware(
@@ -114,13 +126,12 @@ def images_middleware(
     fetcher = ImageFetcher(limits, resolver=resolver, connections_per_host=connections_per_host)
     keys = KeyGates(downloads_per_key)
 
-    def stage_for(api: str):
+    def stage_for(api: str) -> ImagesStage:
         if api not in _SOURCES:
             raise ValueError('images_middleware: api must be "openai", "anthropic" or "responses"')
         sources = _SOURCES[api]
 
-        @stage("images", requires=(BODY,))
-        async def images(request: web.Request, handler) -> web.StreamResponse:
+        async def images(request: web.Request, handler: Handler) -> web.StreamResponse:
             parts = list(sources(request[BODY]))
             if parts:
                 if not fetcher.open:
@@ -132,9 +143,8 @@ def images_middleware(
                     await _inline(parts, fetcher, concurrent_downloads, key_gate, on_download)
             return await handler(request)
 
-        images.cleanup_ctx = fetcher.lifespan
-        images.for_api = stage_for
-        return images
+        declared = Keys("images", requires=frozenset({BODY}), reads=frozenset({API_KEY}))
+        return ImagesStage(declared, images, fetcher.lifespan, stage_for)
 
     return stage_for(api)
 

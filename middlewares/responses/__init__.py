@@ -74,7 +74,12 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
     sealer = partial(seal, key=reasoning_key) if reasoning_key is not None else None
 
     # The key finds stored responses and owns the ones it makes.
-    @stage("responses", requires=(BODY, MODEL) if store is None else (BODY, MODEL, API_KEY))
+    @stage(
+        "responses",
+        requires=(BODY, MODEL) if store is None else (BODY, MODEL, API_KEY),
+        provides=(CONVERSATION,),
+        reads=(ANSWERED_MODEL,),
+    )
     async def responses(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         asked = request[MODEL]

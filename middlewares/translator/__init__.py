@@ -26,7 +26,7 @@ def translator_middleware():
     client sent (an alias stays an alias), unless another model answered (a fallback,
     `request[ANSWERED_MODEL]`, set by the handler): then that model's id."""
 
-    @stage("translator", requires=(BODY, MODEL))
+    @stage("translator", requires=(BODY, MODEL), reads=(ANSWERED_MODEL,))
     async def translator(request: web.Request, handler) -> web.StreamResponse:
         body = request[BODY]
         stream = body.get("stream")
