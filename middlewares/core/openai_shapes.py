@@ -1,6 +1,6 @@
 """Anthropic Messages request parts made from OpenAI's shapes: what the Chat Completions and the
 Responses API translators both build (tool names and ids as the upstream takes them, turns of
-content blocks, data URLs, cache markers, tool schemas, sampling), each naming the client's field
+content blocks, data URLs, cache markers, tool schemas, sampling, effort and thinking), each naming the client's field
 in its errors."""
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import orjson
 
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import is_base64, split_data_url
+from middlewares.core.protocols import ModelSpec
+from middlewares.core.reasoning import EFFORTS
+
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 # The upstream accepts only these characters in tool ids and tool names.
 _SAFE = re.compile(r"[a-zA-Z0-9_-]+")
@@ -160,3 +164,36 @@ def call_arguments(value: Any, path: str, param: str) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise invalid_request(f"{path}: expected a JSON object", param)
     return arguments
+
+
+def effort_and_thinking(
+    name: str, field: str, model: ModelSpec, request: dict[str, Any], forced_tool: bool, messages: list[dict[str, Any]]
+) -> bool:
+    """Sets the upstream's effort, and adaptive thinking, for the reasoning effort `name` (one of
+    `EFFORTS`) that the client's `field` asks; True when thinking is requested."""
+    effort, think = EFFORTS[name]
+    if effort not in model.efforts:
+        if not think:
+            return False  # "no thinking" needs no effort level on a model without one
+        raise invalid_request(
+            f"{field}: {name!r} is not available for this model; use one of " + ", ".join(model.efforts), field
+        )
+    request["output_config"] = {"effort": effort}
+    # Forced tool use excludes thinking (the upstream refuses both). So does continuing a tool
+    # call without the thinking that led to it (an OpenAI chat client cannot send it back, a
+    # Responses client may not have, or the gateway could not open it): the upstream insists on it.
+    if not think or forced_tool or _continues_tool_use_unthought(messages):
+        return False
+    request["thinking"] = {"type": "adaptive"}
+    return True
+
+
+def _continues_tool_use_unthought(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last assistant turn calls a tool with no thinking block before it."""
+    for turn in reversed(messages):
+        if turn["role"] == "assistant":
+            blocks = turn["content"]
+            return any(b["type"] == "tool_use" for b in blocks) and not any(
+                b["type"] in THINKING_BLOCKS for b in blocks
+            )
+    return False

@@ -18,11 +18,13 @@ from typing import Any
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, PDF
 from middlewares.core.openai_shapes import (
+    THINKING_BLOCKS,
     append_blocks,
     cached,
     call_arguments,
     check_closed_objects,
     data_url,
+    effort_and_thinking,
     input_schema,
     nonblank_text,
     sampling,
@@ -175,7 +177,7 @@ def to_anthropic(
     thinking = _reasoning(body.get("reasoning"), model, request, forced, request["messages"], turn)
     if not thinking:
         # Without thinking, thinking blocks sent back say nothing the model reads: leave them out.
-        if any(block["type"] in _THINKING for _, blocks in entries for block in blocks):
+        if any(block["type"] in THINKING_BLOCKS for _, blocks in entries for block in blocks):
             request["messages"] = _turns(entries, thinking=False)
         if model.sampling:
             sampling(body, request)
@@ -304,7 +306,7 @@ def _thinking_runs(answer: dict[str, Any] | None) -> list[list[dict[str, Any]]]:
     runs: list[list[dict[str, Any]]] = []
     open_run = False
     for block in answer["content"]:
-        thinking = block.get("type") in _THINKING
+        thinking = block.get("type") in THINKING_BLOCKS
         if thinking:
             if not open_run:
                 runs.append([])
@@ -512,7 +514,7 @@ def _turns(entries: list[Entry], *, thinking: bool) -> list[dict[str, Any]]:
     turns: list[tuple[str, list, list]] = []
     for role, blocks in entries:
         if not thinking:
-            blocks = [block for block in blocks if block["type"] not in _THINKING]
+            blocks = [block for block in blocks if block["type"] not in THINKING_BLOCKS]
         append_blocks(turns, role, blocks)
     if not turns:
         raise _bad("input", "every item is empty")
@@ -520,14 +522,11 @@ def _turns(entries: list[Entry], *, thinking: bool) -> list[dict[str, Any]]:
     for role, results, others in turns:
         content = results + others
         if role == "assistant":  # thinking before what it led to, in its order
-            content = [b for b in content if b["type"] in _THINKING] + [
-                b for b in content if b["type"] not in _THINKING
+            content = [b for b in content if b["type"] in THINKING_BLOCKS] + [
+                b for b in content if b["type"] not in THINKING_BLOCKS
             ]
         messages.append({"role": role, "content": content})
     return messages
-
-
-_THINKING = frozenset({"thinking", "redacted_thinking"})
 
 
 # --- tools.
@@ -671,30 +670,7 @@ def _reasoning(
         return False
     if not isinstance(effort_name, str) or effort_name not in EFFORTS:
         raise _bad("reasoning.effort", "use one of " + ", ".join(EFFORTS))
-    effort, think = EFFORTS[effort_name]
-    if effort not in model.efforts:
-        if not think:
-            return False  # "no thinking" needs no effort level on a model without one
-        raise _bad(
-            "reasoning.effort",
-            f"{effort_name!r} is not available for this model; use one of " + ", ".join(model.efforts),
-        )
-    request["output_config"] = {"effort": effort}
-    # Forced tool use excludes thinking (the upstream refuses both). So does continuing a tool
-    # call without the thinking that led to it (a reasoning item not sent back, or one the
-    # gateway could not open): the upstream insists on it.
-    if not think or forced_tool or _continues_tool_use_unthought(messages):
-        return False
-    request["thinking"] = {"type": "adaptive"}
-    return True
-
-
-def _continues_tool_use_unthought(messages: list[dict[str, Any]]) -> bool:
-    for turn in reversed(messages):
-        if turn["role"] == "assistant":
-            blocks = turn["content"]
-            return any(b["type"] == "tool_use" for b in blocks) and not any(b["type"] in _THINKING for b in blocks)
-    return False
+    return effort_and_thinking(effort_name, "reasoning.effort", model, request, forced_tool, messages)
 
 
 def _text_format(value: Any, request: dict[str, Any]) -> None:

@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from middlewares.core.errors import invalid_request
-from middlewares.core.openai_shapes import cached, check_closed_objects, input_schema, sampling, upstream_identifier
+from middlewares.core.openai_shapes import (
+    cached,
+    check_closed_objects,
+    effort_and_thinking,
+    input_schema,
+    sampling,
+    upstream_identifier,
+)
 from middlewares.core.protocols import ModelSpec
-from middlewares.core.reasoning import EFFORTS, UNKNOWN_EFFORT, known_effort
+from middlewares.core.reasoning import UNKNOWN_EFFORT, known_effort
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.translator.messages import convert_messages
 
@@ -136,30 +143,7 @@ def _reasoning(
         return False
     if not known_effort(value):
         raise invalid_request(UNKNOWN_EFFORT, "reasoning_effort")  # when the refusals stage is not mounted
-    effort, think = EFFORTS[value]
-    if effort not in model.efforts:
-        if not think:
-            return False  # "no thinking" needs no effort level on a model without one
-        raise invalid_request(
-            f"reasoning_effort: {value!r} is not available for this model; use one of " + ", ".join(model.efforts),
-            "reasoning_effort",
-        )
-    request["output_config"] = {"effort": effort}
-    # Forced tool use excludes thinking (the upstream refuses both). So does continuing a tool call whose thinking
-    # blocks the client could not send back: the upstream insists on them.
-    if not think or forced_tool or _continues_tool_use(messages):
-        return False
-    request["thinking"] = {"type": "adaptive"}
-    return True
-
-
-def _continues_tool_use(messages: list[dict[str, Any]]) -> bool:
-    """Whether the request answers tool calls: its last assistant turn calls a tool and has no
-    thinking block (an OpenAI client cannot send thinking blocks back)."""
-    for turn in reversed(messages):
-        if turn["role"] == "assistant":
-            return any(block["type"] == "tool_use" for block in turn["content"])
-    return False
+    return effort_and_thinking(value, "reasoning_effort", model, request, forced_tool, messages)
 
 
 def _response_format(value: Any, request: dict[str, Any]) -> None:
