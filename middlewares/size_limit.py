@@ -137,7 +137,7 @@ def _encoding(request: web.Request) -> str:
 def _decoded_by_server(request: web.Request) -> bool:
     """Whether aiohttp decodes this body as it arrives (its server's auto_decompress, the
     default): it then counts the bytes as sent apart from the decoded ones."""
-    return getattr(request.content, "total_compressed_bytes", None) is not None
+    return request.content.total_compressed_bytes is not None
 
 
 def _leave_unread(request: web.Request, error: GatewayError) -> GatewayError:

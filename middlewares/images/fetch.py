@@ -153,8 +153,6 @@ class ImageFetcher:
 
 _UNREACHABLE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH})
 _RESET = frozenset({errno.ECONNRESET, errno.EPIPE})
-# aiohttp names a failed lookup from 3.10.10 on; before, it is a connector error from getaddrinfo.
-_LOOKUP_FAILED = getattr(aiohttp, "ClientConnectorDNSError", socket.gaierror)
 
 
 def _failure(exc: BaseException, what: str) -> str:
@@ -166,7 +164,7 @@ def _failure(exc: BaseException, what: str) -> str:
         return "the TLS handshake failed"
     if isinstance(exc, aiohttp.ClientConnectorError):
         cause = exc.os_error
-        if isinstance(exc, _LOOKUP_FAILED) or isinstance(cause, socket.gaierror):
+        if isinstance(exc, aiohttp.ClientConnectorDNSError) or isinstance(cause, socket.gaierror):
             return "the host name could not be resolved"
         if isinstance(cause, ConnectionRefusedError):
             return "the connection was refused"
