@@ -32,13 +32,13 @@ from gateway.upstream.proxy import NON_STREAMING_DEADLINE, Attempts, count_token
 from gateway.upstream.streams import OpenStreams
 from middlewares.auth import AuthStage, auth_middleware
 from middlewares.billing import billing_middleware
-from middlewares.bounds import bounds_middleware
+from middlewares.bounds import Bounds, bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core.chain import Endpoint, Stage, checked
 from middlewares.core.context import request_id
 from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
 from middlewares.core.sizes import MiB
-from middlewares.images import ImagesStage, images_middleware
+from middlewares.images import ImageLimits, ImagesStage, images_middleware
 from middlewares.limits import RESERVATION_TTL, limits_middleware
 from middlewares.native import native_middleware
 from middlewares.refusals import refusals_middleware
@@ -178,15 +178,17 @@ def make_stages(
     """The shared stages, each set up from its part of the config; `now` dates budget periods."""
     settings = config.images
     images = images_middleware(
-        max_image_bytes=settings.max_image_mb * MiB,
-        max_urls=settings.max_urls,
-        max_total_bytes=settings.max_total_mb * MiB,
-        timeout=settings.timeout_seconds,
-        max_redirects=settings.max_redirects,
+        ImageLimits(
+            image_bytes=settings.max_image_mb * MiB,
+            urls=settings.max_urls,
+            total_bytes=settings.max_total_mb * MiB,
+            timeout=settings.timeout_seconds,
+            redirects=settings.max_redirects,
+            downloads_per_key=settings.downloads_per_key,
+            connections_per_host=settings.connections_per_host,
+        ),
         ports=settings.ports,
         allow_private_hosts=settings.allow_private_hosts,
-        downloads_per_key=settings.downloads_per_key,
-        connections_per_host=settings.connections_per_host,
         on_download=services.metrics.image_download,
     )
     return Stages(
@@ -195,7 +197,7 @@ def make_stages(
         native_size_limit=size_limit_middleware(
             body_timeout=config.server.body_timeout_seconds, keep_client_bytes=True
         ),
-        bounds=bounds_middleware(**dataclasses.asdict(config.bounds)),  # [bounds]' keys are the stage's
+        bounds=bounds_middleware(Bounds(**dataclasses.asdict(config.bounds))),  # [bounds]' keys are the stage's
         limits=partial(
             limits_middleware,
             find_model=config.model,

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY
 from middlewares.core.errors import invalid_request
 
@@ -38,26 +38,20 @@ class Bounds:
     max_stop: int = 100  # stop sequences
     max_schema_depth: int = 100  # levels of JSON in a tool's or the output's schema
 
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Bounds: {name} must be a positive integer")
+
 
 DEFAULT_BOUNDS = Bounds()
 
 
-def bounds_middleware(
-    *,
-    max_messages: int = DEFAULT_BOUNDS.max_messages,
-    max_content_parts: int = DEFAULT_BOUNDS.max_content_parts,
-    max_tools: int = DEFAULT_BOUNDS.max_tools,
-    max_stop: int = DEFAULT_BOUNDS.max_stop,
-    max_schema_depth: int = DEFAULT_BOUNDS.max_schema_depth,
-):
+def bounds_middleware(limits: Bounds = DEFAULT_BOUNDS) -> Stage:
     """A request in `request[BODY]` with more messages, content parts (over all messages, and an
-    Anthropic `system` list's blocks), tools or stop sequences than these, or a tool's or the
-    output format's schema nesting more levels than `max_schema_depth`, gets a 400 naming the
-    field, its limit and its count; any other goes on unchanged."""
-    limits = Bounds(max_messages, max_content_parts, max_tools, max_stop, max_schema_depth)
-    for name, value in vars(limits).items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"bounds_middleware: {name} must be a positive integer")
+    Anthropic `system` list's blocks), tools or stop sequences than `limits`, or a tool's or the
+    output format's schema nesting more levels than their `max_schema_depth`, gets a 400 naming
+    the field, its limit and its count; any other goes on unchanged."""
 
     @stage("bounds", requires=(BODY,))
     async def bounds(request: web.Request, handler) -> web.StreamResponse:

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import BoundsConfig, Model, Pricing, ServerConfig
-from middlewares.bounds import bounds_middleware
+from middlewares.bounds import Bounds, bounds_middleware
 from middlewares.core import BODY, ChainError, checked, error_envelope
 from middlewares.core import MODEL as MODEL_KEY
 from middlewares.size_limit import size_limit_middleware
@@ -298,7 +298,7 @@ ANTHROPIC = [
     ("fields", "refused"), ANTHROPIC, ids=lambda v: json.dumps(v)[:60] if isinstance(v, dict) else None
 )
 async def test_the_bounds_stage_alone_reads_anthropic_field_names(foreign, fields, refused):
-    url = await foreign([size_limit_middleware(), bounds_middleware(**ALONE)])
+    url = await foreign([size_limit_middleware(), bounds_middleware(Bounds(**ALONE))])
     body = {"model": "claude", "max_tokens": 10, "messages": HI, **fields}
     status, answer = await post(url, json.dumps(body).encode())
     if refused is None:
@@ -313,8 +313,8 @@ async def test_the_bounds_stage_alone_reads_anthropic_field_names(foreign, field
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "10", None])
 def test_the_bounds_stage_refuses_a_bad_setting_when_built(value):
-    with pytest.raises(ValueError, match="^bounds_middleware: max_tools must be a positive integer$"):
-        bounds_middleware(max_tools=value)
+    with pytest.raises(ValueError, match="^Bounds: max_tools must be a positive integer$"):
+        bounds_middleware(Bounds(max_tools=value))
 
 
 def test_the_bounds_stage_needs_size_limit_before_it():

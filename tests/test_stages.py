@@ -31,7 +31,7 @@ from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked, stage
 from middlewares.core import MODEL as MODEL_KEY
-from middlewares.images import images_middleware
+from middlewares.images import ImageLimits, images_middleware
 from middlewares.limits import limits_middleware
 from middlewares.refusals import refusals_middleware
 from middlewares.size_limit import size_limit_middleware
@@ -128,6 +128,20 @@ async def test_a_body_over_the_limit_gets_413_before_it_is_read(foreign):
 async def test_size_limit_refuses_a_bad_setting_when_built():
     with pytest.raises(ValueError, match="max_bytes"):
         size_limit_middleware(max_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "refused"),
+    [
+        ({"urls": 0}, "urls must be a positive integer"),
+        ({"downloads_per_key": 1.5}, "downloads_per_key must be a positive integer"),
+        ({"timeout": 0}, "timeout must be positive"),
+        ({"redirects": -1}, "redirects must be 0 or more"),
+    ],
+)
+def test_the_image_limits_refuse_a_bad_setting_when_built(setting, refused):
+    with pytest.raises(ValueError, match=f"^ImageLimits: {refused}$"):
+        images_middleware(ImageLimits(**setting))
 
 
 # --- The image fetcher alone ---------------------------------------------------------------------

@@ -26,36 +26,19 @@ from typing import Any, NamedTuple
 
 import pybase64
 from aiohttp import web
+from aiohttp.abc import AbstractResolver
 from aiohttp.typedefs import Handler
 
 from middlewares.core.chain import Keys, Stage
 from middlewares.core.context import API_KEY, BODY, body_changed
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.media import IMAGE_TYPES, MEDIA_BLOCKS, split_data_url
-from middlewares.core.sizes import MAX_BODY_BYTES, MiB
-from middlewares.images.fetch import Budget, ImageError, ImageFetcher, Limits
+from middlewares.images.fetch import Budget, ImageError, ImageFetcher, ImageLimits
 from middlewares.images.sniff import image_type
 
 __all__ = ["DEFAULT_LIMITS", "ImageLimits", "ImagesStage", "images_middleware"]
 
 log = logging.getLogger("ezat.images")
-
-
-class ImageLimits(NamedTuple):
-    """What the stage downloads, at most: the API's own limits for an image, a request's URLs
-    and their bytes, a download's time and redirects; and how many downloads run at once, so
-    that one key's flood of image URLs cannot take every download, nor one slow host every
-    connection. The stage's defaults, and the gateway's `[images]`."""
-
-    image_bytes: int = 10 * MiB
-    urls: int = 20  # distinct URLs a request
-    total_bytes: int = MAX_BODY_BYTES  # all the downloads of one request
-    timeout: float = 15.0  # seconds a download
-    redirects: int = 3
-    concurrent_downloads: int = 8  # of one request
-    downloads_per_key: int = 16  # over all the requests of one key
-    connections_per_host: int = 32  # the pool's, to any one host
-
 
 DEFAULT_LIMITS = ImageLimits()
 
@@ -71,25 +54,18 @@ class ImagesStage(Stage):
 
 
 def images_middleware(
+    limits: ImageLimits = DEFAULT_LIMITS,
     *,
-    max_image_bytes: int = DEFAULT_LIMITS.image_bytes,
-    max_urls: int = DEFAULT_LIMITS.urls,
-    max_total_bytes: int = DEFAULT_LIMITS.total_bytes,
-    timeout: float = DEFAULT_LIMITS.timeout,
-    max_redirects: int = DEFAULT_LIMITS.redirects,
     ports: Sequence[int] = (),
     allow_private_hosts: bool = False,
-    concurrent_downloads: int = DEFAULT_LIMITS.concurrent_downloads,
-    downloads_per_key: int = DEFAULT_LIMITS.downloads_per_key,
-    connections_per_host: int = DEFAULT_LIMITS.connections_per_host,
-    resolver=None,
+    resolver: AbstractResolver | None = None,
     api: str = "openai",
     on_download: Callable[[str], None] = lambda outcome: None,
 ):
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
 
-    The limits' defaults are `DEFAULT_LIMITS` (ImageLimits says what each bounds); any port and
+    `limits` are `DEFAULT_LIMITS` unless given (ImageLimits says what each bounds); any port and
     public addresses only (`allow_private_hosts` lifts that, for trusted networks and tests).
     `downloads_per_key` counts the requests of one key by `request[API_KEY]`, when a stage
     before sets it (else all requests share it).
@@ -98,33 +74,10 @@ def images_middleware(
     "responses" (a Responses API request);
     `stage.for_api(api)` is the same stage for the other shape, sharing its pool and its caps.
     `on_download(outcome)` hears of each download that ends: "ok", or an `ImageError`'s outcome."""
-    for name, value in (
-        ("max_image_bytes", max_image_bytes),
-        ("max_urls", max_urls),
-        ("max_total_bytes", max_total_bytes),
-        ("concurrent_downloads", concurrent_downloads),
-        ("downloads_per_key", downloads_per_key),
-        ("connections_per_host", connections_per_host),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"images_middleware: {name} must be a positive integer")
-    if not timeout > 0:
-        raise ValueError("images_middleware: timeout must be positive")
-    if not isinstance(max_redirects, int) or max_redirects < 0:
-        raise ValueError("images_middleware: max_redirects must be 0 or more")
     if any(not isinstance(port, int) or not 1 <= port <= 65535 for port in ports):
         raise ValueError("images_middleware: ports must be integers from 1 to 65535")
-    limits = Limits(
-        image_bytes=max_image_bytes,
-        urls=max_urls,
-        total_bytes=max_total_bytes,
-        timeout=timeout,
-        redirects=max_redirects,
-        ports=tuple(ports),
-        allow_private_hosts=allow_private_hosts,
-    )
-    fetcher = ImageFetcher(limits, resolver=resolver, connections_per_host=connections_per_host)
-    keys = KeyGates(downloads_per_key)
+    fetcher = ImageFetcher(limits, ports=tuple(ports), allow_private_hosts=allow_private_hosts, resolver=resolver)
+    keys = KeyGates(limits.downloads_per_key)
 
     def stage_for(api: str) -> ImagesStage:
         if api not in _SOURCES:
@@ -140,7 +93,7 @@ def images_middleware(
                 body_changed(request)  # the downloads go in place of the URLs
                 key = request.get(API_KEY)  # without auth in front, all requests share one key's cap
                 async with keys.gate(key.id if key is not None else None) as key_gate:
-                    await _inline(parts, fetcher, concurrent_downloads, key_gate, on_download)
+                    await _inline(parts, fetcher, key_gate, on_download)
             return await handler(request)
 
         declared = Keys("images", requires=frozenset({BODY}), reads=frozenset({API_KEY}))
@@ -287,14 +240,13 @@ _SOURCES = {"openai": _image_parts, "anthropic": _anthropic_sources, "responses"
 async def _inline(
     parts: list[Download],
     fetcher: ImageFetcher,
-    concurrent: int,
     key_gate: asyncio.Semaphore,
     on_download: Callable[[str], None],
 ) -> None:
     limits = fetcher.limits
     downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
     waiting: list[tuple[Download, asyncio.Task]] = []
-    budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(concurrent)
+    budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(limits.concurrent_downloads)
 
     async def download(url: str, pdf: bool) -> tuple[str, bytes]:
         async with gate, key_gate:

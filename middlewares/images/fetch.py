@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractResolver
 from aiohttp.http_exceptions import ContentEncodingError
 from yarl import URL
 
@@ -24,16 +25,29 @@ _ACCEPT_PDF = {"Accept": PDF}
 
 
 @dataclass(frozen=True)
-class Limits:
-    """The API's limits on downloaded images, unless configured otherwise."""
+class ImageLimits:
+    """What the images stage downloads, at most: the API's own limits for an image, a request's
+    URLs and their bytes, a download's time and redirects; and how many downloads run at once,
+    so that one key's flood of image URLs cannot take every download, nor one slow host every
+    connection. The stage's defaults, and the gateway's `[images]`."""
 
     image_bytes: int = 10 * MiB
-    urls: int = 20
-    total_bytes: int = MAX_BODY_BYTES
-    timeout: float = 15.0
+    urls: int = 20  # distinct URLs a request
+    total_bytes: int = MAX_BODY_BYTES  # all the downloads of one request
+    timeout: float = 15.0  # seconds a download
     redirects: int = 3
-    ports: tuple[int, ...] = ()  # the ports allowed; empty: any port (the API sets no limit)
-    allow_private_hosts: bool = False
+    concurrent_downloads: int = 8  # of one request
+    downloads_per_key: int = 16  # over all the requests of one key
+    connections_per_host: int = 32  # the pool's, to any one host
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError("ImageLimits: timeout must be positive")
+        if not isinstance(self.redirects, int) or self.redirects < 0:
+            raise ValueError("ImageLimits: redirects must be 0 or more")
+        for name, value in vars(self).items():
+            if name not in ("timeout", "redirects") and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"ImageLimits: {name} must be a positive integer")
 
 
 class ImageError(Exception):
@@ -59,9 +73,17 @@ class Budget:
 
 
 class ImageFetcher:
-    def __init__(self, limits: Limits = Limits(), *, resolver=None, connections_per_host: int = 32) -> None:
+    def __init__(
+        self,
+        limits: ImageLimits,
+        *,
+        ports: tuple[int, ...] = (),
+        allow_private_hosts: bool = False,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
         self.limits = limits
-        self._per_host = connections_per_host
+        self.ports = ports  # the ports allowed; empty: any port (the API sets no limit)
+        self.allow_private_hosts = allow_private_hosts
         self._resolver = resolver  # tests may give a resolver of their own (a fake DNS)
         self._session: aiohttp.ClientSession | None = None
 
@@ -72,11 +94,15 @@ class ImageFetcher:
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: one connection pool for every download of the app."""
         resolver = self._resolver
-        if not self.limits.allow_private_hosts:
+        if not self.allow_private_hosts:
             resolver = PublicOnlyResolver(resolver)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                resolver=resolver, limit=100, limit_per_host=self._per_host, ttl_dns_cache=None, use_dns_cache=False
+                resolver=resolver,
+                limit=100,
+                limit_per_host=self.limits.connections_per_host,
+                ttl_dns_cache=None,
+                use_dns_cache=False,
             ),
             timeout=aiohttp.ClientTimeout(total=self.limits.timeout),
             auto_decompress=True,
@@ -122,10 +148,10 @@ class ImageFetcher:
             raise ImageError("only http and https URLs can be downloaded", "refused")
         if url.user is not None or url.password is not None:
             raise ImageError("URLs with credentials are not allowed", "refused")
-        if self.limits.ports and url.port not in self.limits.ports:
+        if self.ports and url.port not in self.ports:
             raise ImageError(f"port {url.port} is not allowed", "refused")
         literal = literal_address(url.host)
-        if literal is not None and not self.limits.allow_private_hosts and not is_public(literal):
+        if literal is not None and not self.allow_private_hosts and not is_public(literal):
             raise ImageError("the host is not a public address", "refused")
 
     async def _read(self, response: aiohttp.ClientResponse, budget: Budget, pdf: bool) -> tuple[str, bytes]:
