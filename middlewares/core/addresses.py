@@ -10,9 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from typing import Any
 
-from aiohttp.abc import AbstractResolver
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -76,7 +75,9 @@ class PublicOnlyResolver(AbstractResolver):
     def __init__(self, inner: AbstractResolver | None = None) -> None:
         self._inner = inner or DefaultResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         public = [entry for entry in found if is_public(ipaddress.ip_address(entry["host"].split("%", 1)[0]))]
         if not public:

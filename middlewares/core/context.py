@@ -19,16 +19,18 @@ from middlewares.core.protocols import ModelSpec
 from middlewares.core.records import KeyRecord, LedgerRow
 from middlewares.core.usage import Usage
 
-_NAMES: dict[web.RequestKey, str] = {}
+_NAMES: dict[web.RequestKey[Any], str] = {}
 
 
-def _key(name: str, kind: Any) -> web.RequestKey:
-    key = web.RequestKey("ezat." + name, kind)
+def _key(name: str, kind: Any) -> web.RequestKey[Any]:
+    """A key named `ezat.<name>`; `kind`, a type or a typing form, is for its repr (what the key
+    holds, to mypy, is the type its declaration gives it)."""
+    key: web.RequestKey[Any] = web.RequestKey("ezat." + name, kind)
     _NAMES[key] = name
     return key
 
 
-def key_name(key: web.RequestKey) -> str:
+def key_name(key: web.RequestKey[Any]) -> str:
     """A key's short name, for messages: `body`, `model`…"""
     return _NAMES.get(key, repr(key))
 
@@ -38,9 +40,9 @@ def key_name(key: web.RequestKey) -> str:
 # (a prompt is not held while its answer streams), so a stage reads it before calling on. A
 # foreign handler reads it here. A stage that changes it in place calls `body_changed` first
 # (CLIENT_BYTES, below).
-BODY = _key("body", dict[str, Any])
+BODY: web.RequestKey[dict[str, Any]] = _key("body", dict[str, Any])
 # The size of the request body in bytes, set by size_limit.
-BODY_BYTES = _key("body_bytes", int)
+BODY_BYTES: web.RequestKey[int] = _key("body_bytes", int)
 
 
 class ClientBytes(NamedTuple):
@@ -61,32 +63,34 @@ class ClientBytes(NamedTuple):
 # changes the body in place and forgets is loud where the reader asks `client_bytes(request,
 # check=True)` (the test suite's gateways do: `build_app(check_client_bytes=True)`): the bytes
 # are then parsed again, and `StaleClientBytes` raised when they no longer make the body.
-CLIENT_BYTES = _key("client_bytes", ClientBytes)
+CLIENT_BYTES: web.RequestKey[ClientBytes] = _key("client_bytes", ClientBytes)
 # The caller's key, set by auth.
-API_KEY = _key("api_key", KeyRecord)
+API_KEY: web.RequestKey[KeyRecord] = _key("api_key", KeyRecord)
 # The model the request asks for, resolved once, by limits.
-MODEL = _key("model", ModelSpec)
+MODEL: web.RequestKey[ModelSpec] = _key("model", ModelSpec)
 # Models to try, in order, when the asked one cannot answer (the request's `models`), set by limits.
-FALLBACK_MODELS = _key("fallback_models", tuple[ModelSpec, ...])
+FALLBACK_MODELS: web.RequestKey[tuple[ModelSpec, ...]] = _key("fallback_models", tuple[ModelSpec, ...])
 # Settles what admission reserved, set by limits: billing calls it with the usage it recorded,
 # or with None for a request it does not bill. Only the first call counts.
-SETTLE = _key("settle", Callable[[Usage | None], Awaitable[None]])
+SETTLE: web.RequestKey[Callable[[Usage | None], Awaitable[None]]] = _key(
+    "settle", Callable[[Usage | None], Awaitable[None]]
+)
 # The conversation the request belongs to (`x-ezat-session`, else `prompt_cache_key`, or on
 # Anthropic's API Claude Code's `X-Claude-Code-Session-Id`), as sent, set by cache_breakpoints;
 # routing keeps a conversation on one deployment, and billing names it in the ledger row.
-SESSION = _key("session", str | None)
+SESSION: web.RequestKey[str | None] = _key("session", str | None)
 # The conversation's name a translation took out of the body (the Responses API's
 # `prompt_cache_key`), set by the responses stage; cache_breakpoints, which reads the translated
 # body, names the conversation by it when no `x-ezat-session` does.
-CONVERSATION = _key("conversation", str)
+CONVERSATION: web.RequestKey[str] = _key("conversation", str)
 # The request id: `chatcmpl-<id>` and the request-id / x-request-id response headers.
-REQUEST_ID = _key("request_id", str)
+REQUEST_ID: web.RequestKey[str] = _key("request_id", str)
 # The model that answered (the asked one, or a fallback), set by the proxy handler.
-ANSWERED_MODEL = _key("answered_model", ModelSpec)
+ANSWERED_MODEL: web.RequestKey[ModelSpec] = _key("answered_model", ModelSpec)
 # The deployment the proxy handler sent the request to.
-DEPLOYMENT = _key("deployment", str)
+DEPLOYMENT: web.RequestKey[str] = _key("deployment", str)
 # The request's ledger row, set by billing once it is recorded (for the app's logs and metrics).
-LEDGER_ROW = _key("ledger_row", LedgerRow)
+LEDGER_ROW: web.RequestKey[LedgerRow] = _key("ledger_row", LedgerRow)
 
 
 class StaleClientBytes(RuntimeError):
@@ -105,7 +109,7 @@ def client_bytes(request: web.Request, *, check: bool = False) -> bytes | None:
     parsed into); None otherwise, and the body is to be encoded again. `check` proves they still
     make the body (a second parse and a deep comparison: several times what encoding the body
     costs, so for tests, not service)."""
-    kept = request.get(CLIENT_BYTES)
+    kept: ClientBytes | None = request.get(CLIENT_BYTES)
     if kept is None or kept.body is not request.get(BODY):
         return None
     if check and orjson.loads(kept.data) != kept.body:

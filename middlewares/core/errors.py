@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from middlewares.core.context import request_id
 
@@ -180,14 +181,14 @@ def stream_error(event: Mapping[str, Any]) -> GatewayError:
 
 
 @web.middleware
-async def error_envelope(request: web.Request, handler) -> web.StreamResponse:
+async def error_envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost guard: aiohttp's own errors (404, 405) and anything unexpected leave in the
     OpenAI envelope, never as an HTML page or a traceback."""
     return await _guarded(request, handler)
 
 
 @web.middleware
-async def anthropic_error_envelope(request: web.Request, handler) -> web.StreamResponse:
+async def anthropic_error_envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The guard for a route that speaks Anthropic's API: every error, aiohttp's own and anything
     unexpected too, leaves in Anthropic's envelope, `{"type": "error", "error": {"type",
     "message"}, "request_id"}`, with Anthropic's status for it."""
@@ -197,7 +198,7 @@ async def anthropic_error_envelope(request: web.Request, handler) -> web.StreamR
         raise exc.as_anthropic(request_id(request)) from None
 
 
-async def _guarded(request: web.Request, handler) -> web.StreamResponse:
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The handler's answer; whatever it raises, a GatewayError (a redirect aside)."""
     try:
         return await handler(request)

@@ -33,14 +33,19 @@ def upstream_identifier(value: str, limit: int = 128) -> str:
     return _UNSAFE_CHARACTER.sub("_", value)[: limit - 9] + "_" + digest
 
 
-def append_blocks(turns: list[tuple[str, list, list]], role: str, blocks: list[dict[str, Any]]) -> None:
+# A turn: its role, its tool results and its other blocks.
+Turn = tuple[str, list[dict[str, Any]], list[dict[str, Any]]]
+
+
+def append_blocks(turns: list[Turn], role: str, blocks: list[dict[str, Any]]) -> None:
     """Messages of one role in a row make one turn. Tool results answer the assistant turn
     before it, so they go before any other block of theirs, whatever the order they came in."""
     if not blocks:
         return
     if not turns or turns[-1][0] != role:
         turns.append((role, [], []))
-    turns[-1][1 if blocks[0]["type"] == "tool_result" else 2].extend(blocks)
+    _, results, others = turns[-1]
+    (results if blocks[0]["type"] == "tool_result" else others).extend(blocks)
 
 
 def data_url(url: str, path: str, param: str = "messages") -> tuple[str, str]:
@@ -138,7 +143,7 @@ def check_closed_objects(schema: Any, path: str, param: str = "response_format")
         is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in schema
         if is_object and schema.get("additionalProperties") is not False:
             raise invalid_request(f'{path}: objects need "additionalProperties": false', param)
-        children = []
+        children: list[tuple[Any, str]] = []
         for key in _SUBSCHEMA_MAPS:
             subschemas = schema.get(key)
             if isinstance(subschemas, dict):

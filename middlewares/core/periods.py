@@ -5,9 +5,12 @@ was billed in."""
 from __future__ import annotations
 
 from datetime import date, datetime, timedelta
+from typing import TypeVar
 
 PERIODS = ("day", "week", "month")
 EVERY = {"day": "daily", "week": "weekly", "month": "monthly"}  # the period's word in messages
+# A period's first day, as a date or as a store keeps it, ISO text.
+Day = TypeVar("Day", date, str)
 
 
 def period_start(period: str, now: datetime) -> date:
@@ -27,7 +30,7 @@ def current_starts(now: datetime) -> dict[str, date]:
     return {period: period_start(period, now) for period in PERIODS}
 
 
-def still_current(started, current) -> bool:
+def still_current(started: Day | None, current: Day) -> bool:
     """Whether the spend a key recorded for the period begun on `started` (None: none yet)
     counts in the one begun on `current` (both dates, or both ISO text, as a store keeps them).
     It does unless it is an earlier period's: a period that a process whose clock is a moment

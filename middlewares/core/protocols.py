@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
@@ -37,6 +37,7 @@ class Wait(float):
     """Seconds to wait, and which of a key's limits asks for them: "rpm" or "tpm" (None: not said)."""
 
     __slots__ = ("limit",)
+    limit: str | None
 
     def __new__(cls, seconds: float, limit: str | None = None) -> Wait:
         wait = super().__new__(cls, seconds)
@@ -97,13 +98,13 @@ RecordRow = Callable[["LedgerRow"], Awaitable[None]]
 class StoredConversation(Protocol):
     """A kept Responses API response, as a request that continues it reads it."""
 
-    response: dict  # the response object as its client got it
-    input_items: list  # its request's input, as Responses items with their ids
+    response: dict[str, Any]  # the response object as its client got it
+    input_items: list[dict[str, Any]]  # its request's input, as Responses items with their ids
     # The conversation in Anthropic's Messages format, the answer's assistant turn last
     # (thinking blocks included), and the system prompt its input's system and developer
     # messages made (a response's `instructions` are not carried over: OpenAI's rule).
-    messages: list
-    system: list | str | None
+    messages: list[dict[str, Any]]
+    system: list[dict[str, Any]] | str | None
 
 
 class ResponseStore(Protocol):
@@ -113,10 +114,10 @@ class ResponseStore(Protocol):
     def keep(
         self,
         key_id: int,
-        response: dict,
-        input_items: list,
-        messages: list,
-        system: list | None,
+        response: dict[str, Any],
+        input_items: list[dict[str, Any]],
+        messages: list[dict[str, Any]],
+        system: list[dict[str, Any]] | None,
     ) -> None:
         """Keep the response (its id is `response["id"]`) without making the caller wait: the
         write runs beside the answer, and a write that fails is logged, never the request's error."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from middlewares.core.errors import GatewayError, error_event
 from middlewares.core.usage import StreamUsage, Usage
@@ -39,16 +40,17 @@ class MessageReply(web.Response):
         self.message_id, self.stop_reason = payload.get("id"), payload.get("stop_reason")
         self.response_model = payload.get("model")
 
-    async def prepare(self, request: web.BaseRequest):
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         self.body = orjson.dumps(self.payload)
         return await super().prepare(request)
 
 
-class RelayedEvent(dict):
+class RelayedEvent(dict[str, Any]):
     """A stream event the gateway has read, sent on as the upstream's own bytes (`raw`: the
     whole SSE event), not written again."""
 
     __slots__ = ("raw",)
+    raw: bytes
 
 
 # A batch: the events that arrived together. Each is a dict, or, on a stream relayed as the
@@ -59,9 +61,10 @@ Batch = list[dict[str, Any] | bytes]
 def ends_stream(batch: Batch) -> str | None:
     """The type of the event that ends the stream with this batch (only a batch's last event
     can: nothing after an end is read), or None."""
-    if not batch or batch[-1].__class__ is bytes:
+    last = batch[-1] if batch else None
+    if not isinstance(last, dict):
         return None
-    kind = batch[-1]["type"]
+    kind = last["type"]
     return kind if kind in ("message_stop", "error") else None
 
 
@@ -111,7 +114,7 @@ class AnthropicSSE:
         return b"".join(self._bytes(event) for event in batch)
 
     def _bytes(self, event: dict[str, Any] | bytes) -> bytes:
-        if event.__class__ is bytes:
+        if isinstance(event, bytes):
             return event
         kind = event["type"]
         if kind == "message_start" and self._model is not None and isinstance(event.get("message"), dict):
@@ -120,13 +123,13 @@ class AnthropicSSE:
             billed = self._usage.total()
             if billed.estimated is not None:
                 return _sse({**event, "usage": {**(event.get("usage") or {}), "output_tokens": billed.output_tokens}})
-        raw = getattr(event, "raw", None)
+        raw: bytes | None = getattr(event, "raw", None)  # a RelayedEvent's
         return _sse(event) if raw is None else raw
 
 
 def _sse(event: dict[str, Any]) -> bytes:
-    # The event's name is its type, as on Anthropic's API.
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    kind: str = event["type"]  # the event's name is its type, as on Anthropic's API
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 # The first "model" member of a message_start's data, its value a JSON string.
@@ -136,7 +139,7 @@ _MODEL_MEMBER = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
 def _with_model(event: dict[str, Any], model: str) -> bytes:
     """A message_start said to be `model`'s: in its own bytes where the gateway relays them
     (only the name's value changes), else written again."""
-    raw = getattr(event, "raw", None)
+    raw: bytes | None = getattr(event, "raw", None)  # a RelayedEvent's
     if raw is not None:
         found = _MODEL_MEMBER.search(raw)
         # It is the message's own member when it holds the message's name.
@@ -179,7 +182,7 @@ class EventStreamReply(web.StreamResponse):
         self._streams = streams
         self.last_write = 0.0  # loop time of the last write, for the pings
         self.writing_since: float | None = None  # loop time a write began that has not ended yet
-        self._transport = None
+        self._transport: asyncio.Transport | None = None
         self._ending = False
         self._failed = False  # the stream failed (the upstream, or the gateway), and said so in the stream
         self._when_done: list[Callable[[EventStreamReply], None]] = []
@@ -202,7 +205,7 @@ class EventStreamReply(web.StreamResponse):
         """Call `callback(self)` once the stream has ended, however it ended (its `outcome`)."""
         self._when_done.append(callback)
 
-    async def prepare(self, request: web.BaseRequest):
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         self.first_output_at = asyncio.get_running_loop().time()  # prepare waits for it (the proxy primes)
         try:
             self._transport = request.transport

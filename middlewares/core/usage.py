@@ -48,7 +48,7 @@ class Usage:
         token per 10 characters); the estimate is then billed, and `estimated` says why.
         Reasoning is Anthropic's `thinking_tokens`, else estimated from the thinking text;
         never more than the output."""
-        reported = usage.get("output_tokens")
+        reported: int | None = usage.get("output_tokens")
         if type(reported) is not int:
             reported = None
         chars = output_chars + thinking_chars
@@ -58,11 +58,11 @@ class Usage:
             estimated = "implausible"
         else:
             estimated = None
-        if estimated is None:
+        if estimated is None and reported is not None:  # (never None then: `estimated` says so)
             output = reported
         else:
             output = max(reported or 0, estimate_tokens(output_chars) + estimate_tokens(thinking_chars))
-        reasoning = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
+        reasoning: int | None = (usage.get("output_tokens_details") or {}).get("thinking_tokens")
         if reasoning is None:
             reasoning = estimate_tokens(thinking_chars)
         cache_write = usage.get("cache_creation_input_tokens") or 0
@@ -129,12 +129,12 @@ class StreamUsage:
         self.message_id: str | None = None  # the upstream message's (message_start)
         self.response_model: str | None = None  # the model the upstream says answered (message_start)
         self.stop_reason: str | None = None  # why it stopped (message_delta)
-        self._block = "text"  # the open content block's type, for relayed deltas
+        self._block: str | None = "text"  # the open content block's type, for relayed deltas
         self._envelope: int | None = None  # the bytes of its deltas that are not their text
 
     def count(self, batch: list[dict[str, Any] | bytes]) -> None:
         for event in batch:
-            if event.__class__ is bytes:
+            if isinstance(event, bytes):
                 self._count_relayed(event)
                 continue
             kind = event["type"]
