@@ -46,7 +46,7 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
     if not cache_seconds >= 0 or not isinstance(cache_size, int) or cache_size < 1:
         raise ValueError("auth_middleware: cache_seconds must be 0 or more, cache_size a positive integer")
     cache: OrderedDict[str, tuple[KeyRecord | None, float]] = OrderedDict()
-    finding: dict[str, asyncio.Task] = {}  # the lookups under way, by digest
+    finding: dict[str, asyncio.Task[KeyRecord | None]] = {}  # the lookups under way, by digest
     forgotten: dict[str, float] = {}  # digest → when forget() dropped it (a few, for cache_seconds)
 
     async def lookup(digest: str) -> KeyRecord | None:

@@ -13,12 +13,13 @@ import logging
 from datetime import UTC, datetime
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER_ROW, MODEL, SESSION, SETTLE, request_id
 from middlewares.core.protocols import RecordRow
-from middlewares.core.records import LedgerRow
-from middlewares.core.reply import Batch, EventStreamReply, MessageReply, ends_stream
+from middlewares.core.records import LedgerRow, Outcome
+from middlewares.core.reply import Batch, EventStream, EventStreamReply, MessageReply, ends_stream
 from middlewares.core.usage import StreamUsage, Usage
 
 __all__ = ["billing_middleware"]
@@ -26,7 +27,7 @@ __all__ = ["billing_middleware"]
 log = logging.getLogger("ezat.billing")
 
 
-def billing_middleware(*, record: RecordRow):
+def billing_middleware(*, record: RecordRow) -> Stage:
     """Records one `LedgerRow` for the key in `request[API_KEY]` with `record(row)`, which
     returns once the row is committed: priced at the model that answered
     (`request[ANSWERED_MODEL]`, else `request[MODEL]`). Then `request[SETTLE](usage)`, when a
@@ -37,7 +38,7 @@ def billing_middleware(*, record: RecordRow):
 
     # (It sets request[LEDGER_ROW] too, but on the way out: no stage after it could read it.)
     @stage("billing", requires=(API_KEY, MODEL), reads=(SETTLE, ANSWERED_MODEL, DEPLOYMENT, SESSION))
-    async def billing(request: web.Request, handler) -> web.StreamResponse:
+    async def billing(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = datetime.now(UTC)
         reply = await handler(request)
         bill = Bill(request, started, record)
@@ -58,7 +59,7 @@ class Bill:
     def __init__(self, request: web.Request, started: datetime, record: RecordRow) -> None:
         self._request, self._started, self._record, self._settle = request, started, record, request.get(SETTLE)
 
-    async def record(self, usage: Usage, outcome: str = "complete") -> None:
+    async def record(self, usage: Usage, outcome: Outcome = "complete") -> None:
         request = self._request
         asked = request[MODEL]
         answered = request.get(ANSWERED_MODEL, asked)
@@ -114,9 +115,9 @@ class BilledEvents:
     usage, before the batch that ends the stream goes on, so `[DONE]` follows the commit; the
     events that arrived with the end wait for it too, and a burst leaves in one write."""
 
-    def __init__(self, events, usage: StreamUsage, bill: Bill) -> None:
+    def __init__(self, events: EventStream, usage: StreamUsage, bill: Bill) -> None:
         self._events = events
-        self._usage = usage
+        self.usage = usage  # the source's meter
         self._bill = bill
         self._settled = False  # billed, or failed and so never billed
 
@@ -128,7 +129,7 @@ class BilledEvents:
         ending = ends_stream(batch)
         if ending == "message_stop":
             self._settled = True
-            await self._bill.record(self._usage.total())
+            await self._bill.record(self.usage.total())
         elif ending == "error":
             self._settled = True  # failed requests are not billed
             await self._bill.release()
@@ -143,6 +144,6 @@ class BilledEvents:
             if not self._settled and not failed:
                 # The client left before the end: bill what was produced, estimated from what was seen.
                 self._settled = True
-                await self._bill.record(self._usage.total(), "client_closed")
+                await self._bill.record(self.usage.total(), "client_closed")
             else:
                 await self._bill.release()  # failed, or settled already (then a no-op)

@@ -13,11 +13,13 @@ else in another.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY
@@ -54,7 +56,7 @@ def bounds_middleware(limits: Bounds = DEFAULT_BOUNDS) -> Stage:
     the field, its limit and its count; any other goes on unchanged."""
 
     @stage("bounds", requires=(BODY,))
-    async def bounds(request: web.Request, handler) -> web.StreamResponse:
+    async def bounds(request: web.Request, handler: Handler) -> web.StreamResponse:
         found = out_of_bounds(request[BODY], limits)
         if found is not None:
             raise invalid_request(*found)
@@ -101,7 +103,7 @@ def _over(field: str, limit: int, what: str, count: int) -> tuple[str, str]:
     return f"{field}: at most {limit:,} {what} per request (this one has {count:,})", field
 
 
-def _schemas(body: dict[str, Any], tools: list[Any]):
+def _schemas(body: dict[str, Any], tools: list[Any]) -> Iterator[tuple[str, str, Any]]:
     """(path, param, schema) of every JSON schema in the request: each tool's, OpenAI's,
     Anthropic's and the Responses API's, and the output format's."""
     for i, tool in enumerate(tools):

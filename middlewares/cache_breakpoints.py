@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY, BODY_BYTES, CONVERSATION, MODEL, SESSION, body_changed
 from middlewares.core.errors import invalid_request
 from middlewares.core.media import MEDIA_BLOCKS, THINKING_BLOCKS
@@ -37,7 +38,7 @@ MAX_CACHE_KEY = 256
 EPHEMERAL = {"type": "ephemeral"}  # the upstream's default time to live: 5 minutes
 
 
-def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "openai"):
+def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "openai") -> Stage:
     """Adds the automatic breakpoints to `request[BODY]`, an OpenAI chat completion request (or,
     with `api="anthropic"`, an Anthropic Messages request), and sets `request[SESSION]`. The
     model's `min_cache_tokens` (`request[MODEL]`, when a stage before this one resolved it;
@@ -49,7 +50,7 @@ def cache_breakpoints_middleware(*, min_cache_tokens: int = 1024, api: str = "op
     session, scan, mark_prefix, mark_newest, most = _APIS[api]
 
     @stage("cache_breakpoints", requires=(BODY, BODY_BYTES), provides=(SESSION,), reads=(MODEL, CONVERSATION))
-    async def cache_breakpoints(request: web.Request, handler) -> web.StreamResponse:
+    async def cache_breakpoints(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = request[BODY]
         request[SESSION] = session(request, body)
         placed, media = scan(body)
@@ -208,7 +209,9 @@ def _mark_anthropic_prefix(body: dict[str, Any]) -> None:
 def _mark_anthropic_newest_message(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     newest = messages[-1] if isinstance(messages, list) and messages else None
-    content = newest.get("content") if isinstance(newest, dict) else None
+    if not isinstance(newest, dict):
+        return
+    content = newest.get("content")
     if isinstance(content, str) and content.strip():
         newest["content"] = _marked_text(content)
     elif isinstance(content, list):

@@ -15,8 +15,9 @@ from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE, request_id
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
 from middlewares.core.periods import EVERY, next_start
@@ -44,7 +45,7 @@ def limits_middleware(
     api: str = "openai",
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     used_up: Callable[[KeyRecord, str], None] | None = None,
-):
+) -> Stage:
     """Resolves `request[BODY]["model"]` with `find_model(id)` into `request[MODEL]`, and the
     request's `models` (fallbacks, tried in order when the asked model cannot answer) into
     `request[FALLBACK_MODELS]`. Then, for the key in `request[API_KEY]`:
@@ -85,7 +86,7 @@ def limits_middleware(
     output_fields = _OUTPUT_LIMITS[api]
 
     @stage("limits", requires=(BODY, BODY_BYTES, API_KEY), provides=(MODEL, FALLBACK_MODELS, SETTLE))
-    async def limits(request: web.Request, handler) -> web.StreamResponse:
+    async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:
         body, key = request[BODY], request[API_KEY]
         _check_organization(key)
         model = _asked_model(body, find_model)
@@ -117,7 +118,7 @@ def limits_middleware(
                 # (leave is a no-op for a request that holds none).
                 reservation.running = True
                 _check_concurrency(key, await limiter.enter(key, rid))
-            if limit is not None or balance is not None:
+            if spending is not None and (limit is not None or balance is not None):
                 cost = _worst_cost(models, input_tokens, output_tokens)
                 short = await spending.reserve(
                     rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
@@ -306,7 +307,7 @@ def _over_limit(
     who: str,
     limit: str,
     exhausted: str,
-    total: Decimal,
+    total: Decimal | None,  # (never None: a limit that ran out is set)
     left: Decimal,
     cost: Decimal,
     input_cost: Decimal,
@@ -355,7 +356,7 @@ class Reservation:
                 await self._limiter.charge_tokens(self._key, used - self.tokens)
         finally:
             try:
-                if self.running:
+                if self.running and self._limiter is not None:  # (running: a limiter holds its place)
                     await self._limiter.leave(self._key, self._request_id)
             finally:
                 if usage is None and self.spending is not None:

@@ -7,8 +7,9 @@ limit, which is the model's `max_output_tokens` on every route."""
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY, MODEL, body_changed
 from middlewares.core.errors import invalid_request
 from middlewares.core.reply import AnthropicSSE, EventStreamReply, MessageReply
@@ -16,14 +17,14 @@ from middlewares.core.reply import AnthropicSSE, EventStreamReply, MessageReply
 __all__ = ["native_middleware"]
 
 
-def native_middleware():
+def native_middleware() -> Stage:
     """Refuses a `max_tokens` above `request[MODEL].max_output_tokens` (400), and takes the
     gateway's own `models` (the fallbacks, which limits read) out of `request[BODY]`, an
     Anthropic Messages request; then sets `model` in the handler's reply, an unsent Anthropic
     message or event stream, back to the name the client sent (the handler sent the upstream's)."""
 
     @stage("native", requires=(BODY, MODEL))
-    async def native(request: web.Request, handler) -> web.StreamResponse:
+    async def native(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = request[BODY]
         if not isinstance(body.get("stream", False), bool):  # whether the reply is a stream hangs on it
             raise invalid_request("stream: Input should be a valid boolean", "stream")

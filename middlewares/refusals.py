@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY
 from middlewares.core.errors import invalid_request
 from middlewares.core.reasoning import UNKNOWN_EFFORT, known_effort
@@ -80,12 +81,12 @@ def _refused_in_messages(messages: list[Any]) -> tuple[str, str] | None:
     return None
 
 
-def refusals_middleware():
+def refusals_middleware() -> Stage:
     """A request in `request[BODY]` (an OpenAI chat completion request) with a refused field
     gets its 400, naming the field; any other goes on unchanged."""
 
     @stage("refusals", requires=(BODY,))
-    async def refusals(request: web.Request, handler) -> web.StreamResponse:
+    async def refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
         found = refused(request[BODY])
         if found is not None:
             raise invalid_request(*found)

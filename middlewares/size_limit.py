@@ -15,8 +15,9 @@ import zlib
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY, BODY_BYTES, CLIENT_BYTES, ClientBytes
 from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
@@ -30,7 +31,7 @@ DEFAULT_BODY_TIMEOUT = 60.0
 
 def size_limit_middleware(
     *, max_bytes: int = MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT, keep_client_bytes: bool = False
-):
+) -> Stage:
     """A body declared (Content-Length) or found (chunked, or once decoded) to be over
     `max_bytes` gets 413 `request_too_large`, unread past that point; one whose Content-Encoding
     is not identity, gzip or deflate gets 415, unread; one that does not decode gets 400, and one
@@ -83,7 +84,7 @@ def size_limit_middleware(
         return b"".join(parts)
 
     @stage("size_limit", provides=(BODY, BODY_BYTES, CLIENT_BYTES) if keep_client_bytes else (BODY, BODY_BYTES))
-    async def size_limit(request: web.Request, handler) -> web.StreamResponse:
+    async def size_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
         encoding = "identity"
         try:
             encoding = _encoding(request)
@@ -159,7 +160,7 @@ class Decoder:
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
-        self._zlib = None
+        self._zlib: zlib._Decompress | None = None
 
     def decode(self, data: bytes, room: int) -> bytes:
         out = b""

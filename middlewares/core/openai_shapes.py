@@ -12,11 +12,9 @@ from typing import Any
 import orjson
 
 from middlewares.core.errors import invalid_request
-from middlewares.core.media import is_base64, split_data_url
+from middlewares.core.media import THINKING_BLOCKS, is_base64, split_data_url
 from middlewares.core.protocols import ModelSpec
 from middlewares.core.reasoning import EFFORTS
-
-THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 # The upstream accepts only these characters in tool ids and tool names.
 _SAFE = re.compile(r"[a-zA-Z0-9_-]+")

@@ -175,7 +175,7 @@ class EventStreamReply(web.StreamResponse):
         super().__init__(headers=headers)
         self.content_type = "text/event-stream"
         self.headers["Cache-Control"] = "no-cache"
-        self.events = events
+        self.events: EventStream = events  # the source, or a stage's wrapping of it
         self.usage = events.usage  # the stages wrap `events`; this stays the source's meter
         self._source = events
         self.encoder: EventEncoder = AnthropicSSE()

@@ -61,7 +61,7 @@ def images_middleware(
     resolver: AbstractResolver | None = None,
     api: str = "openai",
     on_download: Callable[[str], None] = lambda outcome: None,
-):
+) -> ImagesStage:
     """Downloads the http(s) image URLs of the user messages in `request[BODY]` and puts them
     in place as base64 data URLs; checks that data URLs hold the image type they name.
 
@@ -110,7 +110,7 @@ class KeyGates:
         self._gates: dict[object, tuple[asyncio.Semaphore, int]] = {}
 
     @contextlib.asynccontextmanager
-    async def gate(self, key: object):
+    async def gate(self, key: object) -> AsyncIterator[asyncio.Semaphore]:
         semaphore, users = self._gates.get(key) or (asyncio.Semaphore(self._size), 0)
         self._gates[key] = semaphore, users + 1
         try:
@@ -244,8 +244,10 @@ async def _inline(
     on_download: Callable[[str], None],
 ) -> None:
     limits = fetcher.limits
-    downloads: dict[tuple[str, bool], asyncio.Task] = {}  # (url, pdf) → its one download, shared by repeats
-    waiting: list[tuple[Download, asyncio.Task]] = []
+    downloads: dict[
+        tuple[str, bool], asyncio.Task[tuple[str, bytes]]
+    ] = {}  # (url, pdf) → its one download, shared by repeats
+    waiting: list[tuple[Download, asyncio.Task[tuple[str, bytes]]]] = []
     budget, gate = Budget(limits.total_bytes), asyncio.Semaphore(limits.concurrent_downloads)
 
     async def download(url: str, pdf: bool) -> tuple[str, bytes]:

@@ -7,6 +7,7 @@ import asyncio
 import errno
 import socket
 import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -91,7 +92,7 @@ class ImageFetcher:
     def open(self) -> bool:
         return self._session is not None
 
-    async def lifespan(self, app: web.Application):
+    async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
         """aiohttp cleanup context: one connection pool for every download of the app."""
         resolver = self._resolver
         if not self.allow_private_hosts:
@@ -131,9 +132,12 @@ class ImageFetcher:
 
     async def _follow(self, url: URL, budget: Budget, pdf: bool) -> tuple[str, bytes]:
         what = "document" if pdf else "image"
+        session = self._session
+        if session is None:
+            raise RuntimeError("the image fetcher is not open: its lifespan is not in the app's cleanup_ctx")
         for _ in range(self.limits.redirects + 1):
             self._check(url)
-            async with self._session.get(url, allow_redirects=False, headers=_ACCEPT_PDF if pdf else None) as response:
+            async with session.get(url, allow_redirects=False, headers=_ACCEPT_PDF if pdf else None) as response:
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     url = url.join(URL(response.headers["Location"]))
                     continue

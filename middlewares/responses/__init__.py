@@ -12,12 +12,14 @@ from functools import partial
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import ANSWERED_MODEL, API_KEY, BODY, CONVERSATION, MODEL, request_id
 from middlewares.core.errors import invalid_request
 from middlewares.core.protocols import ResponseStore
 from middlewares.core.reply import Batch, EventStreamReply, MessageReply
+from middlewares.core.usage import StreamUsage
 from middlewares.responses.reply import THINKING_BLOCKS, to_response
 from middlewares.responses.request import (
     input_items,
@@ -30,18 +32,19 @@ from middlewares.responses.request import (
 )
 from middlewares.responses.sealing import KEY_BYTES, open_sealed, seal
 from middlewares.responses.stream import ResponsesEncoder
+from middlewares.responses.turn import ResponseTurn
 
 __all__ = ["responses_middleware", "responses_refusals_middleware"]
 
 
-def responses_refusals_middleware():
+def responses_refusals_middleware() -> Stage:
     """A 400 naming the first field of a Responses request the gateway refuses (`background`,
     `conversation`, `prompt`, `truncation: "auto"`, an unknown `include`,
     `n`, `top_logprobs`): cheap, so it goes before admission and downloads, as the chat route's
     refusals do."""
 
     @stage("responses_refusals", requires=(BODY,))
-    async def responses_refusals(request: web.Request, handler) -> web.StreamResponse:
+    async def responses_refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
         refused = refused_field(request[BODY])
         if refused is not None:
             raise refused
@@ -50,7 +53,7 @@ def responses_refusals_middleware():
     return responses_refusals
 
 
-def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseStore | None = None):
+def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseStore | None = None) -> Stage:
     """Replaces `request[BODY]`, a Responses API request, by the Anthropic Messages request for
     `request[MODEL]` (invalid fields are a 400 naming the field), then turns the handler's reply,
     an unsent Anthropic message or event stream, into a `response` or its events. The request's
@@ -80,7 +83,7 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
         provides=(CONVERSATION,),
         reads=(ANSWERED_MODEL,),
     )
-    async def responses(request: web.Request, handler) -> web.StreamResponse:
+    async def responses(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = request[BODY]
         asked = request[MODEL]
         conversation = prompt_cache_key(body)
@@ -139,7 +142,7 @@ class _KeepingEncoder(ResponsesEncoder):
     before that event is written: a client that continues the response as soon as it has read
     response.completed finds it kept (or being written)."""
 
-    def __init__(self, turn, usage, kept: _Kept) -> None:
+    def __init__(self, turn: ResponseTurn, usage: StreamUsage, kept: _Kept) -> None:
         super().__init__(turn, usage)
         self._kept: _Kept | None = kept
 

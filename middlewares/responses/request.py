@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from middlewares.core.errors import GatewayError, invalid_request
-from middlewares.core.media import IMAGE_TYPES, PDF
+from middlewares.core.media import IMAGE_TYPES, PDF, THINKING_BLOCKS
 from middlewares.core.openai_shapes import (
-    THINKING_BLOCKS,
+    Turn,
     append_blocks,
     cached,
     call_arguments,
@@ -144,9 +144,10 @@ def to_anthropic(
     refused = refused_field(body)
     if refused is not None:
         raise refused
+    asked = body.get("model")
     turn = ResponseTurn(
         response_id=response_id,
-        model=body.get("model") if isinstance(body.get("model"), str) else model.id,
+        model=asked if isinstance(asked, str) else model.id,
         created_at=created_at,
         echo={field: body[field] for field in ECHOED if body.get(field) is not None},
     )
@@ -398,7 +399,8 @@ class _Input:
         thinking blocks that response kept."""
         item_id = item.get("id")
         stored = self._referenced.get(_response_of(item_id) or "")
-        found = _stored_item(stored, item_id) if stored is not None else None
+        # (A stored response is found only by a string id.)
+        found = _stored_item(stored, item_id) if stored is not None and isinstance(item_id, str) else None
         if found is None:
             raise _bad(f"{path}.id", f"no stored response of this key has an item with id {item_id!r}")
         referenced, thinking = found
@@ -511,7 +513,7 @@ def _non_empty(value: Any, path: str) -> str:
 def _turns(entries: list[Entry], *, thinking: bool) -> list[dict[str, Any]]:
     """Alternating turns: entries of one role in a row make one (a turn's thinking first, as the
     upstream wants it, and only with `thinking`)."""
-    turns: list[tuple[str, list, list]] = []
+    turns: list[Turn] = []
     for role, blocks in entries:
         if not thinking:
             blocks = [block for block in blocks if block["type"] not in THINKING_BLOCKS]

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from middlewares.core.errors import stream_error
-from middlewares.core.reply import PING
+from middlewares.core.reply import PING, Batch
 from middlewares.core.usage import StreamUsage
 from middlewares.responses.reply import (
     MESSAGE,
@@ -103,14 +103,15 @@ class ResponsesEncoder:
         # whatever keeps the response (a store) without reading the stream again.
         self.response: dict[str, Any] | None = None
 
-    def encode(self, batch: list[dict[str, Any]]) -> bytes:
+    def encode(self, batch: Batch) -> bytes:
         if self.finished:
             return b""
         out: list[bytes] = []
         if not self._started:
             self._begin(out)
         pieces: list[str] = []  # the current block's deltas of this batch, sent as one
-        for event in batch:
+        # A translated stream's events are all parsed: only the native route relays bytes.
+        for event in cast(list[dict[str, Any]], batch):
             kind = event["type"]
             if kind == "content_block_delta":
                 delta = event["delta"]
@@ -118,7 +119,7 @@ class ResponsesEncoder:
                 if field is not None:
                     pieces.append(delta.get(field) or "")
                 elif delta.get("type") == "signature_delta" and self._block == "thinking":
-                    self._item.blocks[-1]["signature"] = delta.get("signature") or ""
+                    self._open_item().blocks[-1]["signature"] = delta.get("signature") or ""
                 continue
             if pieces:
                 self._flush(pieces, out)
@@ -188,23 +189,30 @@ class ResponsesEncoder:
         else:
             self._block = None  # a server tool's block is not the client's to see
 
+    def _open_item(self) -> _Item:
+        """The item the open block feeds: there is one whenever a block is open (`_block`)."""
+        if self._item is None:
+            raise RuntimeError("a block is read with no output item open")
+        return self._item
+
     def _stop_block(self, out: list[bytes]) -> None:
         if self._block == "thinking":
-            self._end_thinking(self._item)
+            self._end_thinking(self._open_item())
             self._end_summary(out)
         self._block = None
 
     def _piece(self, piece: str, out: list[bytes]) -> None:
         """Text, thinking or a call's arguments that arrived for the open block."""
-        item, block = self._item, self._block
-        if block == "text" or (block == "tool" and item.custom is None):
+        item, block = self._open_item(), self._block
+        custom = item.custom if block == "tool" else None
+        if block == "text" or (block == "tool" and custom is None):
             item.pieces.append(piece)
             seq = self._seq
             self._seq += 1
             out.append(item.delta_head + str(seq).encode() + item.delta_at + orjson.dumps(piece) + item.delta_tail)
-        elif block == "tool":
+        elif custom is not None:
             item.pieces.append(piece)
-            text = item.custom.feed(piece)
+            text = custom.feed(piece)
             if text:
                 where = {"item_id": item.id, "output_index": item.index, "delta": text}
                 out.append(self._event("response.custom_tool_call_input.delta", where))
@@ -341,7 +349,7 @@ class ResponsesEncoder:
     def _fail(self, event: dict[str, Any], out: list[bytes]) -> None:
         """An error after the stream began: the response failed, with what it held so far."""
         error = stream_error(event)
-        kind = (event.get("error") or {}).get("type")
+        kind: Any = (event.get("error") or {}).get("type")  # the upstream's JSON, any value
         output = list(self._output)
         if self._item is not None:
             output.append(self._finished_item(self._item, "incomplete", None))  # cut short
@@ -395,7 +403,7 @@ class _StringValue:
             return ""
         cut, self.ended = whole
         try:
-            text = orjson.loads('"' + tail[:cut] + '"')
+            text: str = orjson.loads('"' + tail[:cut] + '"')  # a JSON string's contents
         except orjson.JSONDecodeError:
             self.ended = True
             return ""

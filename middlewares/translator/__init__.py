@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
-from middlewares.core.chain import stage
+from middlewares.core.chain import Stage, stage
 from middlewares.core.context import ANSWERED_MODEL, BODY, MODEL, request_id
 from middlewares.core.errors import invalid_request
 from middlewares.core.reply import EventStreamReply, MessageReply
@@ -18,7 +19,7 @@ from middlewares.translator.stream import ChunkEncoder
 __all__ = ["translator_middleware"]
 
 
-def translator_middleware():
+def translator_middleware() -> Stage:
     """Replaces `request[BODY]`, an OpenAI chat completion request, by the Anthropic Messages
     request for `request[MODEL]` (fields the upstream has no use for are left out; invalid ones
     are a 400 naming the field), then turns the handler's reply, an unsent Anthropic message or
@@ -27,7 +28,7 @@ def translator_middleware():
     `request[ANSWERED_MODEL]`, set by the handler): then that model's id."""
 
     @stage("translator", requires=(BODY, MODEL), reads=(ANSWERED_MODEL,))
-    async def translator(request: web.Request, handler) -> web.StreamResponse:
+    async def translator(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = request[BODY]
         stream = body.get("stream")
         if stream is None:  # absent, or null: OpenAI's "not set"

@@ -6,12 +6,12 @@ so a text delta costs one string encode; the text deltas of one batch leave as o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from middlewares.core.errors import stream_error
-from middlewares.core.reply import PING
+from middlewares.core.reply import PING, Batch
 from middlewares.core.usage import StreamUsage
 from middlewares.translator.response import finish_reason, openai_usage
 
@@ -51,16 +51,17 @@ class ChunkEncoder:
         self._content_prefix = self._head + _CHOICE + b'{"content":'  # a text chunk: these around its text
         self._include_usage = include_usage
         self._usage = usage  # the stream's meter: the usage chunk's figures
-        self._tools: dict[int, list] = {}  # upstream block index → [tool call index, arguments seen]
+        self._tools: dict[int, list[Any]] = {}  # upstream block index → [tool call index, arguments seen]
         self._renamed = renamed  # tool names the upstream was sent → the client's
         self.finished = False  # the stream's end is encoded: nothing follows
 
-    def encode(self, batch: list[dict[str, Any]]) -> bytes:
+    def encode(self, batch: Batch) -> bytes:
         if self.finished:
             return b""
         out: list[bytes] = []
         text: list[str] = []
-        for event in batch:
+        # A translated stream's events are all parsed: only the native route relays bytes.
+        for event in cast(list[dict[str, Any]], batch):
             kind = event["type"]
             if kind == "content_block_delta":
                 delta = event["delta"]
