@@ -21,7 +21,7 @@ from middlewares.core.chain import Stage, stage
 from middlewares.core.context import API_KEY, BODY, BODY_BYTES, FALLBACK_MODELS, MODEL, SETTLE, request_id
 from middlewares.core.errors import GatewayError, invalid_request, model_not_found, retry_after
 from middlewares.core.periods import EVERY, next_start
-from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending
+from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending, Wait
 from middlewares.core.records import KeyRecord, Shortfall
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
 from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens
@@ -194,7 +194,7 @@ def _check_rate(key: KeyRecord, wait: float) -> None:
             type="rate_limit_error",
             code="rate_limit_exceeded",
             headers=retry_after(wait),
-            refusal=getattr(wait, "limit", None) or ("rpm" if key.rpm else "tpm"),
+            refusal=(wait.limit if isinstance(wait, Wait) else None) or ("rpm" if key.rpm else "tpm"),
         )
 
 

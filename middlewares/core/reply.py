@@ -123,8 +123,7 @@ class AnthropicSSE:
             billed = self._usage.total()
             if billed.estimated is not None:
                 return _sse({**event, "usage": {**(event.get("usage") or {}), "output_tokens": billed.output_tokens}})
-        raw: bytes | None = getattr(event, "raw", None)  # a RelayedEvent's
-        return _sse(event) if raw is None else raw
+        return event.raw if isinstance(event, RelayedEvent) else _sse(event)
 
 
 def _sse(event: dict[str, Any]) -> bytes:
@@ -139,8 +138,8 @@ _MODEL_MEMBER = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.)*")')
 def _with_model(event: dict[str, Any], model: str) -> bytes:
     """A message_start said to be `model`'s: in its own bytes where the gateway relays them
     (only the name's value changes), else written again."""
-    raw: bytes | None = getattr(event, "raw", None)  # a RelayedEvent's
-    if raw is not None:
+    if isinstance(event, RelayedEvent):
+        raw = event.raw
         found = _MODEL_MEMBER.search(raw)
         # It is the message's own member when it holds the message's name.
         if found is not None and orjson.loads(found[1]) == event["message"].get("model"):
