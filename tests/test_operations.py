@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import signal
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -693,6 +694,8 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     }
     assert server.attributes["gen_ai.response.id"].startswith("msg_mock_")
     assert client.attributes["gen_ai.response.id"] == server.attributes["gen_ai.response.id"]
+    # The attempt's usage is on its own span, as the conventions put it on the inference span.
+    assert {k: client.attributes[k] for k in USAGE} == {k: server.attributes[k] for k in USAGE}
     # The upstream's own name for the model it answered with (the mock's: the name asked), and where it is.
     assert {k: client.attributes[k] for k in ("gen_ai.response.model", "server.address", "server.port")} == {
         "gen_ai.response.model": UPSTREAM_MODEL,
@@ -704,12 +707,22 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
 
 
+USAGE = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_creation.input_tokens",
+)
+
+
 async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, upstream, spans):
     exporter, tracing = spans
     gateway = await start_gateway(make_config(upstream.url), tracing=tracing)
-    upstream.enqueue(Scenario(usage={"input_tokens": 7, "output_tokens": 30}))
+    usage = {"input_tokens": 7, "cache_read_input_tokens": 40, "cache_creation_input_tokens": 5, "output_tokens": 30}
+    upstream.enqueue(Scenario(usage=usage, event_delay=0.02))
+    first_chunk_at = None
     async for _ in await gateway.client().chat.completions.create(model=MODEL, messages=HELLO, stream=True):
-        pass
+        first_chunk_at = first_chunk_at or time.time_ns()
     claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0)
     await claude.messages.count_tokens(model=MODEL, messages=HELLO)
     await claude.close()
@@ -719,7 +732,19 @@ async def test_a_streamed_answer_and_a_count_have_their_spans(start_gateway, ups
         stream_server.attributes["gen_ai.usage.input_tokens"],
         stream_server.attributes["gen_ai.usage.output_tokens"],
         stream_server.attributes["gen_ai.response.finish_reasons"],
-    ) == (7, row.output_tokens, ("end_turn",))
+    ) == (52, row.output_tokens, ("end_turn",))
+    # The attempt's span ends with the stream, not at its first output: its stop reason and
+    # usage are known only then.
+    stream_client, count_client = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert first_chunk_at < stream_client.end_time <= stream_server.end_time
+    assert {k: stream_client.attributes[k] for k in (*USAGE, "gen_ai.response.finish_reasons")} == {
+        "gen_ai.usage.input_tokens": 52,
+        "gen_ai.usage.output_tokens": row.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": 40,
+        "gen_ai.usage.cache_creation.input_tokens": 5,
+        "gen_ai.response.finish_reasons": ("end_turn",),
+    }
+    assert not any(k.startswith("gen_ai.usage.") for k in count_client.attributes)
     assert (count_server.name, count_server.attributes["gen_ai.operation.name"]) == (
         "POST /v1/messages/count_tokens",
         "count_tokens",
@@ -768,6 +793,15 @@ async def test_a_streamed_messages_request_has_its_access_line_and_span(start_ga
         server.attributes["gen_ai.response.finish_reasons"],
         server.attributes["gen_ai.response.id"],
     ) == ("POST /v1/messages", 49, row.output_tokens, ("end_turn",), message.id)
+    # The upstream's bytes are relayed on this route: its attempt's span has the usage all the same.
+    [client] = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.CLIENT]
+    assert {k: client.attributes[k] for k in (*USAGE, "gen_ai.response.finish_reasons")} == {
+        "gen_ai.usage.input_tokens": 49,
+        "gen_ai.usage.output_tokens": row.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": 40,
+        "gen_ai.usage.cache_creation.input_tokens": 0,
+        "gen_ai.response.finish_reasons": ("end_turn",),
+    }
 
 
 async def test_an_attempts_span_names_the_model_the_upstream_answered_with_and_its_host(start_gateway, spans):

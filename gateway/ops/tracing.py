@@ -19,7 +19,9 @@ from aiohttp import web
 
 from gateway.config import TracingConfig
 from middlewares.core.context import ANSWERED_MODEL, LEDGER_ROW, MODEL
+from middlewares.core.records import LedgerRow
 from middlewares.core.reply import EventStreamReply, MessageReply
+from middlewares.core.usage import Usage
 
 PROVIDER = "anthropic"
 _OPERATION = {
@@ -110,12 +112,7 @@ class Tracing:
             span.set_attribute("gen_ai.response.model", answered.id)
         _message(span, reply)
         if row is not None:
-            span.set_attribute(
-                "gen_ai.usage.input_tokens", row.input_tokens + row.cache_read_tokens + row.cache_write_tokens
-            )
-            span.set_attribute("gen_ai.usage.output_tokens", row.output_tokens)
-            span.set_attribute("gen_ai.usage.cache_read.input_tokens", row.cache_read_tokens)
-            span.set_attribute("gen_ai.usage.cache_creation.input_tokens", row.cache_write_tokens)
+            _usage(span, row)
         if outcome != "ok":
             span.set_attribute("error.type", outcome if status < 400 or outcome == "client_closed" else str(status))
             if status >= 500 or outcome == "failed":
@@ -126,9 +123,11 @@ class Tracing:
 
     @contextmanager
     def attempt(self, operation: str, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
-        """A CLIENT span `{operation} {model}` around one attempt; `headers` gains its `traceparent`."""
+        """A CLIENT span `{operation} {model}`, current around one attempt; `headers` gains its
+        `traceparent`. An attempt that raises ends it here; one that answers hands it to
+        `answered`, which ends it with the answer (a stream's when the stream ends)."""
         host, port = _server(deployment.base_url)
-        with self._tracer.start_as_current_span(
+        span = self._tracer.start_span(
             f"{operation} {model}",
             kind=self._trace.SpanKind.CLIENT,
             attributes={
@@ -138,11 +137,14 @@ class Tracing:
                 "server.address": host,
                 "server.port": port,
             },
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            self._propagate.inject(headers)
-            yield span
+        )
+        try:
+            with self.current(span):
+                self._propagate.inject(headers)
+                yield span
+        except BaseException:
+            span.end()
+            raise
 
     def failed(self, span: Any, outcome: str) -> None:
         """An attempt that failed, as ezat_upstream_attempts_total counts it (`outcome`)."""
@@ -151,11 +153,34 @@ class Tracing:
 
     @staticmethod
     def answered(span: Any, reply: Any) -> None:
-        """An attempt's answer: the upstream message's id, stop reason and model (the upstream's
-        own name, which may differ from the name asked: the SERVER span names the configured model)."""
-        _message(span, reply)
-        if isinstance(reply, (MessageReply, EventStreamReply)) and reply.response_model:
-            span.set_attribute("gen_ai.response.model", reply.response_model)
+        """An attempt's answer: the upstream message's id, stop reason, model (the upstream's
+        own name, which may differ from the name asked: the SERVER span names the configured
+        model) and usage, as the GenAI conventions put them on the inference span. A stream's
+        span ends when the stream does: its stop reason and usage are known only then."""
+        if isinstance(reply, EventStreamReply):
+            reply.when_done(lambda stream: _ended(span, stream, stream.usage.total()))
+        else:
+            _ended(span, reply, reply.usage if isinstance(reply, MessageReply) else None)
+
+
+def _ended(span: Any, reply: Any, usage: Usage | None) -> None:
+    _message(span, reply)
+    if isinstance(reply, (MessageReply, EventStreamReply)) and reply.response_model:
+        span.set_attribute("gen_ai.response.model", reply.response_model)
+    if usage is not None:
+        _usage(span, usage)
+    span.end()
+
+
+def _usage(span: Any, usage: Usage | LedgerRow) -> None:
+    """Token counts as the GenAI conventions name them: the input counts every input token,
+    cache reads and writes included, which have their own attributes too."""
+    span.set_attribute(
+        "gen_ai.usage.input_tokens", usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    )
+    span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+    span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens)
+    span.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens)
 
 
 def _message(span: Any, reply: Any) -> None:
