@@ -1,16 +1,20 @@
 """Spend alerts ([[alerts]]): a webhook on loopback is POSTed once per threshold a key's budget
-(or an organization's balance) crosses, per period, signed; retried when it fails; never twice
-across two workers on one store; and refused a private address unless the entry allows it."""
+(or an organization's balance) crosses, per period, signed as docs/admin.md's own code verifies;
+retried when it fails, under the same delivery id; never twice across two workers on one store;
+and refused a private address unless the entry allows it."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
+import re
 import sqlite3
+import textwrap
+import time
 from dataclasses import replace
 from decimal import Decimal
+from pathlib import Path
 
 import openai
 import pytest
@@ -30,11 +34,33 @@ SECRET = "webhook-secret"
 ANSWER = dict(blocks=[{"type": "text", "text": "Done."}], usage={"input_tokens": 0, "output_tokens": 1000})
 
 
+def documented_verification():
+    """The `verified(secret, signature, body)` of docs/admin.md's alerts section, run as written."""
+    text = (Path(__file__).parent.parent / "docs" / "admin.md").read_text()
+    section = text[text.index("\n## Alerts\n") :]
+    section = section[: section.index("\n## ", 1)]
+    [code] = re.findall(r"```python\n(.*?)^ *```", section, re.S | re.M)
+    namespace: dict = {}
+    exec(textwrap.dedent(code), namespace)
+    return namespace["verified"]
+
+
+verified = documented_verification()
+
+
+def sent_at(headers: dict) -> int:
+    """The time a delivery says it was signed at (its signature's `t`)."""
+    signed = re.fullmatch(r"t=(\d+),v1=[0-9a-f]{64}", headers["x-ezat-signature"])
+    assert signed is not None, headers["x-ezat-signature"]
+    return int(signed[1])
+
+
 class Webhook:
     """A webhook on loopback: it keeps what it was POSTed, and answers 500 to the first `failing`."""
 
     def __init__(self, failing: int = 0, redirect: bool = False) -> None:
         self.received: list[tuple[dict, bytes]] = []  # (headers, body)
+        self.attempts: list[dict] = []  # every POST's headers, those it failed included
         self.failing = failing
         self.redirect = redirect  # answer with a 307 to /elsewhere, which keeps what it gets too
         self.url = ""
@@ -52,6 +78,7 @@ class Webhook:
 
     async def _hook(self, request: web.Request) -> web.Response:
         body = await request.read()
+        self.attempts.append(dict(request.headers))
         if self.redirect and request.path == "/hook":
             raise web.HTTPTemporaryRedirect("/elsewhere")
         if self.failing:
@@ -61,8 +88,8 @@ class Webhook:
         return web.Response(status=204)
 
     async def receive(self, count: int, within: float = 15.0) -> list[dict]:
-        """The first `count` bodies, their signatures checked, once that many came; then a
-        moment more, in which no other may come."""
+        """The first `count` bodies, their signatures checked with the documented code and
+        signed just now, once that many came; then a moment more, in which no other may come."""
         for _ in range(int(within * 20)):
             if len(self.received) >= count:
                 break
@@ -70,8 +97,8 @@ class Webhook:
         await asyncio.sleep(0.5)
         assert len(self.received) == count, [json.loads(body) for _, body in self.received]
         for headers, body in self.received:
-            expected = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-            assert headers["x-ezat-signature"] == f"sha256={expected}"
+            assert verified(SECRET.encode(), headers["x-ezat-signature"], body)
+            assert abs(sent_at(headers) - time.time()) < 60  # the real time, not EZAT_NOW's
             assert headers["Content-Type"] == "application/json"
         return [json.loads(body) for _, body in self.received]
 
@@ -138,6 +165,8 @@ async def test_each_threshold_is_posted_once_signed(start_gateway, upstream, sto
         (0.8, "0.060"),
         (1.0, "0.060"),
     ]
+    delivery_ids = [headers["x-ezat-delivery"] for headers, _ in webhook.received]
+    assert len(set(delivery_ids)) == 3 and all(re.fullmatch("[0-9a-f]{32}", id) for id in delivery_ids)
     samples = await scrape(gateway.url)
     assert samples[("ezat_alerts_total", (("outcome", "sent"),))] == 3
     # Recorded once each, delivered.
@@ -200,12 +229,43 @@ async def test_a_webhook_that_fails_is_tried_again(start_gateway, upstream, tmp_
     [alert] = await webhook.receive(1, within=10)  # the first attempt got a 500; the next, 2 s on, went through
     assert (alert["threshold"], alert["period"], alert["spent_usd"], alert["limit_usd"]) == (0.5, None, "0.60", "1")
     assert "the webhook answered 500" in caplog.text
+    # The retry is the same delivery, signed anew: a webhook that took the first drops it.
+    failed, delivered = webhook.attempts
+    assert failed["x-ezat-delivery"] == delivered["x-ezat-delivery"]
+    assert sent_at(failed) <= sent_at(delivered)
     [(attempts, error)] = await query(storage, "SELECT attempts, last_error FROM alerts")
     assert (attempts, error) == (2, None)
     samples = await scrape(gateway.url)
     assert samples[("ezat_alerts_total", (("outcome", "failed"),))] == 1
     assert samples[("ezat_alerts_total", (("outcome", "sent"),))] == 1
     await webhook.stop()
+
+
+async def test_the_documented_code_verifies_a_delivery_and_refuses_a_replay(
+    start_gateway, upstream, tmp_path, monkeypatch
+):
+    webhook = await webhook_started()
+    storage = f"sqlite:///{tmp_path / 'ezat.db'}"
+    gateway = await start_gateway(alerting_config(upstream, storage, webhook, spend_limit_usd=Decimal("1")))
+    await spend_half(gateway, upstream)
+    await webhook.receive(1)
+    await webhook.stop()
+    [(headers, body)] = webhook.received
+    signature, secret, signed = headers["x-ezat-signature"], SECRET.encode(), sent_at(headers)
+    v1 = signature.split(",")[1]
+    assert verified(secret, signature, body)
+    assert not verified(b"another secret", signature, body)
+    assert not verified(secret, signature, body.replace(b'"0.60"', b'"0.01"'))
+    # The time is signed: a captured delivery cannot be made fresh again.
+    assert not verified(secret, f"t={signed + 1},{v1}", body)
+    for malformed in ("", "sha256=" + "0" * 64, f"t={signed}", v1, f"t=now,{v1}", f"t={signed},v1=é"):
+        assert not verified(secret, malformed, body)
+    # Received again 5 minutes on, the same delivery is a replay.
+    with monkeypatch.context() as later:
+        later.setattr(time, "time", lambda: signed + 299)
+        assert verified(secret, signature, body)
+        later.setattr(time, "time", lambda: signed + 301)
+        assert not verified(secret, signature, body)
 
 
 async def test_an_alert_not_delivered_within_a_day_is_given_up(start_gateway, upstream, tmp_path, caplog):

@@ -5,9 +5,12 @@ Each ledger commit names the keys whose spend it raised (`Alerts.spent`); a chec
 requests reads them, and each threshold they have crossed is recorded in the store once
 (`Store.claim_alert`, whose unique key makes it once across workers, replicas and restarts).
 Each process then POSTs what is due, an alert leased to one process at a time, retried with
-backoff until it is delivered or a day old. The body is signed: `x-ezat-signature:
-sha256=<hex HMAC-SHA256 of the body with the entry's secret>`. A webhook must be at a public
-address, as image downloads must, unless its entry says `allow_private_hosts`."""
+backoff until it is delivered or a day old: at least once, as a POST that went through may be
+sent again when its success could not be recorded. Each POST is signed with the entry's secret,
+over the time it was sent and its body (`x-ezat-signature: t=<unix seconds>,v1=<hex
+HMAC-SHA256 of "t.body">`), so a webhook can refuse an old one replayed; `x-ezat-delivery`
+names the alert, the same on every attempt, for the webhook to drop a repeat. A webhook must be
+at a public address, as image downloads must, unless its entry says `allow_private_hosts`."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import contextvars
 import hashlib
 import hmac
 import logging
+import time
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -34,7 +38,7 @@ from middlewares.core.periods import next_start, period_start
 
 log = logging.getLogger("ezat.alerts")
 
-SIGNATURE = "x-ezat-signature"
+SIGNATURE, DELIVERY = "x-ezat-signature", "x-ezat-delivery"
 TIMEOUT = 10.0  # seconds a webhook has to answer
 LEASE = 60.0  # seconds an alert is one process's to send: longer than an attempt takes
 FIRST_RETRY, LONGEST_RETRY = 2.0, 600.0  # seconds before the next attempt: doubling, at most this
@@ -231,7 +235,7 @@ class Alerts:
         try:
             if entry is None:
                 raise LookupError("no [[alerts]] entry has this webhook_url any more")
-            await self._post(entry, alert.payload)
+            await self._post(entry, alert)
         except Exception as exc:  # the webhook, the network, or a refused address: tried again later
             retry_in = min(self._first_retry * 2**alert.attempts, LONGEST_RETRY)
             log.warning("alert %d to %s failed (attempt %d): %s", alert.id, host, alert.attempts + 1, exc)
@@ -248,16 +252,34 @@ class Alerts:
         except Exception:  # its lease runs out, and it is sent again: twice rather than never
             log.exception("recording alert %d as sent failed", alert.id)
 
-    async def _post(self, entry: AlertConfig, body: bytes) -> None:
+    async def _post(self, entry: AlertConfig, alert: AlertDelivery) -> None:
         url = URL(entry.webhook_url)
         literal = literal_address(url.host or "")
         if literal is not None and not entry.allow_private_hosts and not is_public(literal):
             raise ValueError(f"{url.host} is not a public address (allow_private_hosts is off)")
-        signature = hmac.new(entry.secret.encode(), body, hashlib.sha256).hexdigest()
-        headers = {"content-type": "application/json", SIGNATURE: f"sha256={signature}"}
+        body = alert.payload
+        headers = {
+            "content-type": "application/json",
+            SIGNATURE: signature(entry.secret, int(time.time()), body),
+            DELIVERY: delivery_id(alert),
+        }
         # No redirects: a redirect's address would escape the public-address rule (an IP literal
         # is never resolved), so a 3xx is a failure, as for image downloads.
         session = self._sessions[entry.allow_private_hosts]
         async with session.post(url, data=body, headers=headers, allow_redirects=False) as response:
             if response.status >= 300:
                 raise ValueError(f"the webhook answered {response.status}")
+
+
+def signature(secret: str, sent_at: int, body: bytes) -> str:
+    """The `x-ezat-signature` of `body` sent at `sent_at` (Unix seconds: the real time, never
+    the budget periods' clock, since a webhook compares it with its own)."""
+    digest = hmac.new(secret.encode(), f"{sent_at}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={sent_at},v1={digest}"
+
+
+def delivery_id(alert: AlertDelivery) -> str:
+    """The `x-ezat-delivery` of an alert: the same on every attempt, another for every other
+    alert. It digests the webhook and the body, which says whose threshold, which, in what
+    period and when it was crossed; a row's number would repeat in another store's alerts."""
+    return hashlib.sha256(alert.webhook_url.encode() + b"\n" + alert.payload).hexdigest()[:32]
