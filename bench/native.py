@@ -42,10 +42,10 @@ from types import SimpleNamespace
 
 from drive import check, driver, in_turns, round_seconds
 from environment import ensure_wrk, log, machine
-from scenarios import ROUTE_OF_API, SCENARIOS, floor_requests, request_body, upstream_requests
+from routes import GATEWAY_ROUTES, ROUTE_OF_API
+from scenarios import SCENARIOS, floor_requests, request_body, upstream_requests
 from systems import (
     BENCH,
-    GATEWAY_ROUTES,
     PYTHON,
     ROOT,
     floor_system,

@@ -37,8 +37,8 @@ import peers
 import report
 from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, round_seconds
 from environment import ensure_py_spy, ensure_wrk, log, machine
+from routes import GATEWAY_ROUTES, ROUTE_OF_API
 from scenarios import (
-    ROUTE_OF_API,
     SCENARIOS,
     SLOW,
     Scenario,
@@ -49,7 +49,6 @@ from scenarios import (
 )
 from systems import (
     BENCH,
-    GATEWAY_ROUTES,
     PYTHON,
     System,
     floor_system,

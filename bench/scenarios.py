@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import orjson
+from routes import GATEWAY_ROUTES, ROUTE_FIELDS, ROUTE_OF_API, route_headers
 
 
 @dataclass(frozen=True)
@@ -486,24 +487,19 @@ ENCODERS = {"openai": openai_request, "responses": responses_request, "anthropic
 
 
 def request_body(api: str, s: Scenario, fields: dict | None = None, images_at: str = "") -> bytes:
-    """The scenario's request in `api`, with `fields` added (systems.ROUTE_FIELDS)."""
+    """The scenario's request in `api`, with `fields` added (routes.ROUTE_FIELDS)."""
     body = ENCODERS[api](s, images_at)
     return orjson.dumps(orjson.loads(body) | fields) if fields else body
-
-
-# The gateway's route for a client of each API (systems.GATEWAY_ROUTES).
-ROUTE_OF_API = {"openai": "openai", "responses": "responses", "anthropic": "native"}
 
 
 async def upstream_requests(
     config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...], images_at: str = ""
 ) -> dict[tuple[str, str], tuple[int, dict | None]]:
-    """Send each scenario's request on each of the gateway's `routes` (systems.GATEWAY_ROUTES)
+    """Send each scenario's request on each of the gateway's `routes` (routes.GATEWAY_ROUTES)
     that speaks one of its APIs, through the gateway's app (in this process) to the project's
     validating mock: {(route, scenario name): (the gateway's status, what reached the mock)}. The
     mock's validation also proves these requests ones the real API accepts."""
     import aiohttp
-    from systems import GATEWAY_ROUTES, ROUTE_FIELDS, route_headers
 
     from gateway.app import build_app
     from gateway.config import parse_config

@@ -11,7 +11,6 @@ adds that up, checked against stat.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import subprocess
@@ -21,24 +20,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from routes import GATEWAY_KEY, GATEWAY_ROUTES, ROUTE_FIELDS, route_headers
 from scenarios import REASONING_KEY
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PYTHON = sys.executable
 EZAT_GATEWAY = str(Path(PYTHON).parent / "ezat-gateway")  # the console script, as production runs it
-GATEWAY_KEY = "sk-bench-" + hashlib.sha256(b"ezat bench").hexdigest()[:24]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# The gateway's routes a benchmark drives: {route: (the path its clients POST to, the API they speak)}.
-GATEWAY_ROUTES = {
-    "openai": ("/v1/chat/completions", "openai"),  # Chat Completions, translated
-    "responses": ("/v1/responses", "responses"),  # OpenAI's Responses API, translated; each response stored
-    "responses-unstored": ("/v1/responses", "responses"),  # the same, each request with "store": false
-    "native": ("/v1/messages", "anthropic"),  # Anthropic's Messages API, relayed
-}
-# What a route's requests add to the scenario's body: storing a response is the Responses API's
-# default, and a write the chat route has not; Codex sends "store": false.
-ROUTE_FIELDS = {"responses-unstored": {"store": False}}
 
 
 def free_port() -> int:
@@ -301,13 +290,6 @@ def gateway_system(
         cwd=source,
         env=source_env(source) if source else None,
     )
-
-
-def route_headers(route: str) -> list[str]:
-    """The gateway key in the header the route's clients send it in (Anthropic's SDKs: x-api-key)."""
-    if GATEWAY_ROUTES[route][1] == "anthropic":
-        return [f"x-api-key: {GATEWAY_KEY}", "anthropic-version: 2023-06-01"]
-    return [f"Authorization: Bearer {GATEWAY_KEY}"]
 
 
 def source_env(source: Path) -> dict:
