@@ -1,5 +1,5 @@
-"""From runs to figures: medians over rounds, the gateway's ratios to the floor, the
-Markdown tables and the issue's targets."""
+"""From runs to figures: medians over rounds, the gateway's ratios to the floor and the parsing
+floor, the Markdown tables and the issue's targets."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ COLUMNS = [
     ("client_cpu_us", "client µs/req", "{:,.0f}"),
 ]
 SYSTEMS = ("floor", "gateway")  # the slow streams' systems
+PARSING_FLOOR = "floor-parsing"  # the floor that parses the request body and encodes it again
 PEERS = ("litellm", "portkey")
 # How many times ezat's CPU per request each peer's should be, at least (issue 34's aim).
 PEER_TARGETS = {"portkey": 4, "litellm": 25}
@@ -48,34 +49,38 @@ def round_ratios(runs: list[dict], others: list[dict]) -> tuple[float, float] | 
 
 
 def summarise_cell(cell: dict, gateway: str = "gateway") -> None:
-    """Medians of every system the cell drove; the ratios of each to the floor, and of each peer
-    to `gateway` (the name of ezat's system in the cell, on the route its scenario's clients use)."""
+    """Medians of every system the cell drove; the ratios of each to the floor and (when the cell
+    drove it) to the parsing floor, and of each peer to `gateway` (the name of ezat's system in
+    the cell, on the route its scenario's clients use)."""
     runs = cell["runs"]
     cell["gateway"] = gateway
     cell["median"] = {name: medians(rs) for name, rs in runs.items()}
     floor, g = cell["median"]["floor"], cell["median"][gateway]
     cell["ratio"] = ratios(floor, g)
     cell["cpu_ratio_range"] = round_ratios(runs[gateway], runs["floor"])
-    cell["cpu_over_floor"] = {
-        name: (
-            m["cpu_us"] / floor["cpu_us"] if floor["cpu_us"] and m["cpu_us"] else None,
-            round_ratios(runs[name], runs["floor"]),
-        )
-        for name, m in cell["median"].items()
-        if name != "floor"
-    }
-    cell["cpu_over_gateway"] = {
-        name: (
-            cell["median"][name]["cpu_us"] / g["cpu_us"] if g["cpu_us"] and cell["median"][name]["cpu_us"] else None,
-            round_ratios(runs[name], runs[gateway]),
-        )
-        for name in runs
-        if name in PEERS
-    }
+    cell["cpu_over_floor"] = cpu_over(cell, "floor", [name for name in runs if name != "floor"])
+    cell["cpu_over_parsing_floor"] = (
+        cpu_over(cell, PARSING_FLOOR, [name for name in runs if name not in ("floor", PARSING_FLOOR)])
+        if PARSING_FLOOR in runs
+        else {}
+    )
+    cell["cpu_over_gateway"] = cpu_over(cell, gateway, [name for name in runs if name in PEERS])
     for q in ("p50", "p99"):
         cell[f"added_{q}_ms"] = (
             g[f"{q}_ms"] - floor[f"{q}_ms"] if floor[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
         )
+
+
+def cpu_over(cell: dict, base: str, names: list[str]) -> dict:
+    """{name: (its median CPU per request ÷ `base`'s, the range of the rounds' own ratios)}."""
+    m, runs = cell["median"], cell["runs"]
+    return {
+        name: (
+            m[name]["cpu_us"] / m[base]["cpu_us"] if m[base]["cpu_us"] and m[name]["cpu_us"] else None,
+            round_ratios(runs[name], runs[base]),
+        )
+        for name in names
+    }
 
 
 def _fmt(value, pattern: str) -> str:
@@ -97,20 +102,23 @@ def cells_table(cells: list[dict]) -> str:
 
 
 def systems_table(cells: list[dict]) -> str:
-    """Scenario × system: each one's CPU per request, its ratio to the floor and (a peer's) to
-    ezat's, its latency and memory; the rounds' own ratios in brackets."""
+    """Scenario × system: each one's CPU per request, its ratio to the floor, to the parsing floor
+    and (a peer's) to ezat's, its latency and memory; the rounds' own ratios in brackets."""
     lines = [
-        "| scenario | conc. | system | CPU µs/req | ÷ floor | ÷ ezat | p50 ms | p99 ms | peak RSS MiB | errors |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| scenario | conc. | system | CPU µs/req | ÷ floor | ÷ parsing floor | ÷ ezat | p50 ms | p99 ms "
+        "| peak RSS MiB | errors |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for cell in cells:
+        over_parsing_floor = cell.get("cpu_over_parsing_floor", {})
         for name, m in cell["median"].items():
             over_floor = _ratio(*cell["cpu_over_floor"][name]) if name != "floor" else ""
+            over_parsing = _ratio(*over_parsing_floor[name]) if name in over_parsing_floor else ""
             over_gateway = _ratio(*cell["cpu_over_gateway"][name]) if name in PEERS else ""
             shown = f"ezat ({name})" if name == cell["gateway"] else name
             lines.append(
                 f"| {cell['scenario']} | {cell['concurrency']} | {shown} | {_fmt(m['cpu_us'], '{:,.0f}')} | {over_floor} "
-                f"| {over_gateway} | {_fmt(m['p50_ms'], '{:.2f}')} | {_fmt(m['p99_ms'], '{:.2f}')} "
+                f"| {over_parsing} | {over_gateway} | {_fmt(m['p50_ms'], '{:.2f}')} | {_fmt(m['p99_ms'], '{:.2f}')} "
                 f"| {_fmt(m['peak_rss_mib'], '{:.1f}')} | {m['errors']} |"
             )
     return "\n".join(lines)

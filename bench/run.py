@@ -1,10 +1,11 @@
 """The benchmark suite: the gateway side by side with a pass-through floor, in one run.
 
-Starts the fast mock upstream, the floor (bench/passthrough.py), the gateway (`ezat-gateway
-serve --config …`) on each route the scenarios' clients use, and the peers (bench/peers.py),
-each in its own process; drives each scenario's systems in turns (A, B, C, A, B, C) with a load
-generator in a process of its own; reports medians and every system's ratios to the floor as
-Markdown on stdout, and writes everything to bench/results/<timestamp>.json.
+Starts the fast mock upstream, the floor and the parsing floor (bench/passthrough.py, the second
+with --parse), the gateway (`ezat-gateway serve --config …`) on each route the scenarios'
+clients use, and the peers (bench/peers.py), each in its own process; drives each scenario's
+systems in turns (A, B, C, A, B, C) with a load generator in a process of its own; reports
+medians and every system's ratios to the floors as Markdown on stdout, and writes everything to
+bench/results/<timestamp>.json.
 bench/README.md explains the method and every figure.
 
     python bench/run.py                      # the whole suite, the peers beside
@@ -80,14 +81,14 @@ def write_bodies(workdir: Path, plan: dict[str, list], floor: dict[str, bytes], 
     return bodies
 
 
-def scenario_systems(scenario: Scenario, floor: System, gateways: dict[str, System], peer_systems: list) -> list:
-    """Who drives a scenario: the floor, ezat's gateway on the route its clients use, and the peers
+def scenario_systems(scenario: Scenario, floors: list[System], gateways: dict[str, System], peer_systems: list) -> list:
+    """Who drives a scenario: the floors, ezat's gateway on the route its clients use, and the peers
     when its clients speak Chat Completions (the route the peers translate) and they do its work."""
     route = ROUTE_OF_API[scenario.apis[0]]
     peer_systems = [
         p for p in peer_systems if route == "openai" and (not scenario.images or p.name in peers.FETCHES_IMAGES)
     ]
-    return [floor, gateways[route], *peer_systems]
+    return [*floors, gateways[route], *peer_systems]
 
 
 def _longer_rounds(cells: list[dict], duration: float) -> str:
@@ -128,7 +129,7 @@ def bench_cells(args, wrk, mock, plan, bodies) -> list[dict]:
                     f"{run['rps']:8,.0f} req/s  p50 {run['p50_ms']:7.2f} ms  "
                     f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)"
                 )
-        report.summarise_cell(cell, systems[1].name)
+        report.summarise_cell(cell, next(s.name for s in systems if s.kind == "gateway"))
         cells.append(cell)
     return cells
 
@@ -494,12 +495,12 @@ def main() -> int:
             route: gateway_system(mock_url, workdir, models, route=route, name=_gateway_name(route), **options)
             for route in routes
         }
-        gateway, floor = gateways["openai"], floor_system(mock_url)
+        gateway, floor, parsing_floor = gateways["openai"], floor_system(mock_url), floor_system(mock_url, parse=True)
         peer_systems = start_peers(args, mock_url, workdir, models, started)
-        for system in [*gateways.values(), floor]:
+        for system in [*gateways.values(), floor, parsing_floor]:
             system.start(workdir)
             started.append(system)
-        plan = {s.name: scenario_systems(s, floor, gateways, peer_systems) for s in args.scenarios}
+        plan = {s.name: scenario_systems(s, [floor, parsing_floor], gateways, peer_systems) for s in args.scenarios}
         plan |= {SLOW.name: [floor, gateway], "nonstream": plan.get("nonstream") or [floor, gateway]}
         meta = machine(wrk) | {
             "args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
@@ -508,7 +509,10 @@ def main() -> int:
             "pids": {s.name: s.pid for s in started},
             "peers": {p.name: p.extra.get("version") for p in peer_systems} | args.peers_skipped,
         }
-        log(f"mock {mock_url}, floor :{floor.port}, gateway :{gateway.port}; wrk: {wrk or 'none'}; work dir {workdir}")
+        log(
+            f"mock {mock_url}, floor :{floor.port}, parsing floor :{parsing_floor.port}, gateway :{gateway.port}; "
+            f"wrk: {wrk or 'none'}; work dir {workdir}"
+        )
         config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence.db", models)
         sent = asyncio.run(upstream_requests(config, args.scenarios, tuple(routes), images_at))
         # Also the slow streams' body and the workers' (nonstream), which the cells may not include.

@@ -121,7 +121,8 @@ class System:
 
     @property
     def kind(self) -> str:
-        """gateway, floor or mock (a gateway with workers is named gateway-N-workers)."""
+        """gateway, floor or mock (a gateway with workers is named gateway-N-workers, the parsing
+        floor floor-parsing)."""
         return self.name.partition("-")[0]
 
     def pids(self) -> list[int]:
@@ -235,14 +236,17 @@ def images_system() -> System:
     return System("images", port, "/", [], [PYTHON, str(BENCH / "images.py"), "--port", str(port)])
 
 
-def floor_system(upstream_url: str) -> System:
+def floor_system(upstream_url: str, parse: bool = False) -> System:
+    """bench/passthrough.py: the floor, or with `parse` the parsing floor (named floor-parsing,
+    so that it is of the floor's kind and is sent the floor's requests)."""
     port = free_port()
     return System(
-        "floor",
+        "floor-parsing" if parse else "floor",
         port,
         "/v1/messages",
         ["x-api-key: bench", "anthropic-version: 2023-06-01"],
-        [PYTHON, str(BENCH / "passthrough.py"), "--port", str(port), "--upstream", upstream_url],
+        [PYTHON, str(BENCH / "passthrough.py"), "--port", str(port), "--upstream", upstream_url]
+        + (["--parse"] if parse else []),
     )
 
 
