@@ -47,11 +47,11 @@ from gateway.storage.schema import (
     KEY_FIELDS,
     KEY_TABLES,
     LEDGER_FIELDS,
-    LEDGER_SELECT,
     ORGANIZATION_COLUMNS,
     POSTGRES,
     RESPONSE_COLUMNS,
     SWEEP_BATCH,
+    ledger_page_query,
 )
 from middlewares.core.periods import current_starts, still_current
 
@@ -619,21 +619,7 @@ class PostgresStore:
         after: int | None = None,
         limit: int | None = None,
     ) -> list[tuple[int, LedgerRow]]:
-        query = f"SELECT ledger.id AS row_id, {LEDGER_SELECT} FROM ledger WHERE TRUE"
-        params: list[Any] = []
-        for condition, value in (
-            ("ledger.key_id = $", key_id),
-            ("ledger.finished_at >= $", since),
-            ("ledger.finished_at < $", until),
-            ("ledger.id > $", after),
-        ):
-            if value is not None:
-                params.append(value)
-                query += f" AND {condition}{len(params)}"
-        query += " ORDER BY ledger.id"
-        if limit is not None:
-            params.append(limit)
-            query += f" LIMIT ${len(params)}"
+        query, params = ledger_page_query(lambda n: f"${n}", (key_id, since, until, after), limit)
         rows = await self._pool.fetch(query, *params)
         return [(row[0], LedgerRow(*tuple(row)[1:])) for row in rows]
 

@@ -3,6 +3,9 @@ on start, each migration in its own transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from middlewares.core.records import LedgerRow
 
 SQLITE = [
@@ -326,3 +329,26 @@ RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input
 # Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
 # which other writers interleave with.
 SWEEP_BATCH = 500
+
+
+# What a ledger page may be filtered by, in the order ledger_page_query takes their values.
+LEDGER_FILTERS = ("ledger.key_id =", "ledger.finished_at >=", "ledger.finished_at <", "ledger.id >")
+
+
+def ledger_page_query(mark: Callable[[int], str], values: Sequence[Any], limit: int | None) -> tuple[str, list[Any]]:
+    """The ledger page's SELECT (each row after its id, oldest first), filtered by each of `values`
+    that is not None, in LEDGER_FILTERS' order; `mark(n)` writes the dialect's n-th placeholder."""
+    where: list[str] = []
+    params: list[Any] = []
+    for condition, value in zip(LEDGER_FILTERS, values):
+        if value is not None:
+            params.append(value)
+            where.append(f"{condition} {mark(len(params))}")
+    query = f"SELECT ledger.id, {LEDGER_SELECT} FROM ledger"
+    if where:
+        query += " WHERE " + " AND ".join(where)
+    query += " ORDER BY ledger.id"
+    if limit is not None:
+        params.append(limit)
+        query += f" LIMIT {mark(len(params))}"
+    return query, params

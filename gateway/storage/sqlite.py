@@ -71,11 +71,11 @@ from gateway.storage.schema import (
     KEY_TABLES,
     LEDGER_COLUMNS,
     LEDGER_FIELDS,
-    LEDGER_SELECT,
     ORGANIZATION_COLUMNS,
     RESPONSE_COLUMNS,
     SQLITE,
     SWEEP_BATCH,
+    ledger_page_query,
 )
 from middlewares.core.periods import still_current
 
@@ -496,23 +496,8 @@ class SQLiteStore:
         after: int | None = None,
         limit: int | None = None,
     ) -> list[tuple[int, LedgerRow]]:
-        query = f"SELECT ledger.id, {LEDGER_SELECT} FROM ledger"
-        where, params = [], []
-        for condition, value in (
-            ("ledger.key_id = ?", key_id),
-            ("ledger.finished_at >= ?", _text(since)),
-            ("ledger.finished_at < ?", _text(until)),
-            ("ledger.id > ?", after),
-        ):
-            if value is not None:
-                where.append(condition)
-                params.append(value)
-        if where:
-            query += " WHERE " + " AND ".join(where)
-        query += " ORDER BY ledger.id"
-        if limit is not None:
-            query += " LIMIT ?"
-            params.append(limit)
+        values = (key_id, _text(since), _text(until), after)
+        query, params = ledger_page_query(lambda n: "?", values, limit)
         rows = await self._reader.call(_fetch_all, query, params)
         return [(row[0], _ledger_row(row[1:])) for row in rows]
 
