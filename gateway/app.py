@@ -16,7 +16,7 @@ from gateway.accounting.ledger import Ledger
 from gateway.accounting.ratelimit import RateLimiter, rate_limiter
 from gateway.accounting.spending import SpendReservations
 from gateway.admin.api import add_admin_routes
-from gateway.admin.console import add_console_routes
+from gateway.admin.console import add_console_routes, is_console, refusal_page
 from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
@@ -27,6 +27,7 @@ from gateway.routes.readiness import Readiness
 from gateway.routes.stored_responses import KeptResponses, stored_response_handlers
 from gateway.server import server_header
 from gateway.storage import Store, open_store
+from gateway.storage.unavailable import StoreOutage, StoreUnavailable
 from gateway.upstream.client import UpstreamClient
 from gateway.upstream.proxy import NON_STREAMING_DEADLINE, Attempts, count_tokens_handler, proxy_handler
 from gateway.upstream.streams import OpenStreams
@@ -125,6 +126,7 @@ class Services(NamedTuple):
     readiness: Readiness
     kept: KeptResponses
     alerts: Alerts | None  # [[alerts]]' webhooks, when the config has any
+    outage: StoreOutage  # the requests refused while the store cannot be reached
 
 
 def make_services(config: Config, *, ping_interval: float, tracing: Tracing | None, now: Clock) -> Services:
@@ -151,6 +153,7 @@ def make_services(config: Config, *, ping_interval: float, tracing: Tracing | No
         readiness=Readiness(store, limiter),
         kept=KeptResponses(store, config.responses.retention_days),
         alerts=alerts,
+        outage=StoreOutage(store.ping, counted=metrics.store_unavailable),
     )
 
 
@@ -306,13 +309,14 @@ def application(config: Config, services: Services, stages: Stages) -> web.Appli
     app = web.Application(
         middlewares=[
             observe_middleware(metrics=services.metrics, tracing=services.tracing),
-            errors_as_the_client_speaks,
+            errors_as_the_client_speaks(services.outage),
         ]
     )
     app[STORE] = store
     app[API_ROUTES] = {}  # api_route names them
     app[READINESS] = services.readiness
     app.cleanup_ctx.append(storage)
+    app.cleanup_ctx.append(services.outage.lifespan)
     app.cleanup_ctx.append(services.upstream.lifespan)
     app.cleanup_ctx.append(stages.images.cleanup_ctx)
     app.cleanup_ctx.append(services.streams.lifespan)
@@ -401,12 +405,27 @@ def api_route(app: web.Application, name: str, handler: Handler) -> Handler:
     return handler
 
 
-@web.middleware
-async def errors_as_the_client_speaks(request: web.Request, handler) -> web.StreamResponse:
+def errors_as_the_client_speaks(outage: StoreOutage):
     """The guard just inside `observe`: every error, aiohttp's own (404, 405) and anything
-    unexpected too, in the envelope of the API the request speaks, Anthropic's or OpenAI's."""
-    envelope = anthropic_error_envelope if speaks_anthropic(request) else error_envelope
-    return await envelope(request, handler)
+    unexpected too, in the envelope of the API the request speaks, Anthropic's or OpenAI's. A store
+    that cannot be reached is no unexpected error but an outage: each request it stops is a 503
+    (on the console, a page), told to `outage`, which logs it once and counts it."""
+
+    async def refused_while_unavailable(request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except StoreUnavailable as unavailable:
+            error = outage.refused(unavailable)
+            if is_console(request.path):
+                return refusal_page(error)
+            raise error from None
+
+    @web.middleware
+    async def guard(request: web.Request, handler) -> web.StreamResponse:
+        envelope = anthropic_error_envelope if speaks_anthropic(request) else error_envelope
+        return await envelope(request, partial(refused_while_unavailable, handler=handler))
+
+    return guard
 
 
 async def _request_id_headers(request: web.Request, response: web.StreamResponse) -> None:

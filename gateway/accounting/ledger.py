@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import LedgerRow, Store
 from gateway.storage.group_commit import MAX_GROUP, GroupCommit
+from gateway.storage.unavailable import StoreUnavailable
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.ledger")
@@ -57,6 +58,8 @@ class Ledger:
             started = time.monotonic()
             try:
                 written = self._store.write_ledger_now([row])
+            except StoreUnavailable:  # the usual way below tries again (the outage is logged once)
+                written = False
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)
             else:
@@ -90,25 +93,30 @@ class Ledger:
             try:
                 await self._store.write_ledger(rows)
             except Exception as exc:  # the database may be briefly unavailable: try again
-                log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
+                if not isinstance(exc, StoreUnavailable):  # (an outage is logged once, as it starts and ends)
+                    log.warning("ledger write of %d rows failed (attempt %d): %r", len(rows), attempt, exc)
                 if attempt < self._attempts:
                     await asyncio.sleep(0.05 * 2**attempt)
+                elif isinstance(exc, StoreUnavailable):  # no row of the batch is to blame: each request gets the 503
+                    return _settle(batch, failed=exc.anew)
                 elif len(batch) == 1:
-                    return _settle(batch, failed=True)
+                    return _settle(batch, failed=LedgerError)
             else:
                 self._committed(rows, started)
-                return _settle(batch, failed=False)
+                return _settle(batch, failed=None)
         # A batch that keeps failing may hold one bad row: it must not take its neighbours down.
         for entry in batch:
             started = time.monotonic()
             try:
                 await self._store.write_ledger([entry[0]])
+            except StoreUnavailable as exc:
+                _settle([entry], failed=exc.anew)
             except Exception as exc:
                 log.error("ledger row %s could not be written: %r", entry[0].request_id, exc)
-                _settle([entry], failed=True)
+                _settle([entry], failed=LedgerError)
             else:
                 self._committed([entry[0]], started)
-                _settle([entry], failed=False)
+                _settle([entry], failed=None)
 
     def _committed(self, rows: list[LedgerRow], started: float) -> None:
         # A count or a check that fails must not fail the rows, which are written, nor the other.
@@ -123,8 +131,9 @@ class Ledger:
                 log.exception("what follows the ledger's commit failed")
 
 
-def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: bool) -> None:
+def _settle(batch: list[tuple[LedgerRow, asyncio.Future[None]]], *, failed: Callable[[], GatewayError] | None) -> None:
+    """The batch's requests go on, or each fails with an error `failed` makes."""
     for _, done in batch:
         if not done.done():
             # An error each: a request's error becomes its response, which no other request may share.
-            done.set_exception(LedgerError()) if failed else done.set_result(None)
+            done.set_exception(failed()) if failed is not None else done.set_result(None)

@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from gateway.storage import DEFAULT_ORGANIZATION_ID, Hold, Shortfall, Store
 from gateway.storage.group_commit import MAX_GROUP, GroupCommit
+from gateway.storage.unavailable import StoreUnavailable
 from middlewares.core.errors import GatewayError
 
 log = logging.getLogger("ezat.spending")
@@ -47,6 +48,8 @@ class SpendReservations:
             releases, self._releases = self._releases, []
             try:
                 results = self._store.hold_now([hold], releases)
+            except StoreUnavailable:  # the usual way below tries again (the outage is logged once)
+                results = None
             except Exception as exc:  # the usual way below tries again
                 log.warning("spend reservation of 1 request failed: %r", exc)
                 results = None
@@ -87,10 +90,13 @@ class SpendReservations:
             try:
                 results = await self._store.hold([hold for hold, _ in group], releases)
             except Exception as exc:
-                log.error("spend reservations of %d requests could not be written: %r", len(group), exc)
+                # An outage is logged once, as it starts and ends; each request gets its 503.
+                unavailable = exc.anew if isinstance(exc, StoreUnavailable) else None
+                if unavailable is None:
+                    log.error("spend reservations of %d requests could not be written: %r", len(group), exc)
                 for _, done in group:
                     if not done.done():
-                        done.set_exception(_unreserved())
+                        done.set_exception(unavailable() if unavailable is not None else _unreserved())
                 self._releases[:0] = releases  # tried again with the next group
                 if not group:
                     break  # releases alone: the next reserve or release tries again, no busy loop

@@ -102,6 +102,11 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self._store_unavailable = Counter(
+            "ezat_store_unavailable",
+            "Requests refused with 503 because the gateway's database could not be reached.",
+            registry=r,
+        )
         self._children: dict[tuple, object] = {}
 
     def _child(self, metric, *labels: str | int):
@@ -137,6 +142,9 @@ class Metrics:
 
     def refused(self, reason: str) -> None:
         self._child(self._refused, reason).inc()
+
+    def store_unavailable(self) -> None:
+        self._store_unavailable.inc()
 
     def attempt(self, deployment: str, outcome: str) -> None:
         self._child(self._attempts, deployment, outcome).inc()

@@ -53,6 +53,7 @@ from gateway.storage.schema import (
     SWEEP_BATCH,
     ledger_page_query,
 )
+from gateway.storage.unavailable import raises_unavailable
 from middlewares.core.periods import current_starts, still_current
 
 log = logging.getLogger("ezat.storage")
@@ -95,6 +96,16 @@ _INSERT_LEDGER = (
 )
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """Whether `exc` means the server cannot be reached: no connection (refused, lost, closed), a
+    wait or a statement timed out, or the server refusing work for now (SQLSTATE class 08, a
+    connection's; 53, out of resources such as connections; 57P, starting up or shutting down)."""
+    if isinstance(exc, OSError) or type(exc) is asyncpg.InterfaceError:  # not its subclasses: bad data, say
+        return True
+    return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate).startswith(("08", "53", "57P"))
+
+
+@raises_unavailable(_unreachable)
 class PostgresStore:
     def __init__(self, url: str, *, pool_size: int = 10, now: Clock = system) -> None:
         self.url = url
@@ -106,8 +117,11 @@ class PostgresStore:
         self._response_sweep: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
+        # No floor of idle connections (min_size=0): asyncpg keeps one by a loop of its own that
+        # logs a traceback at each try while the database is down, which the outage is not (it is
+        # logged once: unavailable.py). Connections open as requests need them and are kept.
         self._pool = await asyncpg.create_pool(
-            self.url, min_size=1, max_size=self._pool_size, timeout=_TIMEOUT, command_timeout=_TIMEOUT
+            self.url, min_size=0, max_size=self._pool_size, timeout=_TIMEOUT, command_timeout=_TIMEOUT
         )
         self._responses = await asyncpg.create_pool(
             self.url, min_size=0, max_size=RESPONSES_POOL_SIZE, timeout=_TIMEOUT, command_timeout=_TIMEOUT

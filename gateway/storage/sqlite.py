@@ -77,6 +77,7 @@ from gateway.storage.schema import (
     SWEEP_BATCH,
     ledger_page_query,
 )
+from gateway.storage.unavailable import raises_unavailable
 from middlewares.core.periods import still_current
 
 log = logging.getLogger("ezat.storage")
@@ -150,6 +151,22 @@ def _when_unlocked(db: sqlite3.Connection, statement: str, attempts: int = 100) 
             time.sleep(0.02)
 
 
+# SQLite's primary result codes that mean the file cannot be used now, not that a statement is wrong.
+_UNREACHABLE_CODES = frozenset(
+    {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN}
+)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether `exc` means the file cannot be used now: busy past the wait (another process holds
+    it), or its disk failing, full or gone."""
+    if isinstance(exc, OSError):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF in _UNREACHABLE_CODES
+
+
+@raises_unavailable(_unreachable)
 class SQLiteStore:
     def __init__(self, path: str, *, now: Clock = system) -> None:
         self.path = path

@@ -14,15 +14,16 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.admin.console.actions import Actions, forbidden, see_other
-from gateway.admin.console.headers import console_headers
+from gateway.admin.console.headers import console_headers, is_console
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Sessions, csrf_holds
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import Store
+from middlewares.core.errors import GatewayError
 
-__all__ = ["add_console_routes"]
+__all__ = ["add_console_routes", "is_console", "refusal_page"]
 
 
 def add_console_routes(
@@ -88,3 +89,11 @@ async def not_found(request: web.Request) -> web.Response:
         page("Not found", f'<h1>Not found</h1><p>Nothing at {text(request.path)}. <a href="/console">Overview</a></p>'),
         status=404,
     )
+
+
+def refusal_page(error: GatewayError) -> web.Response:
+    """The console's page for a request the app's error guard refuses (its database unavailable):
+    the error's message, status and headers (`retry-after`), as a page, not the API's JSON."""
+    response = html(page("Unavailable", f"<h1>Unavailable</h1><p>{text(error.message)}</p>"), status=error.status)
+    response.headers.update({name: value for name, value in error.headers.items() if name.lower() == "retry-after"})
+    return response
