@@ -62,7 +62,10 @@ class Scenario:
     stop_details: dict | None = None
     # Overrides, plus "thinking_tokens". "ephemeral_5m_input_tokens" / "ephemeral_1h_input_tokens" force
     # cache_creation's split; cache_creation_input_tokens is then their sum unless forced too (forced
-    # alone, it is all 5-minute tokens).
+    # alone, it is all 5-minute tokens). "service_tier" is the tier reported ("standard" unless
+    # given). Any other key is reported as given: "server_tool_use" ({"web_search_requests": n,
+    # "web_fetch_requests": n}, in a stream by its message_delta, as the real API counts uses to
+    # the end), or a field a gateway may not know ("speed").
     usage: dict = field(default_factory=dict)
     status: int = 200  # non-200: Anthropic's error envelope for that status
     error_message: str = "mock error"
@@ -142,6 +145,11 @@ FAST_MODELS: dict[str, tuple[list[dict], bool, float]] = {
     "bench-slow": ([{"type": "text", "text": _FAST_TEXT[:80]}], True, 1.0),  # 10 deltas, 10 s
 }
 
+
+# Scenario.usage's keys that shape the usage reported rather than appear in it.
+_SHAPING = frozenset({"thinking_tokens", "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"})
+# The usage a stream reports only at its end, in message_delta.
+_FINAL_USAGE = ("output_tokens_details", "server_tool_use")
 
 # A token, as the mock counts the output it writes: a word of up to 7 letters, or one other
 # character (short English words are a token each, as in Anthropic's counts, which are well
@@ -555,8 +563,9 @@ class MockUpstream:
             "cache_read_input_tokens": overrides.get("cache_read_input_tokens", cached["cache_read_input_tokens"]),
             "cache_creation": {"ephemeral_5m_input_tokens": five_minutes, "ephemeral_1h_input_tokens": one_hour},
             "output_tokens": overrides.get("output_tokens", 0 if warming else max(1, produced)),
-            "service_tier": "standard",
+            "service_tier": overrides.get("service_tier", "standard"),
         }
+        usage |= {name: value for name, value in overrides.items() if name not in usage and name not in _SHAPING}
         if "thinking_tokens" in overrides:
             usage["output_tokens_details"] = {"thinking_tokens": overrides["thinking_tokens"]}
         has_tool = any(b.get("type") == "tool_use" for b in blocks)
@@ -576,7 +585,7 @@ class MockUpstream:
     def _events(message: dict, sc: Scenario) -> list[dict]:
         """Anthropic's SSE event sequence for a complete message."""
         usage = message["usage"]
-        start_usage = {k: v for k, v in usage.items() if k != "output_tokens_details"} | {"output_tokens": 1}
+        start_usage = {k: v for k, v in usage.items() if k not in _FINAL_USAGE} | {"output_tokens": 1}
         head = {k: message[k] for k in ("id", "type", "role", "model")}
         events = [
             {
@@ -612,9 +621,7 @@ class MockUpstream:
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
         if message["stop_details"] is not None:
             delta["stop_details"] = message["stop_details"]
-        delta_usage = {"output_tokens": usage["output_tokens"]}
-        if "output_tokens_details" in usage:
-            delta_usage["output_tokens_details"] = usage["output_tokens_details"]
+        delta_usage = {"output_tokens": usage["output_tokens"]} | {k: usage[k] for k in _FINAL_USAGE if k in usage}
         events.append({"type": "message_delta", "delta": delta, "usage": delta_usage})
         events.append({"type": "message_stop"})
         return events
