@@ -293,7 +293,7 @@ class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}
 
 
 @dataclass(frozen=True)
-class Pricing:  # USD per million tokens
+class Rates:  # USD per million tokens
     # The defaults are for configs built in code: a file must give each price it uses
     # (_pricing_problems), so that no price is 0 by omission.
     input: Decimal = _field(Decimal(0), check=_non_negative)
@@ -305,6 +305,32 @@ class Pricing:  # USD per million tokens
     def __post_init__(self) -> None:
         if self.cache_write_1h is None:  # the upstream's own price for it: 2x the input price
             object.__setattr__(self, "cache_write_1h", 2 * self.input)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongContextRates(Rates):  # every token of a request whose input is above the threshold
+    above_input_tokens: int = _field(check=_positive)  # cache reads and writes included
+
+
+@dataclass(frozen=True)
+class TierRates(Rates):  # one service tier's
+    long_context: LongContextRates | None = None  # None: a long request costs no more a token
+
+
+# The upstream's own fees, per 1,000 uses: Anthropic charges for web searches, not web fetches.
+WEB_SEARCH_PER_1000 = Decimal(10)
+WEB_FETCH_PER_1000 = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Pricing(TierRates):  # the standard tier's rates, the other tiers' and the server tools' fees
+    priority: TierRates | None = None  # None: billed at the standard tier's rates
+    batch: TierRates | None = None
+    web_search_per_1000: Decimal = _field(WEB_SEARCH_PER_1000, check=_non_negative)  # USD per 1,000 uses
+    web_fetch_per_1000: Decimal = _field(WEB_FETCH_PER_1000, check=_non_negative)
+
+
+FREE = Pricing(web_search_per_1000=Decimal(0), web_fetch_per_1000=Decimal(0))
 
 
 @dataclass(frozen=True)
@@ -321,6 +347,10 @@ class Model:
     min_cache_tokens: int = _field(1024, check=_zero_or_more)  # 0: the model has no prompt cache
     pricing: Pricing = Pricing()  # a file must give it, unless `free`
     free: bool = False  # the model costs nothing: it needs no pricing (and may have none)
+
+    def __post_init__(self) -> None:
+        if self.free:  # nothing, its server tools' uses included
+            object.__setattr__(self, "pricing", FREE)
 
 
 # The organization every key belongs to unless it names another; it always exists.
@@ -717,16 +747,41 @@ def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bo
     elif pricing is None:
         found.append(("pricing", "required (or free = true for a model that costs nothing)"))
     else:
-        found += [(f"pricing.{name}", "required") for name in ("input", "output") if name not in pricing]
         caches = raw.get("min_cache_tokens", 1024)
-        if type(caches) is int and caches > 0:
-            found += [
-                (f"pricing.{name}", "required while the model caches (min_cache_tokens > 0)")
-                for name in ("cache_write", "cache_read")
-                if name not in pricing
-            ]
+        caching = type(caches) is int and caches > 0
+        found += _rates_problems(pricing, "pricing", caching)
+        for tier in ("priority", "batch"):
+            rates = pricing.get(tier)
+            if not isinstance(rates, dict):
+                continue  # none, or reported already
+            found += _rates_problems(rates, f"pricing.{tier}", caching)
+            if "long_context" in pricing and "long_context" not in rates:
+                found.append(
+                    (
+                        f"pricing.{tier}.long_context",
+                        "required while pricing has long_context (its own long requests' rates)",
+                    )
+                )
     problems.extend(f"{_join(path, key)}: {problem}" for key, problem in found)
     return not found
+
+
+def _rates_problems(rates: dict[str, Any], path: str, caching: bool) -> list[tuple[str, str]]:
+    """(key path, problem) pairs for a tier's table of rates and its long_context's: each gives
+    input and output, and the cache prices while the model caches."""
+    tables = [(path, rates)]
+    if isinstance(rates.get("long_context"), dict):  # (else none, or reported already)
+        tables.append((f"{path}.long_context", rates["long_context"]))
+    found = []
+    for at, table in tables:
+        found += [(f"{at}.{name}", "required") for name in ("input", "output") if name not in table]
+        if caching:
+            found += [
+                (f"{at}.{name}", "required while the model caches (min_cache_tokens > 0)")
+                for name in ("cache_write", "cache_read")
+                if name not in table
+            ]
+    return found
 
 
 def _key_as_digest(raw: dict[str, Any], path: str, problems: list[str]) -> dict[str, Any]:

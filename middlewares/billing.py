@@ -3,7 +3,9 @@ ledger, durably, before the reply ends: before the body of a message, before `[D
 stream. Failed requests are not billed; a stream the client closes early is, for what was
 produced, with the output estimated from the text seen. Every number billed is the upstream's,
 but an output count that is missing or cannot be true (middlewares/core/usage.py): the
-estimate stands in for it, and a warning names the deployment. (Whether a request may run at all is
+estimate stands in for it, and a warning names the deployment. What the usage reports that the
+model's pricing does not price (a new field, a tier without rates) is logged once per model, so
+that a new price is noticed. (Whether a request may run at all is
 the limits stage's, on the way in.)"""
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ def billing_middleware(*, record: RecordRow) -> Stage:
     or its row could not be recorded, which fails the request)."""
     if not callable(record):
         raise TypeError("billing_middleware: record must be an async callable")
+    warned: set[tuple[str, str]] = set()  # (model, what its pricing does not price): logged once
 
     # (It sets request[LEDGER_ROW] too, but on the way out: no stage after it could read it.)
     @stage("billing", requires=(API_KEY, MODEL), reads=(SETTLE, ANSWERED_MODEL, DEPLOYMENT, SESSION))
     async def billing(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = datetime.now(UTC)
         reply = await handler(request)
-        bill = Bill(request, started, record)
+        bill = Bill(request, started, record, warned)
         if isinstance(reply, MessageReply):
             await bill.record(reply.usage)
         elif isinstance(reply, EventStreamReply):
@@ -56,8 +59,11 @@ def billing_middleware(*, record: RecordRow) -> Stage:
 class Bill:
     """What one request's ledger row needs, and recording it (the row is then `request[LEDGER_ROW]`)."""
 
-    def __init__(self, request: web.Request, started: datetime, record: RecordRow) -> None:
+    def __init__(
+        self, request: web.Request, started: datetime, record: RecordRow, warned: set[tuple[str, str]]
+    ) -> None:
         self._request, self._started, self._record, self._settle = request, started, record, request.get(SETTLE)
+        self._warned = warned
 
     async def record(self, usage: Usage, outcome: Outcome = "complete") -> None:
         request = self._request
@@ -88,6 +94,14 @@ class Bill:
                 usage.estimated,
                 usage.output_tokens,
             )
+        for unpriced in usage.unpriced(answered.pricing):
+            if (answered.id, unpriced) not in self._warned:
+                self._warned.add((answered.id, unpriced))
+                log.warning(
+                    "model %s: the upstream's usage reports %s, which its pricing does not price: billed without it",
+                    answered.id,
+                    unpriced,
+                )
         try:
             await self._record(row)
         except asyncio.CancelledError:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 
-class Pricing(Protocol):
+class Rates(Protocol):
     """USD per million tokens of each kind."""
 
     input: Decimal
@@ -19,6 +19,29 @@ class Pricing(Protocol):
     cache_write: Decimal  # a 5-minute cache's write
     cache_read: Decimal
     cache_write_1h: Decimal  # a 1-hour cache's write
+
+
+class LongContextRates(Rates, Protocol):
+    """The rates of every token of a request whose input, cache reads and writes included, is
+    above `above_input_tokens` (as Anthropic bills a long request: all of it, not the excess)."""
+
+    above_input_tokens: int
+
+
+class TierRates(Rates, Protocol):
+    """The rates of one service tier, and of its long requests (None: no dearer rate for them)."""
+
+    long_context: LongContextRates | None
+
+
+class Pricing(TierRates, Protocol):
+    """What a model costs: the standard tier's rates, those of the other tiers the upstream may
+    report (None: billed at the standard tier's), and its server tools' fees."""
+
+    priority: TierRates | None
+    batch: TierRates | None
+    web_search_per_1000: Decimal  # USD per 1,000 web searches
+    web_fetch_per_1000: Decimal  # USD per 1,000 web fetches
 
 
 class ModelSpec(Protocol):

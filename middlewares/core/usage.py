@@ -8,9 +8,10 @@ from typing import Any
 
 import orjson
 
-from middlewares.core.protocols import Pricing
+from middlewares.core.protocols import Pricing, Rates, TierRates
 
 PER_MILLION = Decimal(1_000_000)
+PER_THOUSAND = Decimal(1_000)
 
 
 def estimate_tokens(chars: int) -> int:
@@ -31,6 +32,12 @@ class Usage:
     output_tokens: int = 0  # reasoning included
     reasoning_tokens: int = 0
     cache_write_1h_tokens: int = 0  # of cache_write_tokens, those written for an hour (dearer)
+    web_search_requests: int = 0  # the upstream's server tools, each use priced as the model's pricing says
+    web_fetch_requests: int = 0
+    service_tier: str | None = None  # the tier the upstream says served it: "standard", "priority", "batch"
+    # What the upstream's usage said that the ledger does not price: a field ("name", "part.name")
+    # or a value that may cost more than the ledger knows ("speed='fast'").
+    unknown: tuple[str, ...] = field(default=(), compare=False)
     # Why the output is the gateway's estimate, not the upstream's count: "missing" (no final
     # count: a stream cut short, a client gone, a reply without usage) or "implausible".
     estimated: str | None = field(default=None, compare=False)
@@ -47,7 +54,7 @@ class Usage:
         a token) only where the upstream's count is missing or cannot be true (fewer than one
         token per 10 characters); the estimate is then billed, and `estimated` says why.
         Reasoning is Anthropic's `thinking_tokens`, else estimated from the thinking text;
-        never more than the output."""
+        never more than the output. Server tools' uses and the service tier are the upstream's."""
         reported: int | None = usage.get("output_tokens")
         if type(reported) is not int:
             reported = None
@@ -66,6 +73,9 @@ class Usage:
         if reasoning is None:
             reasoning = estimate_tokens(thinking_chars)
         cache_write = usage.get("cache_creation_input_tokens") or 0
+        tools = usage.get("server_tool_use")
+        tools = tools if isinstance(tools, dict) else {}
+        tier = usage.get("service_tier")
         return cls(
             input_tokens=usage.get("input_tokens") or 0,
             cache_write_tokens=cache_write,
@@ -75,6 +85,10 @@ class Usage:
             cache_write_1h_tokens=min(
                 (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0, cache_write
             ),
+            web_search_requests=_uses(tools.get("web_search_requests")),
+            web_fetch_requests=_uses(tools.get("web_fetch_requests")),
+            service_tier=tier if isinstance(tier, str) else None,
+            unknown=_unknown(usage),
             estimated=estimated,
         )
 
@@ -100,15 +114,40 @@ class Usage:
         """All input, cached or not (Anthropic's input_tokens leaves cache reads and writes out)."""
         return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
 
+    def rates(self, pricing: Pricing) -> Rates:
+        """The rates every token of the request is billed at: its service tier's where the
+        pricing gives them, else the standard tier's; and that tier's long-context rates when its
+        input, cache reads and writes included, is above their threshold (the whole request then,
+        as Anthropic bills it)."""
+        tier = _tier_rates(pricing, self.service_tier) or pricing
+        long = tier.long_context
+        return long if long is not None and self.prompt_tokens > long.above_input_tokens else tier
+
     def cost(self, pricing: Pricing) -> Decimal:
-        """Exact USD: each kind of token at its price per million."""
-        return (
-            self.input_tokens * pricing.input
-            + (self.cache_write_tokens - self.cache_write_1h_tokens) * pricing.cache_write
-            + self.cache_write_1h_tokens * pricing.cache_write_1h
-            + self.cache_read_tokens * pricing.cache_read
-            + self.output_tokens * pricing.output
-        ) / PER_MILLION
+        """Exact USD: each kind of token at its rate per million, and each server tool's uses at
+        its fee per 1,000."""
+        rates = self.rates(pricing)
+        tokens = (
+            self.input_tokens * rates.input
+            + (self.cache_write_tokens - self.cache_write_1h_tokens) * rates.cache_write
+            + self.cache_write_1h_tokens * rates.cache_write_1h
+            + self.cache_read_tokens * rates.cache_read
+            + self.output_tokens * rates.output
+        )
+        uses = (
+            self.web_search_requests * pricing.web_search_per_1000
+            + self.web_fetch_requests * pricing.web_fetch_per_1000
+        )
+        return tokens / PER_MILLION + uses / PER_THOUSAND
+
+    def unpriced(self, pricing: Pricing) -> tuple[str, ...]:
+        """What the usage said that `pricing` does not price: its unknown fields and values, and
+        a service tier other than standard that the pricing gives no rates for (billed at the
+        standard tier's)."""
+        tier = self.service_tier
+        if tier in ("priority", "batch") and _tier_rates(pricing, tier) is None:
+            return (*self.unknown, f"service_tier={tier!r}")
+        return self.unknown
 
 
 class StreamUsage:
@@ -219,3 +258,43 @@ _TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 
 def _length(text: Any) -> int:
     return len(text) if isinstance(text, str) else 0
+
+
+def _uses(count: Any) -> int:
+    return count if type(count) is int and count > 0 else 0
+
+
+def _tier_rates(pricing: Pricing, tier: str | None) -> TierRates | None:
+    return pricing.priority if tier == "priority" else pricing.batch if tier == "batch" else None
+
+
+# The service tiers Anthropic reports; the pricing gives each its rates.
+_TIERS = frozenset({"standard", "priority", "batch"})
+# Anthropic's usage as the ledger reads it: the counts it prices, the objects whose parts it
+# knows, and the fields whose values it knows (the others may cost more: the US-only region, the
+# fast mode). Anything else is `Usage.unknown`, so that a new price is noticed.
+_COUNTS = frozenset({"input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"})
+_PARTS = {
+    "cache_creation": frozenset({"ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"}),
+    "output_tokens_details": frozenset({"thinking_tokens"}),
+    "server_tool_use": frozenset({"web_search_requests", "web_fetch_requests"}),
+}
+_VALUES = {"service_tier": _TIERS, "speed": frozenset({"standard"}), "inference_geo": frozenset({"global"})}
+
+
+def _unknown(usage: dict[str, Any]) -> tuple[str, ...]:
+    """The fields of `usage` the ledger does not know, and the values it does not know of those
+    it does (a null says nothing, and is passed over)."""
+    found: list[str] = []
+    for name, value in usage.items():
+        if value is None or name in _COUNTS:
+            continue
+        parts, values = _PARTS.get(name), _VALUES.get(name)
+        if parts is not None and isinstance(value, dict):
+            found += [f"{name}.{part}" for part, n in value.items() if n is not None and part not in parts]
+        elif values is not None:
+            if not (isinstance(value, str) and value in values):
+                found.append(f"{name}={value!r}")
+        else:
+            found.append(name)
+    return tuple(found)
