@@ -845,16 +845,18 @@ async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(linked_gateway
     upstream.enqueue(Scenario(blocks=long_text_blocks(), event_delay=0.02, usage={"input_tokens": 10}))
     link.cut()
     status, body = await post_reading_all(gateway, stream)
-    message = "The gateway could not record this request's usage; it is not billed."
+    # The row could not be written because the database is out of reach: the error says so.
+    unavailable = "The gateway's database is unavailable; try again shortly."
     if stream:
         assert status == 200
         events = [e for e in body.decode().split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2].removeprefix("data: "))["error"]
-        assert error == {"message": message, "type": "server_error", "param": None, "code": None}
+        assert error == {"message": unavailable, "type": "server_error", "param": None, "code": None}
     else:
-        assert status == 500
-        assert json.loads(body)["error"] == {"message": message, "type": "server_error", "param": None, "code": None}
+        assert status == 503
+        error = json.loads(body)["error"]
+        assert error == {"message": unavailable, "type": "server_error", "param": None, "code": "store_unavailable"}
     link.restore()
     rows, keys = await read_store(postgres_url)
     assert rows == []
