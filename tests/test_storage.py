@@ -17,8 +17,9 @@ import pytest
 
 from gateway.accounting.ledger import Ledger, LedgerError
 from gateway.config import KeyConfig, parse_config
-from gateway.storage import LedgerRow, open_store, schema
+from gateway.storage import LedgerRow, SessionRecord, open_store, schema
 from gateway.storage.group_commit import ALONE_AFTER
+from gateway.storage.records import ADMIN_TOKEN_SESSION
 from gateway.storage.sqlite import CHECKPOINT_EVERY
 
 UTC = UTC
@@ -964,3 +965,28 @@ async def test_a_key_or_organization_given_a_limit_counts_what_its_requests_unde
         Shortfall("organization", Decimal("0.7")),
         None,
     ]
+
+
+async def test_sessions_are_found_until_they_expire_or_are_deleted_or_their_token_revoked(store_url, opened):
+    store = await opened(store_url)
+    now = datetime.now(UTC)
+    token = await store.create_admin_token("ops", "admin", digest("ezat-admin-ops"))
+
+    def session(name: str, subject: str, ends: datetime) -> SessionRecord:
+        return SessionRecord(digest(name), ADMIN_TOKEN_SESSION, subject, "csrf-" + name, now, ends)
+
+    expired = session("expired", digest("ezat-admin-ops"), now - timedelta(seconds=1))
+    kept = session("kept", digest("ezat-admin-ops"), now + timedelta(hours=8))
+    other = session("other", digest("ezat-admin-other"), now + timedelta(hours=8))
+    signed_out = session("signed-out", digest("ezat-admin-other"), now + timedelta(hours=8))
+    await store.create_session(expired)
+    assert await store.find_session(expired.id_sha256) is None
+    for made in (kept, other, signed_out):
+        await store.create_session(made)  # the expired one is deleted then
+    assert await store.find_session(kept.id_sha256) == kept
+    await store.delete_session(signed_out.id_sha256)
+    assert await store.find_session(signed_out.id_sha256) is None
+    await store.revoke_admin_token(token.id)
+    assert await store.find_session(kept.id_sha256) is None  # revoking its token ended it
+    assert await store.find_session(other.id_sha256) == other  # another token's stays
+    assert await query(store_url, "SELECT id_sha256 FROM sessions") == [(other.id_sha256,)]

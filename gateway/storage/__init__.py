@@ -1,5 +1,5 @@
-"""Keys, the usage ledger, stored responses, admin tokens, the audit log and alerts, in SQLite (one
-process or machine) or PostgreSQL (replicas)."""
+"""Keys, the usage ledger, stored responses, admin tokens and the console's sessions, the audit
+log and alerts, in SQLite (one process or machine) or PostgreSQL (replicas)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    SessionRecord,
     Shortfall,
     StoredResponse,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
+    "SessionRecord",
     "Shortfall",
     "Store",
     "StoredResponse",
@@ -116,7 +118,16 @@ class Store(Protocol):
     async def list_admin_tokens(self) -> list[AdminTokenRecord]: ...
 
     async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
-        """None when there is no such token; one revoked already is returned as it is."""
+        """None when there is no such token; one revoked already is returned as it is. Its
+        sessions are deleted in the same transaction."""
+
+    async def create_session(self, session: SessionRecord) -> None:
+        """Keep a console session; the expired ones are deleted in the same transaction."""
+
+    async def find_session(self, id_sha256: str) -> SessionRecord | None:
+        """The session whose id has that digest, unless it has expired."""
+
+    async def delete_session(self, id_sha256: str) -> None: ...
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         """The newest `limit` entries, newest first; `before`: only entries with a smaller id."""

@@ -24,6 +24,7 @@ import orjson
 from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
+    ADMIN_TOKEN_SESSION,
     AdminTokenRecord,
     Alert,
     AlertDelivery,
@@ -33,6 +34,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    SessionRecord,
     Shortfall,
     StoredResponse,
     admin_token_view,
@@ -50,6 +52,7 @@ from gateway.storage.schema import (
     ORGANIZATION_COLUMNS,
     POSTGRES,
     RESPONSE_COLUMNS,
+    SESSION_COLUMNS,
     SWEEP_BATCH,
     ledger_page_query,
 )
@@ -358,9 +361,34 @@ class PostgresStore:
                     token_id,
                 )
             )
+            await db.execute(
+                "DELETE FROM sessions WHERE kind = $1 AND subject = $2", ADMIN_TOKEN_SESSION, row["token_sha256"]
+            )
             before = admin_token_view(_admin_token(row))
             await _audit(db, audit, f"admin_token:{token_id}", before, admin_token_view(revoked))
             return revoked
+
+    # --- the console's sessions
+
+    @property
+    def _opened(self) -> asyncpg.Pool:
+        """The pool, which open() made."""
+        assert self._pool is not None, "the store is not open"
+        return self._pool
+
+    async def create_session(self, session: SessionRecord) -> None:
+        async with self._opened.acquire() as db, db.transaction():
+            await db.execute("DELETE FROM sessions WHERE expires_at <= now()")
+            await db.execute(f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)", *session)
+
+    async def find_session(self, id_sha256: str) -> SessionRecord | None:
+        row = await self._opened.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id_sha256 = $1 AND expires_at > now()", id_sha256
+        )
+        return None if row is None else SessionRecord(*row[:4], *(moment.astimezone(UTC) for moment in row[4:]))
+
+    async def delete_session(self, id_sha256: str) -> None:
+        await self._opened.execute("DELETE FROM sessions WHERE id_sha256 = $1", id_sha256)
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         rows = await self._pool.fetch(

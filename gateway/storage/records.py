@@ -12,6 +12,7 @@ import orjson
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 
 __all__ = [
+    "ADMIN_TOKEN_SESSION",
     "AdminTokenRecord",
     "Alert",
     "AlertDelivery",
@@ -21,6 +22,7 @@ __all__ = [
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
+    "SessionRecord",
     "Shortfall",
     "StoredResponse",
     "admin_token_view",
@@ -65,6 +67,23 @@ class AdminTokenRecord(NamedTuple):
     token_sha256: str
     created_at: datetime
     revoked_at: datetime | None
+
+
+# What a session is for: an admin token's holder, its subject the token's digest (a person signed
+# in through an identity provider will be another kind, with their own subject).
+ADMIN_TOKEN_SESSION = "admin_token"
+
+
+class SessionRecord(NamedTuple):
+    """A console session: who it is for, the CSRF token of its forms, and when it ends. Its id is
+    the cookie's value; only the id's SHA-256 digest is kept."""
+
+    id_sha256: str
+    kind: str  # ADMIN_TOKEN_SESSION
+    subject: str  # who, as `kind` names them: for an admin token, its digest
+    csrf: str
+    created_at: datetime
+    expires_at: datetime
 
 
 class AuditNote(NamedTuple):

@@ -158,6 +158,20 @@ SQLITE = [
     );
     CREATE INDEX alerts_due ON alerts (next_attempt_at) WHERE delivered_at IS NULL AND given_up_at IS NULL
     """,
+    # The console's sessions (SessionRecord): the digest of each one's id, never the id, and who
+    # it is for, found by that to end its sessions when an admin token is revoked.
+    """
+    CREATE TABLE sessions (
+        id_sha256  TEXT NOT NULL PRIMARY KEY,
+        kind       TEXT NOT NULL,
+        subject    TEXT NOT NULL,
+        csrf       TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX sessions_by_subject ON sessions (kind, subject);
+    CREATE INDEX sessions_by_expiry ON sessions (expires_at)
+    """,
 ]
 
 POSTGRES = [
@@ -293,6 +307,18 @@ POSTGRES = [
     );
     CREATE INDEX alerts_due ON alerts (next_attempt_at) WHERE delivered_at IS NULL AND given_up_at IS NULL;
     """,
+    """
+    CREATE TABLE sessions (
+        id_sha256  TEXT PRIMARY KEY,
+        kind       TEXT NOT NULL,
+        subject    TEXT NOT NULL,
+        csrf       TEXT NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    CREATE INDEX sessions_by_subject ON sessions (kind, subject);
+    CREATE INDEX sessions_by_expiry ON sessions (expires_at);
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -322,9 +348,10 @@ ORGANIZATION_COLUMNS = (
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
-# The admin tokens', the audit log's and the responses' columns, in the order both stores read them.
+# The admin tokens', the audit log's, the sessions' and the responses' columns, in the order both stores read them.
 ADMIN_TOKEN_COLUMNS = "id, name, role, token_sha256, created_at, revoked_at"
 AUDIT_COLUMNS = "id, at, actor, action, target, before, after"
+SESSION_COLUMNS = "id_sha256, kind, subject, csrf, created_at, expires_at"
 RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
 # Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
 # which other writers interleave with.

@@ -47,6 +47,7 @@ from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
+    ADMIN_TOKEN_SESSION,
     AdminTokenRecord,
     Alert,
     AlertDelivery,
@@ -56,6 +57,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    SessionRecord,
     Shortfall,
     StoredResponse,
     admin_token_view,
@@ -73,6 +75,7 @@ from gateway.storage.schema import (
     LEDGER_FIELDS,
     ORGANIZATION_COLUMNS,
     RESPONSE_COLUMNS,
+    SESSION_COLUMNS,
     SQLITE,
     SWEEP_BATCH,
     ledger_page_query,
@@ -307,6 +310,23 @@ class SQLiteStore:
 
     async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
         return await self._writer.call(_transaction, _revoke_admin_token, token_id, _text(datetime.now(UTC)), audit)
+
+    # --- the console's sessions
+
+    async def create_session(self, session: SessionRecord) -> None:
+        values = (*session[:4], _text(session.created_at), _text(session.expires_at))
+        await self._writer.call(_transaction, _insert_session, values, _text(datetime.now(UTC)))
+
+    async def find_session(self, id_sha256: str) -> SessionRecord | None:
+        rows = await self._reader.call(
+            _fetch_all,
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id_sha256 = ? AND expires_at > ?",
+            (id_sha256, _text(datetime.now(UTC))),
+        )
+        return SessionRecord(*rows[0][:4], *map(_time, rows[0][4:])) if rows else None
+
+    async def delete_session(self, id_sha256: str) -> None:
+        await self._writer.call(_transaction, _execute, "DELETE FROM sessions WHERE id_sha256 = ?", (id_sha256,))
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         rows = await self._reader.call(
@@ -684,9 +704,15 @@ def _revoke_admin_token(
     if row is None or row[-1] is not None:
         return None if row is None else _admin_token(row)
     db.execute("UPDATE admin_tokens SET revoked_at = ? WHERE id = ?", (now, token_id))
+    db.execute("DELETE FROM sessions WHERE kind = ? AND subject = ?", (ADMIN_TOKEN_SESSION, row[3]))
     revoked = _admin_token(db.execute(query, (token_id,)).fetchone())
     _audit(db, audit, f"admin_token:{token_id}", admin_token_view(_admin_token(row)), admin_token_view(revoked))
     return revoked
+
+
+def _insert_session(db: sqlite3.Connection, values: tuple, now: str) -> None:
+    db.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+    db.execute(f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", values)
 
 
 def _audit(
