@@ -5,8 +5,9 @@ On only when the config has an `[admin]` table. Its routes are not the API's: no
 no billing. A request is authenticated by an admin token (`Authorization: Bearer …`), never by a
 gateway key: the config's tokens by digest, compared in constant time, and the store's, looked up
 by digest on every request (so a revoked token is refused from its next request on). A `viewer`
-reads; an `admin` also writes. Failed attempts are counted per client address, and past
-`failed_attempts_per_minute` every request from it gets 429 for the rest of the minute.
+reads; an `admin` also writes. Failed attempts are counted per client address, with the
+console's: past `failed_attempts_per_minute`, a wrong token from it gets 429 for the rest of the
+minute, and the right one is still accepted.
 
 Every change goes through gateway/admin/changes.py, as the CLI's do, which audits it. Tokens are
 looked up by gateway/admin/tokens.py (as the console's are), and bodies and query parameters read
@@ -27,7 +28,7 @@ from gateway.accounting.usage import usage_csv, usage_for
 from gateway.admin import changes, parsing
 from gateway.admin.changes import AdminError
 from gateway.admin.openapi import OPENAPI
-from gateway.admin.tokens import AdminTokens, FailedAttempts, Holder
+from gateway.admin.tokens import AdminTokens, Holder, Refused, admin_tokens
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
@@ -39,32 +40,28 @@ PREFIX = "/admin/v1"
 
 
 class AdminAuth:
-    """Who a request is, by its admin token; failed attempts counted per client address."""
+    """Who a request is, by its admin token (gateway/admin/tokens.py counts the failures)."""
 
-    def __init__(self, config: AdminConfig, store: Store) -> None:
-        self._tokens = AdminTokens(config, store)
-        self._failures = FailedAttempts(config.failed_attempts_per_minute)
+    def __init__(self, tokens: AdminTokens) -> None:
+        self._tokens = tokens
 
     async def caller(self, request: web.Request) -> Holder:
-        address = request.remote or ""
-        wait = self._failures.wait(address)
-        if wait:
+        token = presented_key(request)
+        if token is None:  # guesses nothing, so counts as no failure
+            raise _error(
+                401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
+            )
+        found = await self._tokens.check(token, request.remote or "")
+        if not isinstance(found, Refused):
+            return found
+        if found.wait:
             raise _error(
                 429,
-                f"Too many failed admin sign-ins from this address: try again in {wait} s.",
+                f"Too many failed admin sign-ins from this address: try again in {found.wait} s.",
                 "rate_limit_error",
-                headers={"retry-after": str(wait)},
+                headers={"retry-after": str(found.wait)},
             )
-        token = presented_key(request)
-        found = None if token is None else await self._tokens.holder(changes.digest(token))
-        if found is None:
-            self._failures.failed(address)
-            if token is None:
-                raise _error(
-                    401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
-                )
-            raise _error(401, "Invalid admin token (gateway keys are not admin tokens).", "authentication_error")
-        return found
+        raise _error(401, "Invalid admin token (gateway keys are not admin tokens).", "authentication_error")
 
 
 def _error(status: int, message: str, type: str, *, headers: dict[str, str] | None = None) -> GatewayError:
@@ -82,7 +79,7 @@ def add_admin_routes(
     """The admin API's routes on `app`. `forget_key(digest)` drops a key from the auth stage's
     cache once it is revoked or rotated, so that this process refuses it at once; `now` is the
     gateway's idea of now, for a key's budget period."""
-    auth = AdminAuth(config, store)
+    auth = AdminAuth(admin_tokens(app, config, store))
     handlers = AdminHandlers(store, forget_key or (lambda digest: None), now)
 
     def guarded(handler, *, writes: bool):

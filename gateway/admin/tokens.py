@@ -1,7 +1,10 @@
 """Who an admin token is, for the admin API and the console alike: a token declared in the
 config by its digest (every one compared, in constant time), else one the CLI made and the store
-keeps, unless it is revoked. And the failed attempts each client address has made, which both
-limit to `[admin] failed_attempts_per_minute`."""
+keeps, unless it is revoked. And the failed attempts each client address has made, one count per
+process for both, limited to `[admin] failed_attempts_per_minute`: past it, an address's wrong
+tokens are refused without being counted, while a valid token is always accepted. (A guess at a
+256-bit token is hopeless; what the limit must not allow is anyone, even a web page sending
+requests from a browser behind the same proxy, locking the right token out.)"""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import NamedTuple
 
+from aiohttp import web
+
+from gateway.admin import changes
 from gateway.config import AdminConfig
 from gateway.storage import Store
 
@@ -23,10 +29,29 @@ class Holder(NamedTuple):
     role: str
 
 
+class Refused(NamedTuple):
+    """A token that is not a valid admin token, and the seconds its address must wait before its
+    failures count again (0: none; the token was wrong)."""
+
+    wait: int
+
+
 class AdminTokens:
     def __init__(self, config: AdminConfig, store: Store) -> None:
         self._declared = [(bytes.fromhex(t.token_sha256), Holder(t.name, t.role)) for t in config.tokens]
         self._store = store
+        self._failures = FailedAttempts(config.failed_attempts_per_minute)
+
+    async def check(self, token: str, address: str) -> Holder | Refused:
+        """The holder of `token`, however many failures `address` has made; else Refused, the
+        failure counted unless the address is waiting already."""
+        wait = self._failures.wait(address)
+        holder = await self.holder(changes.digest(token))
+        if holder is not None:
+            return holder
+        if not wait:
+            self._failures.failed(address)
+        return Refused(wait)
 
     async def holder(self, token_sha256: str) -> Holder | None:
         """The holder of the admin token with that digest (64 hex digits), if it is one and is
@@ -74,3 +99,14 @@ class FailedAttempts:
         self._failures[address] = failures  # the newest last
         while len(self._failures) > self.TRACKED:
             self._failures.popitem(last=False)
+
+
+ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
+
+
+def admin_tokens(app: web.Application, config: AdminConfig, store: Store) -> AdminTokens:
+    """The app's AdminTokens, made on first use, so that the admin API and the console count
+    failures together."""
+    if ADMIN_TOKENS not in app:
+        app[ADMIN_TOKENS] = AdminTokens(config, store)
+    return app[ADMIN_TOKENS]
