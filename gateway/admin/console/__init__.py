@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.admin.console.actions import Actions, forbidden, see_other
+from gateway.admin.console.actions import Actions, forbidden, read_form, see_other, unreadable_form
 from gateway.admin.console.headers import console_headers, is_console
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
@@ -55,7 +55,9 @@ def add_console_routes(
             admin = await sessions.admin(request)
             if admin is None:
                 return forbidden("Sign in first: your session has ended or was never there.")
-            form = await request.post()
+            form = await read_form(request)
+            if form is None:
+                return unreadable_form()
             if not csrf_holds(admin.csrf, str(form.get("csrf", ""))):
                 return forbidden("The form did not come from this console's session: open the page again.")
             if writes and not admin.writes:

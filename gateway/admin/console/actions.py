@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.web_request import FileField
+from multidict import MultiDictProxy
 
 from gateway.admin import changes
 from gateway.admin.changes import AdminError
@@ -57,7 +59,9 @@ class Actions:
         return response
 
     async def sign_in(self, request: web.Request) -> web.Response:
-        form = await request.post()
+        form = await read_form(request)
+        if form is None:
+            return unreadable_form()
         if not self.sessions.sign_in_csrf_holds(request, str(form.get("csrf", ""))):
             return forbidden("The form has expired or did not come from this console: open the sign-in page again.")
         address = request.remote or ""
@@ -193,6 +197,24 @@ def _secret_notice(said: str, secret: str) -> str:
         f'<div class="notice"><p>{text(said)} Its secret is shown only this once: copy it now.</p>'
         f'<p><code class="secret" id="secret">{text(secret)}</code></p></div>'
     )
+
+
+async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | FileField] | None:
+    """The request's form, urlencoded or multipart; None if it cannot be read (a charset unknown,
+    bytes that are not in it, a multipart body without its boundary or with a part's encoding
+    unknown). aiohttp's parsers raise many kinds of exception for those, some quoting the body,
+    so each is answered alike and none logged."""
+    try:
+        return await request.post()
+    except web.HTTPException:  # 413 past the size limit, 400 for too many fields: answers already
+        raise
+    except Exception:
+        return None
+
+
+def unreadable_form() -> web.Response:
+    """The answer to a form read_form could not read: it quotes nothing of it."""
+    return html(page("Bad request", "<h1>Bad request</h1><p>The form could not be read.</p>"), status=400)
 
 
 def forbidden(message: str) -> web.Response:
