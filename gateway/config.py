@@ -381,7 +381,7 @@ class KeyConfig:
 
 
 ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads
-SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's session cookies (gateway/admin/console/)
+SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's sign-in form cookie (gateway/admin/console/)
 _session_key = _rule(
     lambda v: v == "" or reasoning_key_bytes(v) is not None,
     "expected 32 bytes as base64 (openssl rand -base64 32) or as 64 hex digits (openssl rand -hex 32)",
@@ -403,11 +403,12 @@ class AdminConfig:
     """The admin API (/admin/v1/…): on when the file has an [admin] table."""
 
     tokens: tuple[AdminTokenConfig, ...] = ()
-    # Failed sign-ins one client address may make in a minute, per process; past them, 429.
+    # Wrong admin tokens one client address may send in a minute, per process; past them, 429
+    # for a wrong one (a valid token is always accepted).
     failed_attempts_per_minute: int = _field(10, check=_positive)
-    # Signs the console's session cookies: 32 bytes, as base64 or hex, the same on every replica.
-    # Empty: a random key for this process (its workers get it with the config), which no other
-    # replica, nor this one restarted, has: their sessions end there (docs/admin.md).
+    # Signs the console's sign-in form cookie: 32 bytes, as base64 or hex, the same on every
+    # replica. Empty: a random key for this process (its workers get it with the config), which no
+    # other replica, nor this one restarted, has: a form served there is refused (docs/admin.md).
     session_key: str = _field("", check=_session_key, shown=False)
 
     def __post_init__(self) -> None:
@@ -419,7 +420,7 @@ class AdminConfig:
 
     @property
     def session_signing_key(self) -> bytes:
-        """The HMAC-SHA256 key of the console's session cookies: session_key's, else this process's own."""
+        """The HMAC-SHA256 key of the console's sign-in form cookie: session_key's, else this process's own."""
         return self._session_signing_key
 
 

@@ -18,6 +18,7 @@ from gateway.admin.console.headers import console_headers, is_console
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Sessions, csrf_holds
+from gateway.admin.tokens import admin_tokens
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import Store
@@ -37,7 +38,7 @@ def add_console_routes(
     """The console's routes on `app`, and its headers on every answer under /console.
     `forget_key(digest)` drops a key revoked or rotated from the auth stage's cache; `now` is the
     gateway's idea of now, for the plots' days."""
-    sessions = Sessions(config, store)
+    sessions = Sessions(admin_tokens(app, config, store), config, store)
     pages = Pages(store, now)
     actions = Actions(sessions, pages, forget_key or (lambda digest: None))
 

@@ -16,6 +16,7 @@ from gateway.admin.changes import AdminError
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Admin, Sessions
+from gateway.admin.tokens import Refused
 from gateway.config import usd
 from middlewares.core.periods import PERIODS
 
@@ -64,22 +65,23 @@ class Actions:
             return unreadable_form()
         if not self.sessions.sign_in_csrf_holds(request, str(form.get("csrf", ""))):
             return forbidden("The form has expired or did not come from this console: open the sign-in page again.")
-        address = request.remote or ""
-        if wait := self.sessions.failures.wait(address):
+        token = str(form.get("token", "")).strip()
+        found = await self.sessions.tokens.check(token, request.remote or "")
+        if isinstance(found, Refused) and found.wait:
             response = self._sign_in_page(
-                request, error=f"Too many failed sign-ins from this address: try again in {wait} s.", status=429
+                request, error=f"Too many failed sign-ins from this address: try again in {found.wait} s.", status=429
             )
-            response.headers["Retry-After"] = str(wait)
+            response.headers["Retry-After"] = str(found.wait)
             return response
-        response = see_other("/console")
-        if await self.sessions.sign_in(request, response, str(form.get("token", "")).strip()) is None:
-            self.sessions.failures.failed(address)
+        if isinstance(found, Refused):
             return self._sign_in_page(request, error="That is not a valid admin token.", status=401)
+        response = see_other("/console")
+        await self.sessions.sign_in(request, response, token)
         return response
 
     async def sign_out(self, request: web.Request, admin: Admin, form) -> web.Response:
         response = see_other("/console/sign-in")
-        self.sessions.sign_out(response)
+        await self.sessions.sign_out(request, response)
         return response
 
     # --- keys
