@@ -1,5 +1,6 @@
 """The size_limit stage: refuses bodies over the limit before reading them, then reads the body
-within a deadline, decodes it (gzip, deflate) and parses the JSON once for every later stage.
+within a deadline, decodes it (gzip, deflate) and parses the JSON once for every later stage,
+refusing a key repeated at its top level.
 
 aiohttp's server decodes gzip and deflate bodies itself unless it runs with
 `auto_decompress=False` (as the gateway does: aiohttp would answer br or zstd with a plain-text
@@ -10,8 +11,10 @@ it decodes what the server left encoded, and caps the decoded size in both cases
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import zlib
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -19,7 +22,7 @@ from aiohttp.typedefs import Handler
 
 from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY, BODY_BYTES, CLIENT_BYTES, ClientBytes
-from middlewares.core.errors import GatewayError, invalid_request
+from middlewares.core.errors import GatewayError, invalid_request, too_deeply_nested
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 
 __all__ = ["ENCODINGS", "size_limit_middleware"]
@@ -36,12 +39,13 @@ def size_limit_middleware(
     `max_bytes` gets 413 `request_too_large`, unread past that point; one whose Content-Encoding
     is not identity, gzip or deflate gets 415, unread; one that does not decode gets 400, and one
     that has not all arrived `body_timeout` seconds after the stage began to read it gets 408 and
-    its connection closed. One that is not a JSON object gets 400. Otherwise the parsed object is
-    `request[BODY]` and its decoded size in bytes `request[BODY_BYTES]`; with
-    `keep_client_bytes`, for a handler that can send them on (the Messages route's), its decoded
-    bytes too, tied to it, `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while
-    nothing has changed the body). Otherwise they are let go once parsed: a body may be large,
-    and a request may run long."""
+    its connection closed. One that is not a JSON object, repeats a key at its top level or nests
+    more than 255 levels deep gets 400. Otherwise the parsed object is `request[BODY]` and its
+    decoded size in bytes `request[BODY_BYTES]`; with `keep_client_bytes`, for a handler that
+    can send them on (the Messages route's), its decoded bytes too, tied to it,
+    `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while nothing has changed the
+    body), when they are exactly what the gateway would write for it (`_as_written`). Otherwise
+    they are let go once parsed: a body may be large, and a request may run long."""
     if not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError("size_limit_middleware: max_bytes must be a positive integer")
     if (
@@ -107,9 +111,10 @@ def size_limit_middleware(
             raise invalid_request(f"The request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise invalid_request("The request body must be a JSON object.")
+        as_written = _as_written(body, raw)
         request[BODY] = body
         request[BODY_BYTES] = len(raw)
-        if keep_client_bytes:
+        if keep_client_bytes and as_written:
             # Held as long as the body is, no longer: the stage that changes the body lets them
             # go, and the proxy with the body once an answer has begun.
             request[CLIENT_BYTES] = ClientBytes(body, raw)
@@ -117,6 +122,26 @@ def size_limit_middleware(
         return await handler(request)
 
     return size_limit
+
+
+def _as_written(body: dict[str, Any], raw: bytes) -> bool:
+    """Whether `raw` is exactly orjson's writing of `body`, parsed from it. Then no object in it
+    repeats a key (the writing would hold the key once, and be shorter), and the upstream reads
+    in them what the gateway read: this is most bodies, since most clients write JSON compactly.
+    Otherwise `raw` is read again, slowly, for a key repeated at its top level, a 400 naming it
+    (where `model` or `max_tokens` would be checked and billed as one value and served as
+    another); and the bytes do not stand for the body, whose own writing is sent instead."""
+    try:
+        if orjson.dumps(body) == raw:
+            return True
+    except orjson.JSONEncodeError:  # orjson reads 1,024 levels but writes only 255
+        raise too_deeply_nested() from None
+    seen: set[str] = set()
+    for key, _ in json.loads(raw, object_pairs_hook=list):  # a C builtin: each object a list of pairs
+        if key in seen:
+            raise invalid_request(f"{key}: appears more than once in the request body; send it once", key)
+        seen.add(key)
+    return False
 
 
 def _encoding(request: web.Request) -> str:

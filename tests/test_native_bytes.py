@@ -1,7 +1,9 @@
-"""The native route sends the upstream the client's own bytes when nothing changed its body (the
-same whitespace, key order and escapes), and a new encoding whenever something did: the model's
-upstream id, a fallback's clamped terms, the gateway's `models` taken out, the automatic cache
-breakpoints, an image URL inlined. What the mock upstream received is read byte for byte.
+"""The native route sends the upstream the client's own bytes when nothing changed its body and
+they are exactly what the gateway would write for it (compact, as most clients write JSON: then
+the upstream can read in them nothing the gateway did not), and a new encoding otherwise: a body
+written another way (spaces, escapes), the model's upstream id, a fallback's clamped terms, the
+gateway's `models` taken out, the automatic cache breakpoints, an image URL inlined. What the
+mock upstream received is read byte for byte.
 
 The tests' gateways are built with `check_client_bytes` (tests/conftest.py): wherever one sends
 the client's bytes, they are proved to still make the body; the last tests show what a stage
@@ -58,6 +60,12 @@ def long_turns(*, marked: bool) -> bytes:
     )
 
 
+def written(raw: bytes) -> bytes:
+    """The request in `raw` as the gateway writes it (and JSON.stringify, serde_json and httpx
+    would): its keys in their order, no spaces, non-ASCII as UTF-8."""
+    return orjson.dumps(orjson.loads(raw))
+
+
 async def send(gateway, raw: bytes, path: str = "/v1/messages", **headers) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as http:
         async with http.post(gateway.url + path, data=raw, headers={**HEADERS, **headers}) as response:
@@ -77,7 +85,7 @@ def same_model_config(upstream_url: str, **model_fields):
 @pytest.mark.parametrize("stream", [False, True], ids=["message", "stream"])
 async def test_an_unchanged_request_arrives_byte_for_byte(start_gateway, upstream, stream):
     gateway = await start_gateway(same_model_config(upstream.url))
-    raw = odd(stream=stream)
+    raw = written(odd(stream=stream))
     status, answer = await send(gateway, raw)
     assert status == 200, answer
     [sent] = upstream.requests
@@ -88,7 +96,7 @@ async def test_an_unchanged_request_arrives_byte_for_byte(start_gateway, upstrea
 async def test_a_claude_code_turn_with_its_own_breakpoints_arrives_byte_for_byte(start_gateway, upstream):
     """Caching is on and the body is long enough, but the client placed its own breakpoint."""
     gateway = await start_gateway(same_model_config(upstream.url))
-    raw = long_turns(marked=True)
+    raw = written(long_turns(marked=True))
     status, answer = await send(gateway, raw, **{"anthropic-beta": "interleaved-thinking-2025-05-14"})
     assert status == 200, answer
     [sent] = upstream.requests
@@ -101,7 +109,7 @@ async def test_every_deployment_tried_gets_the_same_bytes(start_gateway, upstrea
     model = dataclasses.replace(config.models[0], aliases=(UPSTREAM_MODEL,))
     gateway = await start_gateway(dataclasses.replace(config, models=(model, *config.models[1:])))
     upstream.enqueue(Scenario(status=529, error_message="Overloaded"))
-    raw = odd()
+    raw = written(odd())
     status, answer = await send(gateway, raw)
     assert status == 200, answer
     assert [attempt.raw for attempt in upstream.requests] == [raw, raw]
@@ -109,14 +117,43 @@ async def test_every_deployment_tried_gets_the_same_bytes(start_gateway, upstrea
 
 async def test_an_unchanged_count_arrives_byte_for_byte(start_gateway, upstream):
     gateway = await start_gateway(same_model_config(upstream.url))
-    raw = b'{ "messages":[{"role":"user","content":"Caf\\u00e9"}] ,\n "model":"' + UPSTREAM_MODEL.encode() + b'"}'
+    raw = b'{"messages":[{"role":"user","content":"Caf\xc3\xa9"}],"model":"' + UPSTREAM_MODEL.encode() + b'"}'
     status, answer = await send(gateway, raw, "/v1/messages/count_tokens")
     assert status == 200, answer
     [sent] = upstream.requests
     assert sent.path == "/v1/messages/count_tokens" and sent.raw == raw
 
 
-# --- Something changed it: a new encoding, with the change ----------------------------------------
+# --- Something changed it, or it was written another way: a new encoding --------------------------
+
+
+COUNT_WRITTEN_OTHERWISE = (
+    b'{ "messages":[{"role":"user","content":"Caf\\u00e9"}] ,\n "model":"' + UPSTREAM_MODEL.encode() + b'"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "raw"), [("/v1/messages", odd()), ("/v1/messages/count_tokens", COUNT_WRITTEN_OTHERWISE)]
+)
+async def test_a_request_written_otherwise_arrives_as_the_gateway_writes_it(start_gateway, upstream, path, raw):
+    """Spaces, escapes and `\\/` are not how the gateway writes: it cannot tell cheaply that
+    such bytes repeat no key (tests/test_duplicate_keys.py), so they never go upstream."""
+    gateway = await start_gateway(same_model_config(upstream.url))
+    status, answer = await send(gateway, raw, path)
+    assert status == 200, answer
+    [sent] = upstream.requests
+    assert sent.raw == written(raw) != raw
+
+
+async def test_a_request_the_gateway_cannot_write_is_refused_not_sent(start_gateway, upstream):
+    """JSON nested over 255 levels, which orjson reads but cannot write: a 400 before anything
+    else, as on every route, rather than bytes whose repeats nobody checked."""
+    gateway = await start_gateway(same_model_config(upstream.url))
+    raw = written(odd()).replace(b'"user_id":"user-7"', b'"deep":' + b"[" * 300 + b"]" * 300)
+    status, answer = await send(gateway, raw)
+    assert status == 400, answer
+    assert orjson.loads(answer)["error"]["message"] == "The request nests JSON more than 255 levels deep."
+    assert upstream.requests == []
 
 
 async def test_a_model_asked_by_another_name_gets_its_upstream_id(start_gateway, upstream):
@@ -143,7 +180,7 @@ async def test_the_gateways_models_field_is_taken_out(start_gateway, upstream):
 
 async def test_automatic_cache_breakpoints_reach_the_upstream(start_gateway, upstream):
     gateway = await start_gateway(same_model_config(upstream.url))
-    raw = long_turns(marked=False)
+    raw = written(long_turns(marked=False))
     status, answer = await send(gateway, raw)
     assert status == 200, answer
     [sent] = upstream.requests
@@ -246,7 +283,7 @@ async def stage_app(upstream_stage, keep: bool = True) -> tuple[web.AppRunner, s
     ["nothing", "not kept", "in place, said", "in place, unsaid", "replaced", "replaced by an equal dict"],
 )
 async def test_what_a_stage_does_to_the_body_decides_the_bytes(change):
-    raw = b'{"a" : [1, {"b": "\\u00e9"}]}'
+    raw = written(b'{"a" : [1, {"b": "\\u00e9"}]}')
 
     async def changing(request: web.Request, handler):
         body = request[BODY]

@@ -53,8 +53,9 @@ class ClientBytes(NamedTuple):
 
 
 # The body as the client sent it, set by size_limit beside BODY when told to keep it
-# (`keep_client_bytes`), so that a handler can send the client's own bytes on (same whitespace,
-# key order and escapes) rather than encode the body again; read it with `client_bytes(request)`, never directly. The contract, for every stage
+# (`keep_client_bytes`) and the bytes are exactly orjson's writing of BODY (so they repeat no key
+# the upstream could read otherwise), so that a handler can send the client's own bytes on
+# rather than encode the body again; read it with `client_bytes(request)`, never directly. The contract, for every stage
 # here and any other app's middleware: the bytes stand for BODY only while nothing has changed
 # it. A stage that changes BODY's contents in place (adds, removes or replaces anything in it,
 # at any depth) calls `body_changed(request)` before it does. Replacing BODY by another dict
