@@ -257,6 +257,9 @@ def claude_code_request(s: Scenario) -> bytes:
 # The key the bench gateways seal reasoning under (their `[responses] reasoning_key`), so that a
 # Codex turn's `encrypted_content` opens as a real client's would.
 REASONING_KEY = bytes(range(32))
+# Seals open only for the API key they were made for: the bench gateways' one key, the first in a
+# new store.
+BENCH_KEY_ID = 1
 SHELL_LINE = "src/parser/grammar.py:120:    def parse(self, text: str) -> Node:  # one expression, or raises\n"
 
 
@@ -363,7 +366,7 @@ def codex_request(s: Scenario) -> bytes:
             {
                 "type": "reasoning",
                 "summary": [{"type": "summary_text", "text": f"**Reading part {turn}**"}],
-                "encrypted_content": seal(thinking, REASONING_KEY),
+                "encrypted_content": seal(thinking, REASONING_KEY, BENCH_KEY_ID),
             },
             {
                 "type": "function_call",

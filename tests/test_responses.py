@@ -16,6 +16,7 @@ import pytest
 from gateway.config import BoundsConfig, ImagesConfig, ResponsesConfig
 from gateway.mock.upstream import MockUpstream, Scenario
 from tests.support import KEY, MODEL, UPSTREAM_MODEL, make_config, read_store
+from tests.test_admin_api import ADMIN, Admin
 from tests.test_images import PNG, ImageServer
 from tests.test_operations import scrape
 
@@ -403,6 +404,44 @@ async def test_thinking_sent_back_sealed_is_restored_in_place_and_thinking_stays
     await client.responses.create(model=MODEL, input=history, tools=[WEATHER], reasoning={"effort": "high"})
     assert "thinking" not in sent(upstream)
     assert sent(upstream)["messages"][1] == {"role": "assistant", "content": [OSLO]}
+
+
+async def test_sealed_thinking_opens_only_for_the_key_it_was_sealed_for(start_gateway, upstream, tmp_path):
+    """Key B sending back key A's reasoning item cannot have the model read (and repeat) A's
+    thinking: the item is left out and thinking is off. A's own item opens, and still does once
+    A is rotated, since the seal names the key by its id."""
+    config = dataclasses.replace(make_config(upstream.url, f"sqlite:///{tmp_path / 'ezat.db'}"), admin=ADMIN)
+    gateway = await start_gateway(config)
+    admin = Admin(gateway)
+    created = await admin.ok("POST", "/keys", 201, json={"name": "a"})
+
+    async def ask(secret: str, **kwargs):
+        async with gateway.client(api_key=secret, default_headers={"x-ezat-cache": "off"}) as client:
+            return await client.responses.create(model=MODEL, tools=[WEATHER], reasoning={"effort": "high"}, **kwargs)
+
+    def thought_through() -> bool:
+        """Whether the last request went upstream with A's thinking in place, and thinking on."""
+        body = sent(upstream)
+        blocks = body["messages"][1]["content"]
+        assert blocks in ([THOUGHT, OSLO], [OSLO]) and ("thinking" in body) == (blocks == [THOUGHT, OSLO])
+        return blocks == [THOUGHT, OSLO]
+
+    upstream.enqueue(Scenario(blocks=[THOUGHT, OSLO]))
+    reasoning, call = (await ask(created["secret"], input="Weather?", include=[ENCRYPTED])).output
+    history = [
+        {"role": "user", "content": "Weather?"},
+        reasoning.model_dump(exclude_none=True),
+        call.model_dump(),
+        {"type": "function_call_output", "call_id": "toolu_1", "output": "Sunny"},
+    ]
+    await ask(KEY, input=history)  # B, the config file's key
+    assert not thought_through()
+    await ask(created["secret"], input=history)
+    assert thought_through()
+    rotated = await admin.ok("POST", f"/keys/{created['id']}/rotate")
+    assert rotated["id"] == created["id"]
+    await ask(rotated["secret"], input=history)
+    assert thought_through()
 
 
 # --- refusals

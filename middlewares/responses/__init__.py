@@ -61,8 +61,9 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
     conversation by once the body is Anthropic's.
 
     `reasoning_key` (32 bytes) seals the answer's thinking into reasoning items'
-    encrypted_content and opens the ones sent back; without it none are made or opened, and a
-    request that continues a tool call goes without thinking.
+    encrypted_content, for `request[API_KEY]` alone, and opens the ones sent back sealed for it;
+    without it none are made or opened, and a request that continues a tool call goes without
+    thinking.
 
     `store` keeps each answered response (unless the request says `"store": false`) with the
     conversation in Anthropic's format, the answer's blocks last, thinking included; a request's
@@ -73,13 +74,11 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
     every `previous_response_id` and `item_reference` is a 400."""
     if reasoning_key is not None and len(reasoning_key) != KEY_BYTES:
         raise ValueError(f"responses_middleware: reasoning_key must be {KEY_BYTES} bytes")
-    unseal = partial(open_sealed, key=reasoning_key) if reasoning_key is not None else None
-    sealer = partial(seal, key=reasoning_key) if reasoning_key is not None else None
 
-    # The key finds stored responses and owns the ones it makes.
+    # The key finds stored responses and owns the ones it makes, and its reasoning opens for it alone.
     @stage(
         "responses",
-        requires=(BODY, MODEL) if store is None else (BODY, MODEL, API_KEY),
+        requires=(BODY, MODEL) if store is None and reasoning_key is None else (BODY, MODEL, API_KEY),
         provides=(CONVERSATION,),
         reads=(ANSWERED_MODEL,),
     )
@@ -103,6 +102,11 @@ def responses_middleware(*, reasoning_key: bytes | None = None, store: ResponseS
                     break  # the first reference to it is the 400, whatever follows
                 referenced[named] = found
         response_id = "resp_" + request_id(request)
+        unseal = sealer = None
+        if reasoning_key is not None:
+            key_id = request[API_KEY].id
+            unseal = partial(open_sealed, key=reasoning_key, key_id=key_id)
+            sealer = partial(seal, key=reasoning_key, key_id=key_id)
         request[BODY], turn = to_anthropic(
             body,
             asked,

@@ -5,8 +5,10 @@ place, so thinking survives tool calls without the gateway keeping any state.
 
 The blocks are encrypted and authenticated with AES-GCM under a key of the gateway's: the
 client can neither read nor alter them, and a string sealed by another gateway (or under a
-rotated key) does not open. The format: VERSION, then base64url without padding of a random
-96-bit nonce followed by the ciphertext of the blocks' JSON (its tag at the end)."""
+rotated key) does not open. Each seal is bound to the API key that was answered with it (its id,
+which the key's rotation keeps): another key that sends it back cannot have the model read, or
+repeat, thinking that was not its own. The format: VERSION, then base64url without padding of a
+random 96-bit nonce followed by the ciphertext of the blocks' JSON (its tag at the end)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-# Another format gets another prefix; a string without this one is not opened.
-VERSION = "ezat1."
-# Bound into every seal as associated data: a ciphertext made under the same key for another
-# purpose does not open as reasoning, nor reasoning as something else.
-PURPOSE = b"ezat-gateway reasoning blocks v1"
+# Another format gets another prefix; a string without this one is not opened. ezat1. seals
+# were bound to no API key.
+VERSION = "ezat2."
+# Bound into every seal as associated data, with the API key's id: a ciphertext made under the
+# same key for another purpose does not open as reasoning, nor reasoning as something else.
+PURPOSE = b"ezat-gateway reasoning blocks v2"
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12  # GCM's 96-bit nonce, random per seal
 TAG_BYTES = 16
@@ -32,22 +35,24 @@ SEALED_TYPES = frozenset({"thinking", "redacted_thinking"})
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
 
 
-def seal(blocks: list[dict[str, Any]], key: bytes) -> str:
-    """The blocks as one opaque string; each must be a thinking or redacted_thinking block."""
+def seal(blocks: list[dict[str, Any]], key: bytes, key_id: int) -> str:
+    """The blocks as one opaque string, which opens only for the API key `key_id`; each must be
+    a thinking or redacted_thinking block."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"the reasoning key must be {KEY_BYTES} bytes")
     for block in blocks:
         if not isinstance(block, dict) or block.get("type") not in SEALED_TYPES:
             raise ValueError("only thinking and redacted_thinking blocks are sealed")
     nonce = os.urandom(NONCE_BYTES)
-    sealed = AESGCM(key).encrypt(nonce, orjson.dumps(blocks), PURPOSE)
+    sealed = AESGCM(key).encrypt(nonce, orjson.dumps(blocks), associated_data(key_id))
     return VERSION + base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
 
 
-def open_sealed(text: object, key: bytes) -> list[dict[str, Any]] | None:
-    """The blocks `seal` sealed in `text`, or None for anything that does not open under `key`:
-    another gateway's or a rotated key, a string altered or cut, another version, not base64,
-    not a string at all. Never raises: what a client sends back is not trusted."""
+def open_sealed(text: object, key: bytes, key_id: int) -> list[dict[str, Any]] | None:
+    """The blocks `seal` sealed in `text` for the API key `key_id`, or None for anything that
+    does not open under `key` for it: another API key's, another gateway's or a rotated key's, a
+    string altered or cut, another version, not base64, not a string at all. Never raises: what
+    a client sends back is not trusted."""
     if not isinstance(text, str) or not text.startswith(VERSION) or len(key) != KEY_BYTES:
         return None
     encoded = text[len(VERSION) :]
@@ -60,7 +65,7 @@ def open_sealed(text: object, key: bytes) -> list[dict[str, Any]] | None:
     if len(raw) < NONCE_BYTES + TAG_BYTES:
         return None
     try:
-        plain = AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], PURPOSE)
+        plain = AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], associated_data(key_id))
         blocks = orjson.loads(plain)
     except (InvalidTag, orjson.JSONDecodeError):
         return None
@@ -70,3 +75,8 @@ def open_sealed(text: object, key: bytes) -> list[dict[str, Any]] | None:
     ):
         return None
     return blocks
+
+
+def associated_data(key_id: int) -> bytes:
+    """What a seal is bound to besides its key: the purpose, and the API key answered with it."""
+    return PURPOSE + b" for API key " + str(key_id).encode("ascii")
