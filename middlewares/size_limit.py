@@ -22,7 +22,7 @@ from aiohttp.typedefs import Handler
 
 from middlewares.core.chain import Stage, stage
 from middlewares.core.context import BODY, BODY_BYTES, CLIENT_BYTES, ClientBytes
-from middlewares.core.errors import GatewayError, invalid_request, too_deeply_nested
+from middlewares.core.errors import GatewayError, invalid_request
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 
 __all__ = ["ENCODINGS", "size_limit_middleware"]
@@ -39,8 +39,8 @@ def size_limit_middleware(
     `max_bytes` gets 413 `request_too_large`, unread past that point; one whose Content-Encoding
     is not identity, gzip or deflate gets 415, unread; one that does not decode gets 400, and one
     that has not all arrived `body_timeout` seconds after the stage began to read it gets 408 and
-    its connection closed. One that is not a JSON object, repeats a key at its top level or nests
-    more than 255 levels deep gets 400. Otherwise the parsed object is `request[BODY]` and its
+    its connection closed. One that is not a JSON object, or repeats a key at its top level, gets
+    400. Otherwise the parsed object is `request[BODY]` and its
     decoded size in bytes `request[BODY_BYTES]`; with `keep_client_bytes`, for a handler that
     can send them on (the Messages route's), its decoded bytes too, tied to it,
     `request[CLIENT_BYTES]` (`client_bytes(request)` gives them while nothing has changed the
@@ -130,12 +130,15 @@ def _as_written(body: dict[str, Any], raw: bytes) -> bool:
     in them what the gateway read: this is most bodies, since most clients write JSON compactly.
     Otherwise `raw` is read again, slowly, for a key repeated at its top level, a 400 naming it
     (where `model` or `max_tokens` would be checked and billed as one value and served as
-    another); and the bytes do not stand for the body, whose own writing is sent instead."""
+    another); and the bytes do not stand for the body, whose own writing is sent instead. A body
+    nested past the 255 levels orjson writes (it reads 1,024) is not read again, which Python's
+    parser could not do all the way down: its bytes do not stand for it either, and the gateway
+    cannot write it, so it reaches no upstream as it is (a 400 where it would be sent)."""
     try:
         if orjson.dumps(body) == raw:
             return True
-    except orjson.JSONEncodeError:  # orjson reads 1,024 levels but writes only 255
-        raise too_deeply_nested() from None
+    except orjson.JSONEncodeError:
+        return False
     seen: set[str] = set()
     for key, _ in json.loads(raw, object_pairs_hook=list):  # a C builtin: each object a list of pairs
         if key in seen:

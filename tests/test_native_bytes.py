@@ -146,8 +146,8 @@ async def test_a_request_written_otherwise_arrives_as_the_gateway_writes_it(star
 
 
 async def test_a_request_the_gateway_cannot_write_is_refused_not_sent(start_gateway, upstream):
-    """JSON nested over 255 levels, which orjson reads but cannot write: a 400 before anything
-    else, as on every route, rather than bytes whose repeats nobody checked."""
+    """JSON nested over 255 levels, which orjson reads but cannot write: a 400, as on every
+    route, rather than bytes whose repeats nobody checked."""
     gateway = await start_gateway(same_model_config(upstream.url))
     raw = written(odd()).replace(b'"user_id":"user-7"', b'"deep":' + b"[" * 300 + b"]" * 300)
     status, answer = await send(gateway, raw)
