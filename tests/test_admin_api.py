@@ -430,6 +430,17 @@ async def test_amounts_out_of_range_are_400s(admin):
     assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made
 
 
+async def test_an_admin_token_is_read_from_authorization_alone(admin):
+    """x-api-key carries gateway keys, never admin tokens: one sent there is no token at all."""
+    assert_error(
+        await admin.call("GET", "/keys", token=None, headers={"x-api-key": ROOT_TOKEN}),
+        401,
+        "authentication_error",
+        "Missing admin token: send it as `Authorization: Bearer <token>`.",
+    )
+    assert (await admin.ok("GET", "/keys", headers={"x-api-key": "anything"}))["data"]  # the bearer decides
+
+
 async def test_a_budget_period_without_a_spend_limit_is_refused(admin):
     """A period is what a limit counts over: alone it would limit nothing, so it is refused,
     whether the key is made so or an update would leave it so."""

@@ -33,7 +33,7 @@ from gateway.clock import Clock, system
 from gateway.config import AdminConfig
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
-from middlewares.core.credentials import presented_key
+from middlewares.core.credentials import bearer_token
 from middlewares.core.errors import GatewayError
 
 PREFIX = "/admin/v1"
@@ -46,7 +46,7 @@ class AdminAuth:
         self._tokens = tokens
 
     async def caller(self, request: web.Request) -> Holder:
-        token = presented_key(request)
+        token = bearer_token(request)  # never x-api-key: that header is for gateway keys
         if token is None:  # guesses nothing, so counts as no failure
             raise _error(
                 401, "Missing admin token: send it as `Authorization: Bearer <token>`.", "authentication_error"
