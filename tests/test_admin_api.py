@@ -441,6 +441,36 @@ async def test_an_admin_token_is_read_from_authorization_alone(admin):
     assert (await admin.ok("GET", "/keys", headers={"x-api-key": "anything"}))["data"]  # the bearer decides
 
 
+async def test_client_text_in_the_usage_csv_is_text_to_a_spreadsheet(admin, storage_url, tmp_path):
+    """A session's name is the client's text: one a spreadsheet would run as a formula is written
+    with a leading ', by the admin API and the CLI alike; the numbers stay numbers, and JSON
+    keeps the name as it was sent."""
+    sessions = ['=HYPERLINK("http://x")', "-1.5", "@SUM(A1)", "+1", "plain"]
+    for session in sessions:
+        async with admin.gateway.client(api_key=KEY) as client:
+            await client.chat.completions.create(
+                model=MODEL,
+                max_tokens=20,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-ezat-session": session},
+            )
+    _, api, _ = await admin.call("GET", "/usage?group_by=session&format=csv")
+    status, cli = await run_command(
+        "usage", "--by", "session", "--format", "csv", "--storage", storage_url, cwd=tmp_path
+    )
+    assert status == 0, cli
+    for text in (api, cli):
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert sorted(row["session"] for row in rows) == sorted(
+            ['\'=HYPERLINK("http://x")', "'-1.5", "'@SUM(A1)", "'+1", "plain"]
+        )
+        for row in rows:
+            assert int(row["requests"]) == 1 and Decimal(row["cost_usd"]) > 0
+    assert sorted(line["session"] for line in (await admin.ok("GET", "/usage?group_by=session"))["data"]) == sorted(
+        sessions
+    )
+
+
 async def test_a_budget_period_without_a_spend_limit_is_refused(admin):
     """A period is what a limit counts over: alone it would limit nothing, so it is refused,
     whether the key is made so or an update would leave it so."""

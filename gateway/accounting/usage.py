@@ -90,11 +90,22 @@ def usage_json(groups: list[dict[str, Any]]) -> str:
 
 
 def usage_csv(groups: list[dict[str, Any]], by: str) -> str:
+    """The groups as CSV. The group's column is text (a day, or a name a client or an admin
+    chose), written as text; the others are the gateway's numbers, written as they are."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([by, *USAGE_COLUMNS])
-    writer.writerows(group.values() for group in _exact(groups))
+    writer.writerows([_as_text(group[by]), *(group[column] for column in USAGE_COLUMNS)] for group in _exact(groups))
     return out.getvalue()
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _as_text(cell: str | None) -> str | None:
+    """A text cell that a spreadsheet would run as a formula (`=HYPERLINK(…)` as a session's
+    name) with a leading `'`, which makes it text there (OWASP's rule for CSV injection)."""
+    return f"'{cell}" if cell is not None and cell.startswith(FORMULA_STARTS) else cell
 
 
 def _exact(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
