@@ -70,13 +70,18 @@ def usd_problem(amount: Decimal) -> str | None:
     return None
 
 
+# Digits, a point and digits, in ASCII: Decimal() would also read "5_000", "1e3" and other
+# scripts' digits ("١٢"), which no one writing an amount means.
+PLAIN_DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
 def usd(text: str) -> Decimal:
-    """An amount of USD as a person or a script writes it (the CLI, the admin API, the console);
-    ValueError saying what was expected otherwise."""
-    try:
-        amount = Decimal(text.strip())
-    except ArithmeticError:  # decimal.InvalidOperation
-        amount = Decimal("NaN")
+    """An amount of USD as a person or a script writes it (the CLI, the admin API, the console):
+    a plain decimal number; ValueError saying what was expected otherwise."""
+    text = text.strip()
+    if not PLAIN_DECIMAL.fullmatch(text):
+        raise ValueError("expected an amount of USD as a plain decimal number such as 12.50")
+    amount = Decimal(text)
     problem = usd_problem(amount)
     if problem is not None:
         raise ValueError(problem)

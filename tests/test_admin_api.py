@@ -19,6 +19,7 @@ import pytest
 from gateway.admin.api import PREFIX
 from gateway.admin.openapi import OPENAPI
 from gateway.config import AdminConfig, AdminTokenConfig, OrganizationConfig
+from gateway.storage import open_store
 from tests.support import KEY, MODEL, make_config, run_command
 from tests.test_admin_cli import in_database_files
 
@@ -310,8 +311,18 @@ async def test_every_organization_operation_and_its_audit_entry(admin):
         ("GET", "/keys?limit=0", None, 400, "limit: expected a whole number from 1 to 1000"),
         ("GET", "/keys?after=-1", None, 400, "after: expected a whole number"),
         ("GET", "/keys?revoked=maybe", None, 400, "revoked: expected true or false"),
-        ("GET", "/organizations/nowhere", None, 404, "no organization numbered or named 'nowhere'"),
-        ("POST", "/organizations", {"name": ""}, 400, "name: expected a non-empty string"),
+        ("GET", "/organizations/nowhere", None, 404, "no organization named 'nowhere'"),
+        ("GET", "/organizations/999", None, 404, "no organization numbered 999"),
+        ("POST", "/organizations", {"name": ""}, 400, "name: expected 1 to 200 characters, not 0"),
+        ("POST", "/organizations", {"name": "2"}, 400, "name: expected a name that is not digits alone"),
+        ("POST", "/organizations", {"name": "x" * 201}, 400, "name: expected 1 to 200 characters, not 201"),
+        ("POST", "/keys", {"name": "x" * 1_000_000}, 400, "name: expected 1 to 200 characters, not 1000000"),
+        ("POST", "/keys", {"name": "invoice\u202eexe.pdf"}, 400, "name: expected no control or bidirectional"),
+        ("POST", "/keys", {"name": "two\nlines"}, 400, "formatting character, not U+000A"),
+        ("POST", "/keys", {"name": "007"}, 400, "name: expected a name that is not digits alone"),
+        ("POST", "/keys", {"name": "x", "spend_limit_usd": "5_000"}, 400, "spend_limit_usd: expected an amount"),
+        ("POST", "/keys", {"name": "x", "spend_limit_usd": "١٢"}, 400, "as a plain decimal number such as 12.50"),
+        ("POST", "/keys", {"name": "x", "spend_limit_usd": "1e3"}, 400, "as a plain decimal number such as 12.50"),
         ("POST", "/organizations", {"name": "x", "balance_usd": -3}, 400, "balance_usd: expected an amount"),
         ("POST", "/organizations/default/top-up", {}, 400, "amount_usd: required"),
         ("POST", "/organizations/default/top-up", {"amount_usd": 0}, 400, "above 0"),
@@ -417,7 +428,8 @@ async def test_the_openapi_document_describes_every_route_and_no_other(admin):
 
 async def test_amounts_out_of_range_are_400s(admin):
     for value, problem in (
-        ("1e999999999", "expected an amount of USD from 0 to 1,000,000,000,000"),
+        ("1e999999999", "expected an amount of USD as a plain decimal number such as 12.50"),
+        (1e13, "expected an amount of USD from 0 to 1,000,000,000,000"),
         (-1, "expected an amount of USD from 0 to 1,000,000,000,000"),
         ("0.0000000001", "expected at most 9 decimal places (billionths of a dollar)"),
     ):
@@ -428,6 +440,51 @@ async def test_amounts_out_of_range_are_400s(admin):
             f"spend_limit_usd: {problem}",
         )
     assert [key["name"] for key in (await admin.ok("GET", "/keys"))["data"]] == ["test"]  # nothing made
+    # A JSON number is a number in any notation; a string is a plain decimal.
+    for value, stored in ((1e-7, "0.000000100"), (2.5e3, "2500.000000000"), ("12.50", "12.500000000")):
+        made = await admin.ok("POST", "/keys", 201, json={"name": "fine", "spend_limit_usd": value})
+        assert made["spend_limit_usd"] == stored, value
+
+
+async def test_a_top_up_may_not_take_a_balance_past_the_most_a_balance_may_be(admin):
+    most = 10**12
+    made = await admin.ok("POST", "/organizations", 201, json={"name": "rich", "balance_usd": most - 1})
+    assert_error(
+        await admin.call("POST", f"/organizations/{made['id']}/top-up", json={"amount_usd": "1.5"}),
+        400,
+        "invalid_request_error",
+        "amount_usd: the balance would be 1,000,000,000,000.5, past the most a balance may be "
+        "(1,000,000,000,000): add at most 1",
+    )
+    assert (await admin.ok("GET", f"/organizations/{made['id']}"))["balance_usd"] == f"{most - 1}.000000000"
+    topped = await admin.ok("POST", f"/organizations/{made['id']}/top-up", json={"amount_usd": 1})
+    assert topped["balance_usd"] == f"{most}.000000000"
+    assert [e["action"] for e in (await admin.ok("GET", "/audit"))["data"]] == [
+        "organization.top_up",
+        "organization.create",
+    ]
+
+
+async def test_a_path_of_digits_is_an_id_and_a_name_is_never_digits(admin, storage_url):
+    """An organization's path takes its id or its name; a name of digits alone is refused, so the
+    two never meet. One an older version stored is reached by its id, and its name is not read."""
+    default = (await admin.ok("GET", "/organizations/default"))["id"]
+    assert_error(
+        await admin.call("POST", "/organizations", json={"name": str(default)}),
+        400,
+        "invalid_request_error",
+        "name: expected a name that is not digits alone (digits are an id)",
+    )
+    store = open_store(storage_url)  # as an older version wrote it: straight into the store
+    await store.open()
+    try:
+        digits = await store.create_organization(str(default))
+    finally:
+        await store.close()
+    suspended = await admin.ok("POST", f"/organizations/{default}/suspend")
+    assert (suspended["id"], suspended["name"]) == (default, "default")
+    assert (await admin.ok("GET", f"/organizations/{digits.id}"))["suspended"] is False
+    assert (await admin.ok("POST", f"/organizations/{digits.id}/suspend"))["name"] == str(default)
 
 
 async def test_an_admin_token_is_read_from_authorization_alone(admin):

@@ -21,6 +21,7 @@ import pytest
 from gateway.accounting.usage import USAGE_COLUMNS
 from gateway.config import StorageConfig, load_config
 from gateway.mock.upstream import Scenario
+from gateway.storage import open_store
 from tests.support import MODEL, UPSTREAM_KEY, UPSTREAM_MODEL, read_store, run_command
 
 CONFIG_KEY = "sk-config-key-for-cfg"
@@ -213,14 +214,46 @@ async def test_keys_create_list_update_revoke(backend, start_gateway, upstream, 
 @pytest.mark.parametrize(
     "option, value, expected",
     [
-        ("--spend-limit", "abc", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not 'abc'"),
+        (
+            "--spend-limit",
+            "abc",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not 'abc'",
+        ),
         ("--spend-limit", "-1", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not '-1'"),
-        ("--spend-limit", "NaN", "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not 'NaN'"),
+        (
+            "--spend-limit",
+            "NaN",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not 'NaN'",
+        ),
         (
             "--spend-limit",
             "1e999999",
-            "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not '1e999999'",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not '1e999999'",
         ),
+        (
+            "--spend-limit",
+            "5_000",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not '5_000'",
+        ),
+        (
+            "--spend-limit",
+            "١٢",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not '١٢'",
+        ),
+        (
+            "--spend-limit",
+            "1e3",
+            "expected an amount of USD as a plain decimal number such as 12.50, or \"none\", not '1e3'",
+        ),
+        (
+            "--spend-limit",
+            "1000000000001",
+            "expected an amount of USD from 0 to 1,000,000,000,000, or \"none\", not '1000000000001'",
+        ),
+        ("--name", "x" * 201, "expected 1 to 200 characters, not 201"),
+        ("--name", "invoice\u202eexe.pdf", "expected no control or bidirectional formatting character, not U+202E"),
+        ("--name", "two\nlines", "expected no control or bidirectional formatting character, not U+000A"),
+        ("--name", "42", "expected a name that is not digits alone (digits are an id)"),
         (
             "--spend-limit",
             "0.0000000001",
@@ -303,30 +336,45 @@ async def test_a_key_from_the_config_file_is_changed_there_not_by_the_cli(backen
 
 async def test_usage_of_an_unknown_key_or_since_never_is_said_plainly(backend):
     await create_ci_key(backend)  # a database with a key, not the one asked for
-    assert await ezat(backend, "usage", "--key", "nobody") == (1, "no key named or numbered 'nobody'\n")
+    assert await ezat(backend, "usage", "--key", "nobody") == (1, "no key named 'nobody'\n")
     status, output = await ezat(backend, "usage", "--since", "never")
     assert status == 2
     assert "argument --since: expected an ISO datetime such as 2030-01-31T12:00, not 'never'" in output
 
 
-@pytest.mark.parametrize("key", ["nobody", "424242", "99999999999999999999", "²"])
-async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key):
+@pytest.mark.parametrize(
+    "key, said",
+    [
+        ("nobody", "no key named 'nobody'"),
+        ("424242", "no key numbered 424242"),
+        ("99999999999999999999", "no key numbered 99999999999999999999"),
+        ("²", "no key named '²'"),
+    ],
+)
+async def test_an_unknown_key_name_or_number_is_said_plainly(backend, key, said):
     await create_ci_key(backend)  # a database with a key, not the one asked for
     status, output = await ezat(backend, "keys", "revoke", key)
-    assert (status, output) == (1, f"no key named or numbered {key!r}\n")
+    assert (status, output) == (1, f"{said}\n")
 
 
-async def test_a_key_is_found_by_its_name_first_then_its_id_and_a_shared_name_by_neither(backend, start_gateway):
+async def test_a_key_is_found_by_its_id_or_its_name_and_a_shared_name_by_neither(backend, start_gateway):
     _, _, url = backend
     gateway = await serve(start_gateway, backend)  # the config file's key is in the store from here on
-    config_id = str((await stored_keys(url))["cfg"].id)
-    # A key named as the config file's key is numbered: its name finds it, not the other.
-    status, output = await ezat(backend, "keys", "create", "--name", config_id)
+    await create_ci_key(backend)
+    keys = await stored_keys(url)
+    # Digits are an id: a key named so by an older version is reached by its id, never by that name.
+    store = open_store(url)
+    await store.open()
+    try:
+        older = await store.create_key("0" * 64, name=str(keys["ci"].id))
+    finally:
+        await store.close()
+    status, output = await ezat(backend, "keys", "update", str(keys["ci"].id), "--rpm", "5")
     assert status == 0, output
-    status, output = await ezat(backend, "keys", "update", config_id, "--rpm", "5")
+    status, output = await ezat(backend, "keys", "update", str(older.id), "--rpm", "7")
     assert status == 0, output
     keys = await stored_keys(url)
-    assert (keys[config_id].rpm, keys["cfg"].rpm) == (5, None)  # the file's key is untouched
+    assert (keys["ci"].rpm, keys[str(keys["ci"].id)].rpm, keys["cfg"].rpm) == (5, 7, None)
     # Two keys of one name: neither the commands nor usage pick one of them, and usage by key
     # keeps them apart.
     for _ in range(2):

@@ -280,6 +280,24 @@ async def test_signing_out_ends_the_session_on_every_gateway(start_gateway, upst
     assert await in_store(shared_storage_url, lambda store: store.find_session(session)) is None
 
 
+async def test_a_key_made_in_the_console_has_a_name_and_an_amount_as_the_cli_and_api_take_them(gateway, storage_url):
+    """The console's form is held to the rules the CLI and the admin API hold: one function each."""
+    visitor, session_csrf = await signed_in(gateway)
+    for form, said in (
+        ({"name": "x" * 201}, "name: expected 1 to 200 characters, not 201"),
+        (
+            {"name": "invoice\u202eexe.pdf"},
+            "name: expected no control or bidirectional formatting character, not U+202E",
+        ),
+        ({"name": "42"}, "name: expected a name that is not digits alone (digits are an id)"),
+        ({"name": "plain", "spend_limit_usd": "5_000"}, "Spend limit: expected an amount of USD as a plain decimal"),
+        ({"name": "plain", "spend_limit_usd": "١٢"}, "Spend limit: expected an amount of USD as a plain decimal"),
+    ):
+        status, body, _ = await visitor.call("POST", "/console/keys", {**form, "csrf": session_csrf})
+        assert status == 400 and said in html.unescape(body), (form, status, body)
+    assert [key.name for key in await in_store(storage_url, lambda store: store.list_keys())] == ["test"]
+
+
 async def test_a_revoked_token_ends_its_sessions(gateway, storage_url):
     _, token = await in_store(storage_url, lambda store: changes.create_admin_token(store, "cli:test", "ops", "admin"))
     visitor, _ = await signed_in(gateway, token)

@@ -258,7 +258,9 @@ async def test_orgs_and_keys_commands_and_usage_by_org(start_gateway, upstream, 
     status, output = await ezat("orgs", "create", "team")
     assert (status, output) == (1, "an organization named 'team' exists already\n")
     status, output = await ezat("orgs", "create", "")
-    assert status == 2 and "argument name: expected a non-empty string" in output, output
+    assert status == 2 and "argument name: expected 1 to 200 characters, not 0" in output, output
+    status, output = await ezat("orgs", "create", "2")  # digits are an id where a path takes either
+    assert status == 2 and "argument name: expected a name that is not digits alone (digits are an id)" in output
     status, output = await ezat("keys", "create", "--name", "ci", "--org", "team")
     assert status == 0, output
     (secret,) = re.findall(r"sk-ezat-[A-Za-z0-9_-]+", output)
@@ -294,6 +296,19 @@ async def test_orgs_and_keys_commands_and_usage_by_org(start_gateway, upstream, 
         assert "This key's organization `team` has used up its balance of $0" in refused.value.body["message"]
         assert (await ezat("orgs", "update", "team", "--balance", "none"))[0] == 0
         await client.chat.completions.create(model=MODEL, messages=HI)
+
+    # A top-up may not take a balance past the most a balance may be.
+    assert (await ezat("orgs", "update", "team", "--balance", "999999999999"))[0] == 0
+    status, output = await ezat("orgs", "top-up", "team", "--amount", "1.5")
+    assert (status, output) == (
+        1,
+        "amount_usd: the balance would be 1,000,000,000,000.5, past the most a balance may be "
+        "(1,000,000,000,000): add at most 1\n",
+    )
+    status, output = await ezat("orgs", "top-up", "team", "--amount", "1")
+    assert status == 0 and table(output)["team"]["balance_usd"] == "1000000000000.0000", output
+    status, output = await ezat("orgs", "top-up", "team", "--amount", "5_000")
+    assert status == 2 and "expected an amount of USD as a plain decimal number such as 12.50" in output
 
     status, output = await ezat("orgs", "update", "nowhere", "--suspend")
     assert (status, output) == (1, "no organization named 'nowhere'\n")

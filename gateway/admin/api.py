@@ -209,8 +209,8 @@ class AdminHandlers:
         body = await parsing.body(request)
         parsing.known(body, ("name", "balance_usd", "suspended"))
         name = body.get("name")
-        if not isinstance(name, str) or not name:
-            raise changes.Invalid("name: expected a non-empty string")
+        if not isinstance(name, str):
+            raise changes.Invalid("name: required, a string")
         made = await changes.create_organization(
             self.store,
             caller.name,
@@ -265,14 +265,17 @@ class AdminHandlers:
         return _json(_organization(organization, await self.store.organizations_reserved()))
 
     async def _organization(self, request: web.Request) -> OrganizationRecord:
-        """By its id, else by its name."""
+        """By its id (digits), else by its name."""
         ref = request.match_info["id"]
-        organizations = await self.store.list_organizations()
-        found = next((o for o in organizations if str(o.id) == ref), None) or next(
-            (o for o in organizations if o.name == ref), None
-        )
+        if changes.is_id(ref):
+            organization_id = changes.row_id(ref)
+            found = next((o for o in await self.store.list_organizations() if o.id == organization_id), None)
+            if found is None:
+                raise changes.NotFound(f"no organization numbered {ref}")
+            return found
+        found = await self.store.find_organization(ref)
         if found is None:
-            raise changes.NotFound(f"no organization numbered or named {ref!r}")
+            raise changes.NotFound(f"no organization named {ref!r}")
         return found
 
     # --- usage, the ledger and the audit log

@@ -11,9 +11,11 @@ from __future__ import annotations
 import getpass
 import hashlib
 import secrets
+import unicodedata
 from decimal import Decimal
 from typing import Any
 
+from gateway.config import MAX_USD
 from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, Store
 
 KEY_PREFIX = "sk-ezat-"
@@ -47,6 +49,40 @@ class Invalid(AdminError):
     pass
 
 
+MAX_NAME = 200  # characters
+# The characters that reorder the text around them (Unicode's bidirectional formatting
+# characters): a name holding one can show as another name in a table or a page.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and paragraph separators
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a key, an organization or an admin token, or None: the one rule of
+    the CLI, the admin API and the console. A name is shown in tables, pages and logs, so it is
+    short and one line, and reorders nothing; it is given back where an id may stand, so digits
+    alone, which would read as an id, are refused."""
+    if not 0 < len(name) <= MAX_NAME:
+        return f"expected 1 to {MAX_NAME} characters, not {len(name)}"
+    for char in name:
+        if char in BIDI_CONTROLS or unicodedata.category(char) in NOT_TEXT:
+            return f"expected no control or bidirectional formatting character, not U+{ord(char):04X}"
+    if is_id(name):
+        return "expected a name that is not digits alone (digits are an id)"
+    return None
+
+
+def _check_name(name: str) -> None:
+    problem = name_problem(name)
+    if problem is not None:
+        raise Invalid(f"name: {problem}")
+
+
+def is_id(ref: str) -> bool:
+    """Whether `ref`, a thing's name or its id where either may stand, is an id: digits are
+    always one (names may not be digits alone; one an older version stored is reached by id)."""
+    return ref.isascii() and ref.isdigit()
+
+
 def cli_actor() -> str:
     """The audit log's name for the command line's changes: `cli:` and the user running it."""
     try:
@@ -77,6 +113,8 @@ async def create_key(
 ) -> tuple[KeyRecord, str]:
     """A new key with `fields` (KeyRecord's) in `organization` (a name; default: "default"), and
     its secret, which is shown once: only its digest is stored."""
+    if "name" in fields:
+        _check_name(fields["name"])
     _check_budget(fields.get("budget_period"), fields.get("spend_limit_usd"))
     if organization is not None:
         fields["organization_id"] = await _organization_id(store, organization)
@@ -98,6 +136,8 @@ async def update_key(
     """The key with `fields` changed (and moved to `organization`, a name). `ref` is how the
     caller named the key, for the messages."""
     _writable_key(key, ref)
+    if "name" in fields:
+        _check_name(fields["name"])
     if "budget_period" in fields or "spend_limit_usd" in fields:
         _check_budget(
             fields.get("budget_period", key.budget_period), fields.get("spend_limit_usd", key.spend_limit_usd)
@@ -161,8 +201,7 @@ async def _organization_id(store: Store, name: str) -> int:
 async def create_organization(
     store: Store, actor: str, name: str, *, balance_usd: Decimal | None = None, suspended: bool = False
 ) -> OrganizationRecord:
-    if not name:
-        raise Invalid("an organization's name must not be empty")
+    _check_name(name)
     made = await store.create_organization(
         name, balance_usd=balance_usd, suspended=suspended, audit=AuditNote(actor, "organization.create")
     )
@@ -203,6 +242,12 @@ async def top_up_organization(
         raise Conflict(
             f"organization {organization.name!r} has no balance limit to add to: give it a balance_usd first"
         )
+    if organization.balance_usd + amount_usd > MAX_USD:
+        after, room = organization.balance_usd + amount_usd, MAX_USD - organization.balance_usd
+        raise Invalid(
+            f"amount_usd: the balance would be {after.normalize():,f}, past the most a balance may be "
+            f"({MAX_USD:,}): add at most {room.normalize():,f}"
+        )
     changed = await store.top_up_organization(
         organization.name, amount_usd, audit=AuditNote(actor, "organization.top_up")
     )
@@ -223,8 +268,7 @@ def _writable_organization(organization: OrganizationRecord) -> None:
 
 async def create_admin_token(store: Store, actor: str, name: str, role: str) -> tuple[AdminTokenRecord, str]:
     """A new admin token and its secret, shown once (only its digest is stored)."""
-    if not name:
-        raise Invalid("an admin token's name must not be empty")
+    _check_name(name)
     if role not in ROLES:
         raise Invalid(f'role: expected "admin" or "viewer", not {role!r}')
     token = new_admin_token()
@@ -235,10 +279,10 @@ async def create_admin_token(store: Store, actor: str, name: str, role: str) -> 
 
 
 async def revoke_admin_token(store: Store, actor: str, ref: str) -> AdminTokenRecord:
-    """The token named `ref` (or, failing that, numbered so) revoked: the admin API refuses it
+    """The token numbered `ref` (digits), or else named so, revoked: the admin API refuses it
     from its next request on."""
     tokens = await store.list_admin_tokens()
-    found = next((t for t in tokens if t.name == ref), None) or next((t for t in tokens if str(t.id) == ref), None)
+    found = next((t for t in tokens if (t.id == row_id(ref) if is_id(ref) else t.name == ref)), None)
     if found is None:
         raise NotFound(f"no admin token named or numbered {ref!r}")
     revoked = await store.revoke_admin_token(found.id, audit=AuditNote(actor, "admin_token.revoke"))

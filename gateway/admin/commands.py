@@ -30,18 +30,18 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     keys = commands.add_parser("keys", help="create, list, revoke and update API keys")
     actions = keys.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", parents=[storage_options], help="make a new key (shown once)")
-    create.add_argument("--name", required=True)
+    create.add_argument("--name", type=_name, required=True)
     _key_options(create)
     actions.add_parser("list", parents=[storage_options], help="every key, without secrets")
     revoke = actions.add_parser("revoke", parents=[storage_options], help="revoke a key")
-    revoke.add_argument("key", help="the key's name or id")
+    revoke.add_argument("key", help="the key's id (digits) or its name")
     update = actions.add_parser("update", parents=[storage_options], help="change a key's settings")
-    update.add_argument("key", help="the key's name or id")
-    update.add_argument("--name", default=argparse.SUPPRESS)
+    update.add_argument("key", help="the key's id (digits) or its name")
+    update.add_argument("--name", type=_name, default=argparse.SUPPRESS)
     update.add_argument("--unrevoke", action="store_true", help="make a revoked key usable again")
     _key_options(update)
     rotate = actions.add_parser("rotate", parents=[storage_options], help="give a key a new secret (shown once)")
-    rotate.add_argument("key", help="the key's name or id")
+    rotate.add_argument("key", help="the key's id (digits) or its name")
 
     orgs = commands.add_parser("orgs", help="create, list, suspend and update organizations")
     actions = orgs.add_subparsers(dest="action", required=True)
@@ -94,7 +94,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
     create.add_argument("--role", choices=changes.ROLES, required=True, help="viewer reads; admin also writes")
     actions.add_parser("list", parents=[storage_options], help="every admin token, without secrets")
     revoke = actions.add_parser("revoke", parents=[storage_options], help="revoke an admin token")
-    revoke.add_argument("token", help="the token's name or id")
+    revoke.add_argument("token", help="the token's id (digits) or its name")
 
     audit = commands.add_parser("audit", parents=[storage_options], help="who changed what: the audit log")
     audit.add_argument("--limit", type=whole_number(1, 100_000), default=50, help="entries shown (default: 50)")
@@ -152,9 +152,10 @@ def _amount(text: str) -> Decimal:
 
 
 def _name(text: str) -> str:
-    """An argparse type: a non-empty name, as the config file's organizations have."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected a non-empty string")
+    """An argparse type: a key's, an organization's or an admin token's name (changes.name_problem)."""
+    problem = changes.name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
@@ -482,13 +483,15 @@ KEY_COLUMNS = [
 
 
 def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
-    """The key `ref` names on the command line: by its name, else by its id; or why none does
-    (a name that several keys share is refused: their ids tell them apart)."""
+    """The key `ref` names on the command line: by its id (digits), else by its name; or why
+    none does (a name that several keys share is refused: their ids tell them apart)."""
+    if changes.is_id(ref):
+        found = [key for key in keys if key.id == changes.row_id(ref)]
+        return found[0] if found else f"no key numbered {ref}"
     named = [key for key in keys if key.name == ref]
     if len(named) > 1:
         return f"{len(named)} keys are named {ref!r}: name one by its id (keys list shows them)"
-    found = named or [key for key in keys if str(key.id) == ref]
-    return found[0] if found else f"no key named or numbered {ref!r}"
+    return named[0] if named else f"no key named {ref!r}"
 
 
 def _key_row(key: KeyRecord, reserved: dict[int, Decimal], now: datetime) -> list[Any]:

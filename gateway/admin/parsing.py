@@ -87,13 +87,16 @@ def key_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 
 
 def money(value: Any, name: str) -> Decimal | None:
-    """An amount of USD, as a JSON number or a decimal string; null: none."""
+    """An amount of USD, as a JSON number or a plain decimal string; null: none."""
     if value is None:
         return None
     if not isinstance(value, (int, float, str)) or isinstance(value, bool):
         raise changes.Invalid(f"{name}: expected an amount of USD (a number or a string), or null")
+    # A JSON number is a number whatever its notation: written out in plain digits (1e-7 as
+    # 0.0000001), as the string an amount must be.
+    text = value if isinstance(value, str) else f"{Decimal(str(value)):f}"
     try:
-        return usd(str(value))
+        return usd(text)
     except ValueError as problem:
         raise changes.Invalid(f"{name}: {problem}") from None
 
