@@ -8,7 +8,7 @@ READY  := $(VENV)/.ready
 LOCK         := requirements.lock
 RUNTIME_LOCK := requirements-runtime.lock
 
-.PHONY: demo test lint lock clean image deploy-check image-check
+.PHONY: demo test lint lock clean image deploy-check image-check docs-images
 
 # The locked packages, each checked against its hashes, then the project itself, built by the
 # locked backend (hatchling is in the lock): a new lock or pyproject.toml installs again.
@@ -26,6 +26,11 @@ demo: $(READY)
 test: $(READY)
 	@echo "make test: the whole suite takes about 5 minutes on 2 cores (its first run installs the Node.js clients too)"
 	$(BIN)/pytest -q -rs $(PYTEST_ARGS)
+
+# docs/images/console-overview.png, docs/admin.md's picture of the console, made again from demo
+# data with Debian's chromium (/usr/bin/chromium), as the console's browser test uses it.
+docs-images: $(READY)
+	$(BIN)/python docs/images/console_overview.py
 
 # ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree.
 lint: $(READY)
