@@ -2,7 +2,8 @@
 in and for how long, the CSRF token on every POST, what a viewer may not do, the headers on every
 answer, names shown as text; and a real browser (Debian's chromium, driven by Playwright) that
 signs in, reads the overview's plot, creates a key and sees its secret once, revokes it, and finds
-both in the audit log, saving a screenshot of the overview for docs/admin.md."""
+both in the audit log, taking a screenshot of the overview (into a temporary folder: docs/admin.md's
+is made by `make docs-images`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.cookies import SimpleCookie
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -34,7 +34,6 @@ ADMIN = AdminConfig(
     )
 )
 NOW = datetime(2026, 11, 20, 15, 30, tzinfo=UTC)  # the gateway's idea of now here
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "console-overview.png"
 SESSION_COOKIE = "ezat_console_session"
 
 
@@ -473,7 +472,7 @@ async def test_the_audit_log_reads_as_fields(gateway, storage_url):
     assert "name ci-runner" in after and "spend_limit_usd $12.5000" in after and "revoked no" in after
 
 
-async def test_the_console_in_a_browser(gateway, storage_url, chromium):
+async def test_the_console_in_a_browser(gateway, storage_url, chromium, tmp_path):
     from playwright.async_api import async_playwright
 
     # Spend on four days of the last thirty (two requests on one of them), one day whose
@@ -530,8 +529,7 @@ async def test_the_console_in_a_browser(gateway, storage_url, chromium):
             # The stylesheet applies (its hash is in the policy): the bars are its blue.
             assert await bars.first.evaluate("bar => getComputedStyle(bar).fill") == "rgb(62, 111, 216)"
             assert "$4.8000" in await page.locator(".figures").inner_text()  # this month: November's four days
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            await page.screenshot(path=str(SCREENSHOT), full_page=True)
+            await page.screenshot(path=str(tmp_path / "console-overview.png"), full_page=True)
 
             await page.click('header a:has-text("Keys")')
             await page.fill('input[name="name"]', "from-the-browser")
