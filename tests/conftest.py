@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import asyncpg
 import pytest
 import redis.asyncio
 import redis.exceptions
+from yarl import URL
 
 from gateway.app import build_app
 from gateway.config import Config
@@ -96,17 +98,31 @@ async def postgres_url():
 
 
 @pytest.fixture
-async def redis_url():
-    """A Redis URL on a database emptied before and after the test."""
-    client = redis.asyncio.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+async def redis_url(worker_number):
+    """A Redis URL on a database emptied before and after the test: EZAT_TEST_REDIS_URL's under
+    one process, the one N below it on pytest-xdist's worker N, so workers never empty each
+    other's (15, 14, ... with the default)."""
+    database = int(URL(REDIS_URL).path.strip("/") or 0) - worker_number
+    if database < 0:
+        pytest.fail(
+            f"worker {worker_number} would need Redis database {database}: give EZAT_TEST_REDIS_URL a higher one"
+        )
+    url = str(URL(REDIS_URL).with_path(f"/{database}"))
+    client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=3)
     try:
         await client.flushdb()
     except (OSError, redis.exceptions.RedisError) as exc:
         await client.aclose()
         _unavailable("Redis", exc)
-    yield REDIS_URL
+    yield url
     await client.flushdb()
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def worker_number(worker_id) -> int:
+    """pytest-xdist's number for this process (gw3: 3); 0 without -n."""
+    return int(worker_id.removeprefix("gw")) if worker_id.startswith("gw") else 0
 
 
 # --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py,
@@ -175,20 +191,33 @@ def _npm_install(config: pytest.Config, package: str | tuple[str, ...], where: P
         return
     packages = (package,) if isinstance(package, str) else package
     package = " ".join(packages)  # for the messages
-    try:
-        if shutil.which("node") is None or shutil.which("npm") is None:
-            raise FileNotFoundError("node and npm are not both installed")
-        _announce(config, f"installing {package} with npm into {where} (once; later runs reuse it)")
-        subprocess.run(
-            ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", *packages],
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"Node.js and {package} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
-        pytest.skip(f"Node.js with {package} is not available here ({exc!r}); CI runs these tests")
+    with _one_install_at_a_time():
+        if installed.exists():  # another worker installed it while this one waited
+            return
+        try:
+            if shutil.which("node") is None or shutil.which("npm") is None:
+                raise FileNotFoundError("node and npm are not both installed")
+            _announce(config, f"installing {package} with npm into {where} (once; later runs reuse it)")
+            subprocess.run(
+                ["npm", "install", "--prefix", str(where), "--save-exact", "--no-audit", "--no-fund", *packages],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
+                pytest.fail(f"Node.js and {package} are required here (EZAT_REQUIRE_SERVICES=1): {exc!r}")
+            pytest.skip(f"Node.js with {package} is not available here ({exc!r}); CI runs these tests")
+
+
+@contextlib.contextmanager
+def _one_install_at_a_time():
+    """Holds a lock that every run of the tests with this virtualenv shares (each pytest-xdist
+    worker is a process of its own): two npm installs into one folder, or two apt-gets, would
+    break each other, so the second waits for the first and then finds its work done."""
+    with (Path(sys.prefix) / "tests-install.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file lets the lock go
 
 
 def _announce(config: pytest.Config, line: str) -> None:
@@ -197,7 +226,11 @@ def _announce(config: pytest.Config, line: str) -> None:
     capture = config.pluginmanager.get_plugin("capturemanager")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        if reporter is not None:
+        if hasattr(config, "workerinput"):
+            # A pytest-xdist worker: its reporter writes nowhere, its stderr to the terminal, maybe
+            # after some of the progress dots.
+            print(f"\n{line}", file=sys.stderr, flush=True)
+        elif reporter is not None:
             if reporter._tw.width_of_current_line:  # after a run of progress dots (-q), on a line of its own
                 reporter.write("\n")
             reporter.write_line(line)
@@ -222,17 +255,23 @@ def chromium(pytestconfig) -> str:
     """The path of Debian's chromium, installed with apt when it is missing and the tests run as
     root (CI does). Elsewhere, without it, the test skips; in CI (EZAT_REQUIRE_SERVICES=1) it fails."""
     if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
-        _announce(pytestconfig, "installing chromium: apt-get install -y chromium (once)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        try:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-            subprocess.run(
-                ["apt-get", "install", "-y", "-qq", "chromium"], env=env, check=True, capture_output=True, timeout=1200
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            _announce(pytestconfig, f"apt-get install chromium failed: {exc!r}")
+        with _one_install_at_a_time():
+            if not Path(CHROMIUM).exists():  # nor did another worker install it meanwhile
+                _install_chromium(pytestconfig)
     if not Path(CHROMIUM).exists():
         if os.environ.get("EZAT_REQUIRE_SERVICES") == "1":
             pytest.fail(f"chromium is required here (EZAT_REQUIRE_SERVICES=1) but {CHROMIUM} is missing")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium, as root); CI runs this test")
     return CHROMIUM
+
+
+def _install_chromium(config: pytest.Config) -> None:
+    _announce(config, "installing chromium: apt-get install -y chromium (once)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium"], env=env, check=True, capture_output=True, timeout=1200
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        _announce(config, f"apt-get install chromium failed: {exc!r}")
