@@ -48,11 +48,13 @@ def pip_environment() -> dict[str, str]:
 
 def git_status() -> set[str]:
     """What git reports, ignored paths included (a build's build/ or .egg-info would show), less the
-    __pycache__ folders that any Python process importing the code may write meanwhile."""
+    __pycache__ folders that any Python process importing the code may write meanwhile, and
+    hypothesis's .hypothesis/, which the fuzz tests may make meanwhile in another of make test's
+    workers."""
     status = subprocess.run(
         ["git", "status", "--porcelain", "--ignored"], cwd=ROOT, check=True, capture_output=True, text=True, timeout=30
     )
-    return {line for line in status.stdout.splitlines() if not line.endswith("__pycache__/")}
+    return {line for line in status.stdout.splitlines() if not line.endswith(("__pycache__/", " .hypothesis/"))}
 
 
 def test_a_wheel_built_from_the_checkout_installs_a_working_command_and_leaves_nothing_behind(tmp_path):
