@@ -114,8 +114,9 @@ class PostgresStore:
         self.url = url
         self._now = now  # the gateway's clock, for budget periods
         self._pool_size = pool_size
-        self._pool: asyncpg.Pool | None = None
-        self._responses: asyncpg.Pool | None = None  # stored responses' own
+        # Made by open(), None before it and after close(). (asyncpg is untyped: a Pool is Any.)
+        self._pool: asyncpg.Pool = None
+        self._responses: asyncpg.Pool = None  # stored responses' own
         self._next_sweep = 0.0  # time.monotonic() when the expired stored responses are next deleted
         self._response_sweep: asyncio.Task[None] | None = None
 
@@ -202,6 +203,7 @@ class PostgresStore:
                 record.organization_id,
             )
             made = await _key_in(db, key_id)
+            assert made is not None  # this transaction wrote it
             await _audit(db, audit, f"key:{key_id}", None, key_view(made, self._now()))
             return made
 
@@ -225,6 +227,7 @@ class PostgresStore:
             if merged["budget_period"] != found.budget_period:
                 await _restart_period(db, key_id, merged["budget_period"], now)
             changed = await _key_in(db, key_id)
+            assert changed is not None  # this transaction wrote it
             await _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
             return changed
 
@@ -236,6 +239,7 @@ class PostgresStore:
                 return None
             await db.execute("UPDATE keys SET key_sha256 = $2 WHERE id = $1", key_id, key_sha256)
             changed = await _key_in(db, key_id)
+            assert changed is not None  # this transaction wrote it
             await _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
             return changed
 
@@ -275,6 +279,7 @@ class PostgresStore:
             if inserted is None:
                 return None
             made = await _organization_in(db, name)
+            assert made is not None  # this transaction wrote it
             await _audit(db, audit, f"organization:{made.id}", None, organization_view(made))
             return made
 
@@ -300,6 +305,7 @@ class PostgresStore:
                 fields.get("suspended", found.suspended),
             )
             changed = await _organization_in(db, name)
+            assert changed is not None  # this transaction wrote it
             await _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
             return changed
 
@@ -315,6 +321,7 @@ class PostgresStore:
                 "UPDATE organizations SET balance_usd = balance_usd + $2 WHERE id = $1", found.id, amount_usd
             )
             changed = await _organization_in(db, name)
+            assert changed is not None  # this transaction wrote it
             await _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
             return changed
 

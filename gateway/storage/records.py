@@ -200,7 +200,10 @@ class StoredResponse(NamedTuple):
     def documents(self) -> tuple[str, str, str]:
         """The JSON texts the stores keep: the response, its input items, and the conversation."""
         conversation = {"system": self.system, "messages": self.messages}
-        return tuple(orjson.dumps(value).decode() for value in (self.response, self.input_items, conversation))
+        response, input_items, conversation_text = (
+            orjson.dumps(value).decode() for value in (self.response, self.input_items, conversation)
+        )
+        return response, input_items, conversation_text
 
     @classmethod
     def from_documents(

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, overload
 
 import orjson
 
@@ -388,7 +388,8 @@ class SQLiteStore:
         else on the writer thread, which waits its turn (another writer has the file, or, in
         ":memory:", there is no inline connection)."""
         written, result = self._write_inline(work, *args)
-        return result if written else await self._write_waiting(work, *args)
+        # Written inline, result is what `work` returned (None only when it was not written).
+        return cast(T, result) if written else await self._write_waiting(work, *args)
 
     async def _write_waiting(self, work: Callable[..., T], *args: Any) -> T:
         """`work` in a write transaction on the writer thread, which waits its turn."""
@@ -640,6 +641,7 @@ def _insert_organization(
     if not inserted:
         return None
     made = _select_organization(db, name)
+    assert made is not None  # this transaction wrote it
     _audit(db, audit, f"organization:{made.id}", None, organization_view(made))
     return made
 
@@ -658,6 +660,7 @@ def _update_organization(
     )
     reservations.reconcile(db)
     changed = _select_organization(db, name)
+    assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
     return changed
 
@@ -673,6 +676,7 @@ def _top_up_organization(
         "UPDATE organizations SET balance_usd = ? WHERE id = ?", (str(found.balance_usd + Decimal(amount)), found.id)
     )
     changed = _select_organization(db, name)
+    assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"organization:{found.id}", organization_view(found), organization_view(changed))
     return changed
 
@@ -770,6 +774,7 @@ def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None, 
         values,
     )
     made = _select_key(db, "k.key_sha256 = ?", values[0])
+    assert made is not None  # this transaction wrote it
     _audit(db, audit, f"key:{made.id}", None, key_view(made, now))
     return made
 
@@ -790,6 +795,7 @@ def _update_key(
         _restart_period(db, found.id, merged["budget_period"], now)
     reservations.reconcile(db)
     changed = _select_key(db, "k.id = ?", found.id)
+    assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"key:{found.id}", key_view(found, now), key_view(changed, now))
     return changed
 
@@ -816,6 +822,7 @@ def _rotate_key(
         return None
     db.execute("UPDATE keys SET key_sha256 = ? WHERE id = ?", (digest, key_id))
     changed = _select_key(db, "k.id = ?", key_id)
+    assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"key:{key_id}", key_view(found, now), key_view(changed, now))
     return changed
 
@@ -997,6 +1004,10 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
 # --- Values as the file keeps them.
 
 
+@overload
+def _text(moment: datetime) -> str: ...
+@overload
+def _text(moment: None) -> None: ...
 def _text(moment: datetime | None) -> str | None:
     # Fixed-width UTC ISO text ("2026-11-30T05:52:01.123456Z") sorts, and so compares, as time does.
     if moment is None:
@@ -1006,6 +1017,10 @@ def _text(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # less "+00:00"
 
 
+@overload
+def _time(text: str) -> datetime: ...
+@overload
+def _time(text: None) -> None: ...
 def _time(text: str | None) -> datetime | None:
     return None if text is None else datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
@@ -1102,6 +1117,6 @@ def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:
 
 
 def _ledger_row(values: tuple) -> LedgerRow:
-    return LedgerRow(
-        *values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]), values[14], values[15]
+    return LedgerRow._make(
+        (*values[:10], Decimal(values[10]), values[11], _time(values[12]), _time(values[13]), values[14], values[15])
     )

@@ -41,6 +41,7 @@ def hold(
     starts = period_starts(now)
 
     def key_left(hold: Hold) -> Decimal:
+        assert hold.limit is not None  # take() asks only of a hold with a limit
         row = db.execute(
             "SELECT spent_usd, reserved_nano_usd, budget_period, period_start, period_spent_usd FROM keys WHERE id = ?",
             (hold.key_id,),
@@ -53,6 +54,7 @@ def hold(
         return hold.limit - Decimal(spent) - _usd(reserved)
 
     def organization_left(hold: Hold) -> Decimal:
+        assert hold.balance is not None  # take() asks only of a hold with a balance
         row = db.execute(
             "SELECT spent_usd, reserved_nano_usd FROM organizations WHERE id = ?", (hold.organization_id,)
         ).fetchone()
