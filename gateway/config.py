@@ -65,7 +65,9 @@ def usd_problem(amount: Decimal) -> str | None:
     amounts exactly, and reservations count billionths of a dollar."""
     if not amount.is_finite() or not 0 <= amount <= MAX_USD:
         return f"expected an amount of USD from 0 to {MAX_USD:,}"
-    if amount.normalize().as_tuple().exponent < -9:
+    exponent = amount.normalize().as_tuple().exponent
+    assert isinstance(exponent, int)  # an amount that is finite has one (not "n", "N" or "F")
+    if exponent < -9:
         return "expected at most 9 decimal places (billionths of a dollar)"
     return None
 
@@ -94,7 +96,7 @@ _non_empty = _rule(bool, "expected a non-empty string")
 _share = _rule(lambda v: 0 < v <= 1, "expected a share of the limit above 0 and at most 1 (0.8 is 80 %)")
 _some_deployments = _rule(bool, "expected at least one deployment name")
 _effort = _rule(lambda v: v in EFFORTS, f"expected one of {', '.join(EFFORTS)}")
-_sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v), "expected 64 hex characters")
+_sha256_hex = _rule(lambda v: re.fullmatch(r"[0-9a-fA-F]{64}", v) is not None, "expected 64 hex characters")
 
 
 def _port_fits(url: str) -> bool:
@@ -211,16 +213,15 @@ class ResponsesConfig:
     reasoning_key: str = _field("", check=_reasoning_key, shown=False)
 
     def __post_init__(self) -> None:
-        if not self.reasoning_key:
-            key = _PROCESS_REASONING_KEY
-        elif (key := reasoning_key_bytes(self.reasoning_key)) is None:  # a file's is checked before
-            raise ValueError("responses.reasoning_key: " + _reasoning_key(self.reasoning_key))
+        key = reasoning_key_bytes(self.reasoning_key) if self.reasoning_key else _PROCESS_REASONING_KEY
+        if key is None:  # a file's is checked before
+            raise ValueError(f"responses.reasoning_key: {_reasoning_key(self.reasoning_key)}")
         object.__setattr__(self, "_sealing_key", key)  # not a field: no repr, and pickled to the workers
 
     @property
     def sealing_key(self) -> bytes:
         """The AES-256 key reasoning items are sealed with: reasoning_key's, else this process's own."""
-        return self._sealing_key
+        return self._sealing_key  # type: ignore[attr-defined]  # set by __post_init__, not a field
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,8 @@ class Rates:  # USD per million tokens
     output: Decimal = _field(Decimal(0), check=_non_negative)
     cache_write: Decimal = _field(Decimal(0), check=_non_negative)  # a 5-minute cache's
     cache_read: Decimal = _field(Decimal(0), check=_non_negative)
-    cache_write_1h: Decimal | None = _field(None, check=_non_negative)  # a 1-hour cache's; unset: twice input's
+    # A 1-hour cache's. Unset (None), __post_init__ makes it twice input's: a Decimal once made.
+    cache_write_1h: Decimal = _field(None, check=_non_negative)
 
     def __post_init__(self) -> None:
         if self.cache_write_1h is None:  # the upstream's own price for it: 2x the input price
@@ -417,16 +419,15 @@ class AdminConfig:
     session_key: str = _field("", check=_session_key, shown=False)
 
     def __post_init__(self) -> None:
-        if not self.session_key:
-            key = secrets.token_bytes(SESSION_KEY_BYTES)
-        elif (key := reasoning_key_bytes(self.session_key)) is None:  # a file's is checked before
-            raise ValueError("admin.session_key: " + _session_key(self.session_key))
+        key = reasoning_key_bytes(self.session_key) if self.session_key else secrets.token_bytes(SESSION_KEY_BYTES)
+        if key is None:  # a file's is checked before
+            raise ValueError(f"admin.session_key: {_session_key(self.session_key)}")
         object.__setattr__(self, "_session_signing_key", key)  # not a field: no repr, pickled to the workers
 
     @property
     def session_signing_key(self) -> bytes:
         """The HMAC-SHA256 key of the console's sign-in form cookie: session_key's, else this process's own."""
-        return self._session_signing_key
+        return self._session_signing_key  # type: ignore[attr-defined]  # set by __post_init__, not a field
 
 
 @dataclass(frozen=True)
@@ -676,7 +677,7 @@ def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
         return _INVALID
     if type(None) in get_args(kind):  # `X | None`: TOML has no null, so the file gives an X
         kind = next(arg for arg in get_args(kind) if arg is not type(None))
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _build(kind, value, path, problems)
     if get_origin(kind) is tuple:
         item_kind = get_args(kind)[0]
@@ -703,7 +704,7 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = [key for key in raw if key not in fields]
     problems.extend(f"{_join(path, key)}: unknown key" for key in unknown)
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields.values():
         field_path = _join(path, f.name)
         if f.name not in raw:
