@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -95,11 +96,10 @@ class UpstreamClient:
                 aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
             )
         url, fixed, timeout = target
+        sent_headers: list[tuple[str, str]] | dict[str, str] = fixed
         if headers:
             names = {name for name, _ in headers}
-            headers = [*((name, value) for name, value in fixed.items() if name not in names), *headers]
-        else:
-            headers = fixed
+            sent_headers = [*((name, value) for name, value in fixed.items() if name not in names), *headers]
         if query:
             url = url.with_query(query)
         if isinstance(body, bytes):
@@ -122,7 +122,9 @@ class UpstreamClient:
             )
         try:
             # A redirect is an error: followed, it would take the deployment's key and the prompt to another host.
-            response = await self._session.post(url, data=data, headers=headers, timeout=timeout, allow_redirects=False)
+            response = await self._session.post(
+                url, data=data, headers=sent_headers, timeout=timeout, allow_redirects=False
+            )
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
             raise UpstreamUnreachable("Could not reach the upstream.") from None
@@ -156,7 +158,7 @@ class UpstreamEvents:
         relay: bool = False,
     ) -> None:
         self.usage = StreamUsage()
-        self._events_of = _relayed_events if relay else _parse_events
+        self._events_of: Callable[[bytes], Batch] = _relayed_events if relay else _parse_events
         self._response = response
         self._content = response.content
         self._partial = bytearray()  # the start of an event whose end has not arrived
@@ -188,7 +190,7 @@ class UpstreamEvents:
                 if batch:
                     primed.append(batch)
                 for event in batch:
-                    if event.__class__ is bytes:  # relayed: a run of content_block_deltas
+                    if isinstance(event, bytes):  # relayed: a run of content_block_deltas
                         event = _RELAYED_DELTA
                     if event["type"] == "error":
                         raise stream_error(event)
@@ -210,7 +212,7 @@ class UpstreamEvents:
             self.stop(error_event(f"The stream reached its maximum duration of {self._max_duration:g} seconds."))
             return
         next_check = self._ends_at
-        if self._begun:
+        if self._begun and self._idle_timeout is not None:  # (it begins only with an idle timeout)
             if now - self._last_read >= self._idle_timeout:
                 self.stop(error_event(f"The upstream sent nothing for {self._idle_timeout:g} seconds."))
                 return
@@ -337,7 +339,7 @@ _NO_EVENT = {"type": ""}
 _TEXT_DELTA = re.compile(rb'data: \{"type":"content_block_delta","index":\d+,"delta":\{"type":"text_delta","text":"')
 
 
-def _parse_events(complete: bytes) -> list[dict[str, Any]]:
+def _parse_events(complete: bytes) -> Batch:
     """The events in `complete` (whole SSE events, "\n"-separated), parsed, through the first
     one that ends the stream; an event the gateway cannot read ends it as an error. Every event
     the upstream sends has one data line, so all of them parse as one JSON array: one call for
@@ -350,7 +352,9 @@ def _parse_events(complete: bytes) -> list[dict[str, Any]]:
         events = None
     if events is not None and (through_end := _through_end(events)) is not None:
         return through_end
-    return _through_end([event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None])
+    parsed = _through_end([event for raw in complete.split(b"\n\n") if (event := _parse_event(raw)) is not None])
+    assert parsed is not None  # each of them is a JSON event
+    return parsed
 
 
 def _relayed_events(complete: bytes) -> Batch:
@@ -360,7 +364,9 @@ def _relayed_events(complete: bytes) -> Batch:
     start and stop, ping: a few a stream) parsed, its bytes kept beside it. Events are told
     apart by their `event:` line; a batch in which an event has none is parsed whole."""
     if not complete.startswith(b"event:") or _UNNAMED_EVENT.search(complete) is not None:
-        return _through_end([_relayed(raw + b"\n\n") for raw in complete.split(b"\n\n")[:-1]])
+        events = _through_end([_relayed(raw + b"\n\n") for raw in complete.split(b"\n\n")[:-1]])
+        assert events is not None  # each of them is a JSON event or a RelayedEvent of one
+        return events
     batch: Batch = []
     done = 0  # what of `complete` is in the batch
     for found in _READ_EVENT.finditer(b"\n\n" + complete):  # the first event too follows a blank line
@@ -372,7 +378,9 @@ def _relayed_events(complete: bytes) -> Batch:
         done = end
     if done < len(complete):
         batch.append(complete[done:])
-    return _through_end(batch)
+    relayed = _through_end(batch)
+    assert relayed is not None  # each of them is bytes or a RelayedEvent of a JSON event
+    return relayed
 
 
 def _relayed(raw: bytes) -> RelayedEvent:

@@ -228,7 +228,8 @@ class Attempts:
         deployments, within max_attempts: (reply, deployment, model). Past `deadline` (loop
         time), TimeoutError."""
         health, metrics = self.health, self.metrics
-        attempts, error = self.config.routing.max_attempts, None
+        attempts = self.config.routing.max_attempts
+        error: GatewayError | None = None
         for model, upstream_body in tries:
             deployments = ranked(model.deployments, stick_by)
             usable = health.available(deployments)
@@ -236,13 +237,14 @@ class Attempts:
                 error = error or _all_cooling(health.cooling_ends(deployments))
             for name in usable:
                 if attempts == 0:
+                    assert error is not None  # max_attempts is at least 1: one failed
                     raise error
                 attempts -= 1
+                deployment = self.config.deployment(name)
+                assert deployment is not None  # the config checks that a model's deployments exist
                 try:
                     async with asyncio.timeout_at(deadline):
-                        reply = await self._try(
-                            attempt, model, self.config.deployment(name), upstream_body, forward, operation
-                        )
+                        reply = await self._try(attempt, model, deployment, upstream_body, forward, operation)
                 except TimeoutError:
                     metrics.attempt(name, "timeout")
                     raise
@@ -256,6 +258,7 @@ class Attempts:
                 health.succeeded(name)
                 metrics.attempt(name, "ok")
                 return reply, name, model
+        assert error is not None  # each model's deployments were cooling, or failed
         raise error
 
     async def _try(
