@@ -154,6 +154,7 @@ class Alerts:
         if not limit:
             return []
         about = {"kind": "key", "id": key.id, "name": key.name, "organization": key.organization}
+        what: dict[str, str | None]
         if key.budget_period is None:
             period, what = f"lifetime limit {limit}", {"period": None, "period_start": None, "resets_on": None}
         else:

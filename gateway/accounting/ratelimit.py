@@ -93,6 +93,7 @@ class MemoryRateLimiter:
             self._buckets[name] = (self._balance(name, key.tpm, now) - tokens, now)
 
     async def enter(self, key: KeyRecord, request_id: str) -> float:
+        assert key.max_concurrent is not None  # limits enters only a key with one
         running = self._running.setdefault(key.id, set())
         if len(running) >= key.max_concurrent:
             return CONCURRENCY_RETRY
@@ -205,6 +206,7 @@ class RedisRateLimiter:
             self._fail_open(exc)
 
     async def enter(self, key: KeyRecord, request_id: str) -> float:
+        assert key.max_concurrent is not None  # limits enters only a key with one
         try:
             entered = await self._enter(
                 keys=[_bucket(key, "running")], args=[key.max_concurrent, request_id, RUNNING_TTL]

@@ -37,7 +37,7 @@ def configure_logging(config: LoggingConfig = LoggingConfig()) -> None:
     """The process's log, as the config says: replaces whatever was set up before."""
     logging._srcfile = None  # no sys._getframe() walk per record
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging.logAsyncioTasks = False
+    logging.logAsyncioTasks = False  # type: ignore[attr-defined]  # Python 3.12's; on 3.11 it reads nothing
     handler = BatchingHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if config.format == "json" else TextFormatter())
     handler.addFilter(_with_request_id)
@@ -114,9 +114,12 @@ class BatchingHandler(logging.StreamHandler):
         super().flush()
 
     def _write(self, lines: list[str]) -> None:
-        with self.lock:
+        self.acquire()  # the handler's lock (self.lock, typed Optional: acquire() checks)
+        try:
             self.stream.write("\n".join(lines) + "\n")
             self.stream.flush()
+        finally:
+            self.release()
 
 
 class _Timestamps:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -107,7 +108,7 @@ class Metrics:
             "Requests refused with 503 because the gateway's database could not be reached.",
             registry=r,
         )
-        self._children: dict[tuple, object] = {}
+        self._children: dict[tuple, Any] = {}  # a metric's child, or answered()'s pair of them
 
     def _child(self, metric, *labels: str | int):
         """The metric's child for these label values, bound once."""

@@ -43,11 +43,15 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
         CURRENT_REQUEST.set(request_id(request))
         clock = asyncio.get_running_loop().time
         started = clock()
-        pattern = request.match_info.route.resource.canonical  # never the path: it holds what a client typed
+        resource = request.match_info.route.resource
+        assert resource is not None  # an API route's
+        pattern = resource.canonical  # never the path: it holds what a client typed
         span = tracing.server_span(request, route, pattern) if tracing is not None else None
         end = partial(finish, request, route, pattern, started, span)
         try:
-            with tracing.current(span) if span is not None else nullcontext():  # the attempts' spans are its children
+            with (
+                tracing.current(span) if tracing is not None and span is not None else nullcontext()
+            ):  # the attempts' spans are its children
                 reply = await handler(request)
         except web.HTTPException as exc:
             refusal = getattr(exc, "refusal", None)
@@ -81,7 +85,7 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
             metrics.answered(route, model.id if model is not None else "", status, seconds, to_first_output)
             if refusal:
                 metrics.refused(refusal)
-            if span is not None:
+            if tracing is not None and span is not None:
                 tracing.end_server_span(span, request, status, outcome, reply)
             if ACCESS.isEnabledFor(logging.INFO):
                 access(

@@ -77,6 +77,7 @@ class KeptResponses:
         while self._pending:
             await self._commit.linger()
             group, written = self._pending, self._next_written
+            assert written is not None  # put() made it with the first of the group
             self._pending, self._next_written = [], None
             self._commit.taken(len(group))
             try:
