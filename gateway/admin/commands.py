@@ -224,6 +224,7 @@ async def run(args: argparse.Namespace, storage_url: str, *, named_by: str) -> i
     store = open_store(storage_url, now=now)
     await store.open()
     if missing:
+        assert path is not None  # missing: a SQLite file that is not there
         print(f"{path.name} did not exist: created an empty one in {path.parent}", file=sys.stderr)
     try:
         return await _command(store, args, now)

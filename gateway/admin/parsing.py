@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, overload
 
 import orjson
 from aiohttp import web
@@ -118,9 +118,9 @@ def boolean(value: Any, name: str) -> bool:
 def moment(value: Any, name: str) -> datetime:
     """An ISO date or datetime; UTC unless it has an offset."""
     try:
-        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+        moment = datetime.fromisoformat(value)
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-    except (ValueError, OverflowError, AttributeError):  # not ISO; past year 1 or 9999 in UTC; not a string
+    except (ValueError, OverflowError, TypeError):  # not ISO; past year 1 or 9999 in UTC; not a string
         raise changes.Invalid(f"{name}: expected an ISO datetime such as 2030-01-31T12:00:00Z") from None
 
 
@@ -128,7 +128,11 @@ def moment_param(query, name: str) -> datetime | None:
     return None if name not in query else moment(query[name], name)
 
 
-def int_param(query, name: str, low: int, high: int, *, default: int | None = None) -> int | None:
+@overload
+def int_param(query: Any, name: str, low: int, high: int, *, default: int) -> int: ...
+@overload
+def int_param(query: Any, name: str, low: int, high: int, *, default: None = None) -> int | None: ...
+def int_param(query: Any, name: str, low: int, high: int, *, default: int | None = None) -> int | None:
     if name not in query:
         return default
     text = query[name]

@@ -587,7 +587,7 @@ class MockUpstream:
         usage = message["usage"]
         start_usage = {k: v for k, v in usage.items() if k not in _FINAL_USAGE} | {"output_tokens": 1}
         head = {k: message[k] for k in ("id", "type", "role", "model")}
-        events = [
+        events: list[dict] = [
             {
                 "type": "message_start",
                 "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage},
@@ -597,6 +597,7 @@ class MockUpstream:
         for i, block in enumerate(message["content"]):
             kind = block.get("type")
             deltas: list[dict] = []
+            start: dict
             if kind == "text":
                 start = {"type": "text", "text": ""}
                 deltas = [{"type": "text_delta", "text": t} for t in _chunks(block["text"], sc.chunk_size)]

@@ -60,7 +60,11 @@ button.danger, a.button.danger { color: #a11; }
 .sign-in input { width: 100%; box-sizing: border-box; margin: 0.4em 0 1em; }
 """
 
-PAGES = (("/console", "Overview"), ("/console/keys", "Keys"), ("/console/organizations", "Organizations"))
+PAGES: tuple[tuple[str, str], ...] = (
+    ("/console", "Overview"),
+    ("/console/keys", "Keys"),
+    ("/console/organizations", "Organizations"),
+)
 PAGES += (("/console/audit", "Audit log"),)
 
 

@@ -309,11 +309,12 @@ def _changes(before: dict | None, after: dict | None) -> tuple[str, str]:
     if before is None or after is None:
         return _fields(before), _fields(after)
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
-    return tuple(
+    shown_before, shown_after = (
         _fields({name: whole.get(name) for name in changed})
         + f"<details><summary>all fields</summary>{_fields(whole)}</details>"
         for whole in (before, after)
     )
+    return shown_before, shown_after
 
 
 def _fields(view: dict | None) -> str:
