@@ -359,6 +359,7 @@ def add_routes(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", services.readiness.readyz)
     if config.metrics.enabled:
+        assert isinstance(services.metrics, Metrics)  # make_services made it for this
         app.router.add_get("/metrics", metrics_handler(services.metrics, config.metrics.token))
 
 

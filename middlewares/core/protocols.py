@@ -1,5 +1,6 @@
 """What a stage is handed by the app that mounts it: small Protocols and callable types, so
-that another aiohttp app can mount a stage with its own implementations."""
+that another aiohttp app can mount a stage with its own implementations. Their attributes are
+read-only (properties): a frozen dataclass or a NamedTuple has them."""
 
 from __future__ import annotations
 
@@ -14,46 +15,64 @@ if TYPE_CHECKING:
 class Rates(Protocol):
     """USD per million tokens of each kind."""
 
-    input: Decimal
-    output: Decimal
-    cache_write: Decimal  # a 5-minute cache's write
-    cache_read: Decimal
-    cache_write_1h: Decimal  # a 1-hour cache's write
+    @property
+    def input(self) -> Decimal: ...
+    @property
+    def output(self) -> Decimal: ...
+    @property
+    def cache_write(self) -> Decimal: ...  # a 5-minute cache's write
+    @property
+    def cache_read(self) -> Decimal: ...
+    @property
+    def cache_write_1h(self) -> Decimal: ...  # a 1-hour cache's write
 
 
 class LongContextRates(Rates, Protocol):
     """The rates of every token of a request whose input, cache reads and writes included, is
     above `above_input_tokens` (as Anthropic bills a long request: all of it, not the excess)."""
 
-    above_input_tokens: int
+    @property
+    def above_input_tokens(self) -> int: ...
 
 
 class TierRates(Rates, Protocol):
     """The rates of one service tier, and of its long requests (None: no dearer rate for them)."""
 
-    long_context: LongContextRates | None
+    @property
+    def long_context(self) -> LongContextRates | None: ...
 
 
 class Pricing(TierRates, Protocol):
     """What a model costs: the standard tier's rates, those of the other tiers the upstream may
     report (None: billed at the standard tier's), and its server tools' fees."""
 
-    priority: TierRates | None
-    batch: TierRates | None
-    web_search_per_1000: Decimal  # USD per 1,000 web searches
-    web_fetch_per_1000: Decimal  # USD per 1,000 web fetches
+    @property
+    def priority(self) -> TierRates | None: ...
+    @property
+    def batch(self) -> TierRates | None: ...
+    @property
+    def web_search_per_1000(self) -> Decimal: ...  # USD per 1,000 web searches
+    @property
+    def web_fetch_per_1000(self) -> Decimal: ...  # USD per 1,000 web fetches
 
 
 class ModelSpec(Protocol):
     """A model as the stages see it (the gateway's configured model is one)."""
 
-    id: str  # what clients send
-    max_output_tokens: int
-    sampling: bool  # temperature and top_p are sent on
-    efforts: Sequence[str]  # the upstream's effort levels it takes
-    forced_tool_choice: bool
-    min_cache_tokens: int  # 0: no prompt cache
-    pricing: Pricing
+    @property
+    def id(self) -> str: ...  # what clients send
+    @property
+    def max_output_tokens(self) -> int: ...
+    @property
+    def sampling(self) -> bool: ...  # temperature and top_p are sent on
+    @property
+    def efforts(self) -> Sequence[str]: ...  # the upstream's effort levels it takes
+    @property
+    def forced_tool_choice(self) -> bool: ...
+    @property
+    def min_cache_tokens(self) -> int: ...  # 0: no prompt cache
+    @property
+    def pricing(self) -> Pricing: ...
 
 
 class Wait(float):
@@ -121,13 +140,17 @@ RecordRow = Callable[["LedgerRow"], Awaitable[None]]
 class StoredConversation(Protocol):
     """A kept Responses API response, as a request that continues it reads it."""
 
-    response: dict[str, Any]  # the response object as its client got it
-    input_items: list[dict[str, Any]]  # its request's input, as Responses items with their ids
+    @property
+    def response(self) -> dict[str, Any]: ...  # the response object as its client got it
+    @property
+    def input_items(self) -> list[dict[str, Any]]: ...  # its request's input, as Responses items with their ids
     # The conversation in Anthropic's Messages format, the answer's assistant turn last
     # (thinking blocks included), and the system prompt its input's system and developer
     # messages made (a response's `instructions` are not carried over: OpenAI's rule).
-    messages: list[dict[str, Any]]
-    system: list[dict[str, Any]] | str | None
+    @property
+    def messages(self) -> list[dict[str, Any]]: ...
+    @property
+    def system(self) -> list[dict[str, Any]] | str | None: ...
 
 
 class ResponseStore(Protocol):
