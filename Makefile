@@ -37,10 +37,12 @@ test: $(READY)
 docs-images: $(READY)
 	$(BIN)/python docs/images/console_overview.py
 
-# ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree.
+# ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree;
+# then mypy on middlewares/ and gateway/, as its [tool.mypy] sets it.
 lint: $(READY)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # After a change to pyproject.toml's dependencies: pins what is new and keeps every other pin.
 # `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release the ranges allow;
