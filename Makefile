@@ -8,7 +8,7 @@ READY  := $(VENV)/.ready
 LOCK         := requirements.lock
 RUNTIME_LOCK := requirements-runtime.lock
 
-.PHONY: demo test lint lock clean image deploy-check image-check docs-images
+.PHONY: demo test test-oldest lint lock clean image deploy-check image-check docs-images
 
 # The locked packages, each checked against its hashes, then the project itself, built by the
 # locked backend (hatchling is in the lock): a new lock or pyproject.toml installs again.
@@ -36,6 +36,12 @@ test: $(READY)
 # data with Debian's chromium (/usr/bin/chromium), as the console's browser test uses it.
 docs-images: $(READY)
 	$(BIN)/python docs/images/console_overview.py
+
+# The stage tests on the oldest versions pyproject.toml's ranges allow, in a virtualenv of their
+# own in a temporary folder (tests/test_oldest_versions.py); it downloads them from PyPI.
+test-oldest: $(READY)
+	$(BIN)/pip install --quiet uv==$(UV_VERSION)
+	EZAT_TEST_OLDEST=1 $(BIN)/pytest -q -rs tests/test_oldest_versions.py
 
 # ruff's lint rules and its formatter, as pyproject.toml's [tool.ruff] sets them, on the whole tree;
 # then mypy on middlewares/ and gateway/, as its [tool.mypy] sets it.
