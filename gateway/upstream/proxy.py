@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -109,7 +109,7 @@ def proxy_handler(
 
     async def first_answer(request: web.Request, deadline: float | None) -> web.StreamResponse:
         body = request[BODY]
-        asked = request[MODEL]
+        asked = cast(Model, request[MODEL])  # the limits stage found it with config.model
         models = [asked, *request.get(FALLBACK_MODELS, ())]
         # Worked out only when there is a deployment to choose (the digest costs a serialisation).
         choosing = any(len(model.deployments) > 1 for model in models)
@@ -174,7 +174,7 @@ def count_tokens_handler(
         return web.Response(body=raw, content_type="application/json")  # as it answered
 
     async def count_tokens(request: web.Request) -> web.StreamResponse:
-        model = request[MODEL]
+        model = cast(Model, request[MODEL])  # the limits stage found it with config.model
         body = _upstream_body(request[BODY], model, model, client_bytes(request, check=check_client_bytes))
         try:
             answer, request[DEPLOYMENT], request[ANSWERED_MODEL] = await attempts.first(
