@@ -58,7 +58,9 @@ def chain(middlewares: list[Middleware], handler: Endpoint | Handler) -> Handler
     for middleware in reversed(ordered):
         # A stage's own coroutine function, for aiohttp to see the route's handler is one.
         step = middleware.fn if isinstance(middleware, Stage) else middleware
-        handler = update_wrapper(partial(step, handler=handler), handler)
+        # By keyword, so the partial calls the stage itself (no frame of ours per stage): every
+        # middleware here names its second parameter `handler`, which aiohttp's type leaves unnamed.
+        handler = update_wrapper(partial(step, handler=handler), handler)  # type: ignore[call-arg]
     return handler
 
 
