@@ -166,7 +166,8 @@ def _encoding(request: web.Request) -> str:
 def _decoded_by_server(request: web.Request) -> bool:
     """Whether aiohttp decodes this body as it arrives (its server's auto_decompress, the
     default): it then counts the bytes as sent apart from the decoded ones."""
-    return request.content.total_compressed_bytes is not None
+    # A request without a body has aiohttp's EmptyStreamReader, which counts nothing.
+    return request.body_exists and request.content.total_compressed_bytes is not None
 
 
 def _leave_unread(request: web.Request, error: GatewayError) -> GatewayError:

@@ -388,6 +388,17 @@ async def test_a_body_that_does_not_decode_is_a_400_and_nothing_is_logged(gatewa
     assert no_errors_logged(caplog) == []
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_an_empty_compressed_body_is_a_400_about_its_json(gateway, caplog, encoding):
+    """No bytes at all under a Content-Encoding: aiohttp's reader of an empty body counts none
+    (it was a 500 and a logged traceback)."""
+    caplog.set_level(logging.INFO)
+    status, answer = await post(gateway.url + ENDPOINT, b"", {"Content-Encoding": encoding})
+    assert (status, answer["error"]["type"]) == (400, "invalid_request_error")
+    assert answer["error"]["message"].startswith("The request body is not valid JSON")
+    assert no_errors_logged(caplog) == []
+
+
 @FRAMINGS
 @pytest.mark.parametrize("decoder", ["aiohttp", "the stage"])
 async def test_in_a_foreign_app_gzip_works_and_bad_gzip_is_a_400_whoever_decodes(foreign, caplog, decoder, framing):
@@ -414,6 +425,17 @@ def bomb(decoded_size: int) -> bytes:
         parts.append(compress.compress(block[:filler]))
         filler -= len(block)
     return b"".join([*parts, compress.compress(tail), compress.flush()])
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_an_empty_compressed_body_is_a_400_about_its_json(gateway, caplog, encoding):
+    """No bytes at all under a Content-Encoding: aiohttp's reader of an empty body counts none
+    (it was a 500 and a logged traceback)."""
+    caplog.set_level(logging.INFO)
+    status, answer = await post(gateway.url + ENDPOINT, b"", {"Content-Encoding": encoding})
+    assert (status, answer["error"]["type"]) == (400, "invalid_request_error")
+    assert answer["error"]["message"].startswith("The request body is not valid JSON")
+    assert no_errors_logged(caplog) == []
 
 
 @FRAMINGS
