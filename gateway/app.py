@@ -38,6 +38,7 @@ from middlewares.cache_breakpoints import cache_breakpoints_middleware
 from middlewares.core.chain import Endpoint, Stage, checked
 from middlewares.core.context import request_id
 from middlewares.core.errors import anthropic_error_envelope, error_envelope, error_event
+from middlewares.core.reply import EventStreamReply
 from middlewares.core.sizes import MiB
 from middlewares.images import ImageLimits, ImagesStage, images_middleware
 from middlewares.limits import RESERVATION_TTL, limits_middleware
@@ -412,16 +413,24 @@ def errors_as_the_client_speaks(outage: StoreOutage):
     """The guard just inside `observe`: every error, aiohttp's own (404, 405) and anything
     unexpected too, in the envelope of the API the request speaks, Anthropic's or OpenAI's. A store
     that cannot be reached is no unexpected error but an outage: each request it stops is a 503
-    (on the console, a page), told to `outage`, which logs it once and counts it."""
+    (on the console, a page), told to `outage`, which logs it once and counts it; so is a stream
+    whose end could not be recorded for it, which says so in the stream."""
+
+    def stream_ended(reply: EventStreamReply) -> None:
+        if isinstance(reply.failure, StoreUnavailable):  # its end could not be recorded
+            outage.refused(reply.failure)
 
     async def refused_while_unavailable(request: web.Request, handler) -> web.StreamResponse:
         try:
-            return await handler(request)
+            response = await handler(request)
         except StoreUnavailable as unavailable:
             error = outage.refused(unavailable)
             if is_console(request.path):
                 return refusal_page(error)
             raise error from None
+        if isinstance(response, EventStreamReply):
+            response.when_done(stream_ended)
+        return response
 
     @web.middleware
     async def guard(request: web.Request, handler) -> web.StreamResponse:

@@ -836,9 +836,12 @@ async def test_a_commit_whose_answer_is_lost_is_billed_once(linked_gateway, upst
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(linked_gateway, upstream, postgres_url, stream):
+async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(
+    linked_gateway, upstream, postgres_url, caplog, stream
+):
     """The database is out of reach while the reply ends (the connection refused: a
-    ConnectionError, which the stream must not take for the client leaving)."""
+    ConnectionError, which the stream must not take for the client leaving). The outage is
+    logged once and the reply counted among its refusals, a stream's as a whole reply's."""
     gateway, link = linked_gateway
     async with gateway.client() as client:  # the key is looked up (and cached) while the link is up
         await client.models.list()
@@ -857,6 +860,10 @@ async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(linked_gateway
         assert status == 503
         error = json.loads(body)["error"]
         assert error == {"message": unavailable, "type": "server_error", "param": None, "code": "store_unavailable"}
+    outage = [r.getMessage() for r in caplog.records if "database is unavailable" in r.getMessage()]
+    assert len(outage) == 1 and not [r for r in caplog.records if "stream to the client failed" in r.getMessage()]
+    async with aiohttp.ClientSession() as http, http.get(gateway.url + "/metrics") as response:
+        assert "\nezat_store_unavailable_total 1.0\n" in await response.text()
     link.restore()
     rows, keys = await read_store(postgres_url)
     assert rows == []

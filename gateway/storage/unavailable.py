@@ -39,6 +39,8 @@ class StoreUnavailable(GatewayError):
     """The store's database cannot be reached (its cause: the driver's error). A 503 on every
     API; on Anthropic's too (an `api_error`): an overload, 529, would blame the model."""
 
+    quiet = True  # StoreOutage logs the outage, once
+
     def __init__(self) -> None:
         super().__init__(
             503,

@@ -31,6 +31,10 @@ _BODY_HEADERS = frozenset({"content-type", "content-length"})  # the envelope's 
 
 
 class GatewayError(web.HTTPException):
+    # True where what the error says is told to the log once elsewhere (an outage the app logs
+    # as it begins and ends), so that a stream it ends logs nothing of its own.
+    quiet = False
+
     def __init__(
         self,
         status: int,

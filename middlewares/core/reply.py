@@ -187,6 +187,7 @@ class EventStreamReply(web.StreamResponse):
         self._when_done: list[Callable[[EventStreamReply], None]] = []
         self.first_output_at: float | None = None  # loop time prepare began: the first output is at hand then
         self.outcome = "client_closed"  # until the stream's end is written: "ok", or "failed"
+        self.failure: Exception | None = None  # what ended the stream with an error event, if anything did
 
     @property
     def message_id(self) -> str | None:
@@ -282,8 +283,10 @@ class EventStreamReply(web.StreamResponse):
         except Exception as exc:
             # The 200 is committed: the only way left to say it failed is in the stream itself.
             self._failed = True
+            self.failure = exc
             if isinstance(exc, GatewayError):  # a failure the gateway foresaw, with its message
-                log.warning("stream to the client failed: %s", exc)
+                if not exc.quiet:
+                    log.warning("stream to the client failed: %s", exc)
                 error = error_event(exc.message)
             else:
                 log.exception("stream to the client failed")
