@@ -24,7 +24,7 @@ from middlewares.core.periods import EVERY, next_start
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending, Wait
 from middlewares.core.records import KeyRecord, Shortfall
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
-from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens
+from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens, possible_rates
 
 __all__ = ["limits_middleware"]
 
@@ -290,14 +290,16 @@ def _token_estimate(
 
 
 def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens: int) -> Decimal:
-    """USD at the dearest of any model that may answer: each input token at its dearest kind
-    (a cache write costs more than plain input); the asked model (the first) writing all of
+    """USD at the dearest of any model that may answer, in any service tier it may answer in (at
+    its long-context rates for a long request): each input token at its dearest kind (a cache
+    write costs more than plain input); the asked model (the first) writing all of
     `output_tokens`, a fallback at most its maximum (the handler lowers max_tokens for it)."""
     return (
         max(
-            input_tokens * max(m.pricing.input, m.pricing.cache_write, m.pricing.cache_write_1h, m.pricing.cache_read)
-            + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * m.pricing.output
+            input_tokens * max(rates.input, rates.cache_write, rates.cache_write_1h, rates.cache_read)
+            + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * rates.output
             for m in models
+            for rates in possible_rates(m.pricing, input_tokens)
         )
         / PER_MILLION
     )

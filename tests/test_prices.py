@@ -159,6 +159,23 @@ async def test_a_long_request_has_every_token_at_the_long_context_rates(
     assert row.cost_usd == tokens(rates, 1000, 300, cache_read, 90)
 
 
+async def test_admission_holds_the_dearest_tier_a_request_may_be_billed_at(start_gateway, upstream):
+    """The worst case a spend limit must hold is the priority tier's, which Anthropic's default
+    service tier (`auto`) may answer in: 1,000 output tokens at $25 a million do not fit $0.02
+    left, though at the standard tier's $15 they would."""
+    config = priced_config(upstream.url)
+    key = replace(config.keys[0], spend_limit_usd=Decimal("0.02"))
+    gateway = await start_gateway(replace(config, keys=(key,)))
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await claude.messages.create(max_tokens=1000, **request)
+        assert refused.value.status_code == 402 and "less than this request may cost" in refused.value.message
+        assert upstream.requests == []
+        await claude.messages.create(max_tokens=500, **request)  # $0.0125 at priority's rate: it fits
+    assert len(upstream.requests) == 1
+
+
 async def test_a_model_without_server_tool_prices_bills_anthropics(start_gateway, upstream):
     """A pricing that names no server tool fee bills the upstream's own: $10 per 1,000 searches."""
     gateway = await start_gateway(make_config(upstream.url))

@@ -119,9 +119,7 @@ class Usage:
         pricing gives them, else the standard tier's; and that tier's long-context rates when its
         input, cache reads and writes included, is above their threshold (the whole request then,
         as Anthropic bills it)."""
-        tier = _tier_rates(pricing, self.service_tier) or pricing
-        long = tier.long_context
-        return long if long is not None and self.prompt_tokens > long.above_input_tokens else tier
+        return at_length(_tier_rates(pricing, self.service_tier) or pricing, self.prompt_tokens)
 
     def cost(self, pricing: Pricing) -> Decimal:
         """Exact USD: each kind of token at its rate per million, and each server tool's uses at
@@ -262,6 +260,21 @@ def _length(text: Any) -> int:
 
 def _uses(count: Any) -> int:
     return count if type(count) is int and count > 0 else 0
+
+
+def at_length(tier: TierRates, prompt_tokens: int) -> Rates:
+    """`tier`'s rates for a request of `prompt_tokens` (input, cache reads and writes): its
+    long-context ones above their threshold."""
+    long = tier.long_context
+    return long if long is not None and prompt_tokens > long.above_input_tokens else tier
+
+
+def possible_rates(pricing: Pricing, prompt_tokens: int) -> tuple[Rates, ...]:
+    """Every table a request of `prompt_tokens` may be billed at, whichever service tier the
+    upstream answers it in (Anthropic's default, `auto`, may answer in priority)."""
+    return tuple(
+        at_length(tier, prompt_tokens) for tier in (pricing, pricing.priority, pricing.batch) if tier is not None
+    )
 
 
 def _tier_rates(pricing: Pricing, tier: str | None) -> TierRates | None:
