@@ -4,6 +4,7 @@ the ledger's pages, bad input, and its OpenAPI document against the routes."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import io
@@ -245,6 +246,19 @@ async def test_keys_and_organizations_from_the_config_file_are_read_only(admin):
         assert_error(await admin.call(method, path, json=body), 409, "conflict_error", "declared in the config file")
     await ask(admin.gateway, KEY)  # unchanged
     assert (await admin.ok("GET", "/audit"))["data"] == []
+
+
+async def test_top_ups_at_once_never_take_a_balance_past_its_cap(admin):
+    """Each of ten top-ups would fit the balance as it was read; together only two fit the most
+    a balance may be: the store checks under its lock, so the others are refused, nothing added."""
+    await admin.ok("POST", "/organizations", 201, json={"name": "acme", "balance_usd": "999999999980"})
+    answers = await asyncio.gather(
+        *(admin.call("POST", "/organizations/acme/top-up", json={"amount_usd": 10}) for _ in range(10))
+    )
+    assert sorted(status for status, _, _ in answers) == [200] * 2 + [400] * 8
+    refusals = [body["error"]["message"] for status, body, _ in answers if status == 400]
+    assert all("past the most a balance may be" in message for message in refusals), refusals
+    assert (await admin.ok("GET", "/organizations/acme"))["balance_usd"] == "1000000000000.000000000"
 
 
 async def test_every_organization_operation_and_its_audit_entry(admin):

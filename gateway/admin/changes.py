@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from gateway.config import MAX_USD
-from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, Store
+from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, PastTheCap, Store
 
 KEY_PREFIX = "sk-ezat-"
 ADMIN_TOKEN_PREFIX = "ezat-admin-"
@@ -242,15 +242,20 @@ async def top_up_organization(
         raise Conflict(
             f"organization {organization.name!r} has no balance limit to add to: give it a balance_usd first"
         )
-    if organization.balance_usd + amount_usd > MAX_USD:
-        after, room = organization.balance_usd + amount_usd, MAX_USD - organization.balance_usd
+    # Checked on the balance as read, for the message, and again by the store under its lock:
+    # two top-ups at once could each fit what the other has not added yet.
+    try:
+        if organization.balance_usd + amount_usd > MAX_USD:
+            raise PastTheCap(organization.balance_usd)
+        changed = await store.top_up_organization(
+            organization.name, amount_usd, most=MAX_USD, audit=AuditNote(actor, "organization.top_up")
+        )
+    except PastTheCap as past:
+        after, room = past.balance + amount_usd, MAX_USD - past.balance
         raise Invalid(
             f"amount_usd: the balance would be {after.normalize():,f}, past the most a balance may be "
             f"({MAX_USD:,}): add at most {room.normalize():,f}"
-        )
-    changed = await store.top_up_organization(
-        organization.name, amount_usd, audit=AuditNote(actor, "organization.top_up")
-    )
+        ) from None
     if changed is None:
         raise NotFound(f"no organization named {organization.name!r}")
     if changed.balance_usd is None:  # its limit was removed meanwhile: nothing was added

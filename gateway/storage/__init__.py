@@ -21,6 +21,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    PastTheCap,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -37,6 +38,7 @@ __all__ = [
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
+    "PastTheCap",
     "SessionRecord",
     "Shortfall",
     "Store",
@@ -102,10 +104,11 @@ class Store(Protocol):
         """`balance_usd` and `suspended`; None when no organization has that name."""
 
     async def top_up_organization(
-        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+        self, name: str, amount_usd: Decimal, *, most: Decimal, audit: AuditNote | None = None
     ) -> OrganizationRecord | None:
         """Its balance raised by `amount_usd`, in one transaction; one with no balance limit is
-        returned unchanged (and nothing audited). None when no organization has that name."""
+        returned unchanged (and nothing audited). None when no organization has that name.
+        PastTheCap, with nothing added, when the balance would be above `most`."""
 
     async def create_admin_token(
         self, name: str, role: str, token_sha256: str, *, audit: AuditNote | None = None

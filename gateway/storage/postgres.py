@@ -34,6 +34,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    PastTheCap,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -310,13 +311,15 @@ class PostgresStore:
             return changed
 
     async def top_up_organization(
-        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+        self, name: str, amount_usd: Decimal, *, most: Decimal, audit: AuditNote | None = None
     ) -> OrganizationRecord | None:
         """The balance raised by `amount_usd`; one with no balance limit is left as it is (unaudited)."""
         async with self._pool.acquire() as db, db.transaction():
             found = await _organization_in(db, name, lock=True)
             if found is None or found.balance_usd is None:
                 return found
+            if found.balance_usd + amount_usd > most:
+                raise PastTheCap(found.balance_usd)
             await db.execute(
                 "UPDATE organizations SET balance_usd = balance_usd + $2 WHERE id = $1", found.id, amount_usd
             )

@@ -34,6 +34,15 @@ __all__ = [
 DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
 
 
+class PastTheCap(Exception):
+    """A top-up that would take an organization's balance past the most it may be: nothing was
+    added. `balance` is the balance as the store found it, under its lock."""
+
+    def __init__(self, balance: Decimal) -> None:
+        super().__init__(f"the balance {balance} cannot take it")
+        self.balance = balance
+
+
 class Hold(NamedTuple):
     """A request's spend reservation: `amount` held for it, if the key's spend and holds leave
     that much of `limit` and its organization's spend and holds that much of `balance` (None:

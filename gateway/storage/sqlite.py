@@ -57,6 +57,7 @@ from gateway.storage.records import (
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
+    PastTheCap,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -286,9 +287,9 @@ class SQLiteStore:
         return await self._writer.call(_transaction, _update_organization, name, fields, audit)
 
     async def top_up_organization(
-        self, name: str, amount_usd: Decimal, *, audit: AuditNote | None = None
+        self, name: str, amount_usd: Decimal, *, most: Decimal, audit: AuditNote | None = None
     ) -> OrganizationRecord | None:
-        return await self._writer.call(_transaction, _top_up_organization, name, str(amount_usd), audit)
+        return await self._writer.call(_transaction, _top_up_organization, name, str(amount_usd), str(most), audit)
 
     # --- admin tokens and the audit log
 
@@ -666,12 +667,14 @@ def _update_organization(
 
 
 def _top_up_organization(
-    db: sqlite3.Connection, name: str, amount: str, audit: AuditNote | None
+    db: sqlite3.Connection, name: str, amount: str, most: str, audit: AuditNote | None
 ) -> OrganizationRecord | None:
     """The balance raised by `amount`; one with no balance limit is left as it is (unaudited)."""
     found = _select_organization(db, name)
     if found is None or found.balance_usd is None:
         return found
+    if found.balance_usd + Decimal(amount) > Decimal(most):
+        raise PastTheCap(found.balance_usd)
     db.execute(
         "UPDATE organizations SET balance_usd = ? WHERE id = ?", (str(found.balance_usd + Decimal(amount)), found.id)
     )
