@@ -427,17 +427,6 @@ def bomb(decoded_size: int) -> bytes:
     return b"".join([*parts, compress.compress(tail), compress.flush()])
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-async def test_an_empty_compressed_body_is_a_400_about_its_json(gateway, caplog, encoding):
-    """No bytes at all under a Content-Encoding: aiohttp's reader of an empty body counts none
-    (it was a 500 and a logged traceback)."""
-    caplog.set_level(logging.INFO)
-    status, answer = await post(gateway.url + ENDPOINT, b"", {"Content-Encoding": encoding})
-    assert (status, answer["error"]["type"]) == (400, "invalid_request_error")
-    assert answer["error"]["message"].startswith("The request body is not valid JSON")
-    assert no_errors_logged(caplog) == []
-
-
 @FRAMINGS
 @pytest.mark.parametrize("decoder", ["aiohttp", "the stage"])
 async def test_the_limit_counts_the_decoded_body(foreign, decoder, framing):
