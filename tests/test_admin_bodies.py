@@ -141,6 +141,9 @@ CHARSETS = st.sampled_from(["utf-8", "utf-16", "latin-1", "ascii", "shift_jis", 
 FIELDS = st.sampled_from(["token", "csrf", "name", "organization", "spend_limit_usd", "budget_period", "x"])
 
 
+HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+
+
 @st.composite
 def bodies(draw) -> tuple[bytes, str | None, str]:
     """(body, Content-Type or None for none, what kind it is), holding the marker `MARKER`."""
@@ -177,7 +180,9 @@ def bodies(draw) -> tuple[bytes, str | None, str]:
     body = draw(st.binary(max_size=60)) + b"MARKER" + draw(st.binary(max_size=60))
     return (
         body,
-        draw(st.one_of(st.none(), st.text(max_size=40), CHARSETS.map(lambda c: f"text/plain; charset={c}"))),
+        # Any value a client can send as a header: printable ASCII (a control character is refused
+        # by the client itself, never sent).
+        draw(st.one_of(st.none(), HEADER_TEXT, CHARSETS.map(lambda c: f"text/plain; charset={c}"))),
         kind,
     )
 

@@ -973,7 +973,7 @@ def test_a_reasoning_key_as_base64_or_hex_from_the_environment(written):
     assert config.responses.sealing_key == REASONING_KEY
     # It is the key that seals and opens reasoning items.
     blocks = [{"type": "thinking", "thinking": "t", "signature": "s"}]
-    assert open_sealed(seal(blocks, config.responses.sealing_key), REASONING_KEY) == blocks
+    assert open_sealed(seal(blocks, config.responses.sealing_key, 7), REASONING_KEY, 7) == blocks
 
 
 def test_the_reasoning_key_is_kept_out_of_the_configs_repr():
