@@ -870,6 +870,29 @@ async def test_a_reply_whose_row_cannot_be_written_fails_unbilled(
     assert [k.spent_usd for k in keys] == [0]
 
 
+async def test_a_client_gone_during_an_outage_is_counted_not_a_traceback(linked_gateway, upstream, caplog):
+    """The client leaves mid-stream while the database is out of reach: its row cannot be
+    written as the stream closes, which the outage tells once and counts, with no traceback."""
+    gateway, link = linked_gateway
+    async with gateway.client() as client:  # the key is looked up (and cached) while the link is up
+        await client.models.list()
+    upstream.enqueue(Scenario(blocks=long_text_blocks(), event_delay=0.05, usage={"input_tokens": 40}, pings=0))
+    async with posted(gateway, stream=True) as response:
+        async with asyncio.timeout(5):
+            while b'"content":"' not in await response.content.readany():
+                pass
+        link.cut()
+    await upstream.wait_disconnect(timeout=1)
+    async with asyncio.timeout(5):
+        while not any("database is unavailable" in r.getMessage() for r in caplog.records):
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)  # anything the stream's end would log, logged
+    assert not [r for r in caplog.records if r.exc_info or "stream to the client failed" in r.getMessage()]
+    async with aiohttp.ClientSession() as http, http.get(gateway.url + "/metrics") as metrics:
+        assert "\nezat_store_unavailable_total 1.0\n" in await metrics.text()
+    link.restore()
+
+
 # --- group commit under load
 
 

@@ -187,7 +187,7 @@ class EventStreamReply(web.StreamResponse):
         self._when_done: list[Callable[[EventStreamReply], None]] = []
         self.first_output_at: float | None = None  # loop time prepare began: the first output is at hand then
         self.outcome = "client_closed"  # until the stream's end is written: "ok", or "failed"
-        self.failure: Exception | None = None  # what ended the stream with an error event, if anything did
+        self.failure: Exception | None = None  # the gateway's failure that ended the stream, if one did
 
     @property
     def message_id(self) -> str | None:
@@ -217,10 +217,13 @@ class EventStreamReply(web.StreamResponse):
                 self._streams.done(self)
             try:
                 await self.events.aclose(self._failed)
-            except BaseException:
+            except BaseException as exc:
                 if self.outcome == "client_closed" and not self._failed:
                     self.outcome = "failed"  # billing could not record what the client got
-                raise
+                if isinstance(exc, GatewayError) and exc.quiet:
+                    self.failure = exc  # told once elsewhere (when_done's callbacks), not to aiohttp's log
+                else:
+                    raise
             finally:
                 for callback in self._when_done:
                     try:
