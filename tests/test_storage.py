@@ -21,6 +21,7 @@ from gateway.storage import LedgerRow, SessionRecord, open_store, schema
 from gateway.storage.group_commit import ALONE_AFTER
 from gateway.storage.records import ADMIN_TOKEN_SESSION
 from gateway.storage.sqlite import CHECKPOINT_EVERY
+from gateway.storage.unavailable import QUIET_FOR, WATCH_EVERY, StoreOutage, StoreUnavailable
 
 UTC = UTC
 NO_KEY = 999_999  # a key id no store has: a row naming it breaks the foreign key
@@ -990,3 +991,25 @@ async def test_sessions_are_found_until_they_expire_or_are_deleted_or_their_toke
     assert await store.find_session(kept.id_sha256) is None  # revoking its token ended it
     assert await store.find_session(other.id_sha256) == other  # another token's stays
     assert await query(store_url, "SELECT id_sha256 FROM sessions") == [(other.id_sha256,)]
+
+
+async def test_an_outage_ends_only_once_requests_stop_being_refused(caplog):
+    """A database that answers the ping while its writes still fail (a disk full, a lock held)
+    is still out: the outage is told once as it begins and once as it ends, not at every ping."""
+    counted = []
+    outage = StoreOutage(answering, counted=lambda: counted.append(1))
+    refusing_until = time.monotonic() + QUIET_FOR + 1
+    while time.monotonic() < refusing_until:  # writes fail, though the ping answers
+        outage.refused(StoreUnavailable())
+        await asyncio.sleep(WATCH_EVERY / 2)
+    began = [r for r in caplog.records if "database is unavailable" in r.getMessage()]
+    assert len(began) == 1 and not [r for r in caplog.records if "answers again after" in r.getMessage()]
+    async with asyncio.timeout(QUIET_FOR + 3 * WATCH_EVERY):
+        while not [r for r in caplog.records if "answers again after" in r.getMessage()]:
+            await asyncio.sleep(WATCH_EVERY / 2)
+    (ended,) = [r.getMessage() for r in caplog.records if "answers again after" in r.getMessage()]
+    assert f"{len(counted)} requests were refused meanwhile" in ended
+
+
+async def answering() -> None:
+    """A ping the database answers."""

@@ -29,6 +29,9 @@ WATCH_EVERY = 0.5
 PING_TIMEOUT = 2.0
 # Seconds a client is asked to wait: about as long as the watch takes to see the database back.
 RETRY_AFTER = 1
+# Seconds without a refusal before an outage whose database answers the ping is over: a database
+# that reads but cannot write (a disk full, a lock held) answers the ping while writes still fail.
+QUIET_FOR = 2.0
 # Methods not wrapped: opening and closing, where the driver's own error says more (the address).
 _UNWRAPPED = frozenset({"open", "close"})
 
@@ -98,19 +101,21 @@ def raises_unavailable(unreachable: Callable[[BaseException], bool]) -> Callable
 
 class StoreOutage:
     """The refusals of one outage: the first logs that it began, each is counted (`counted()`,
-    a metric), and a watch pings the store until it answers, then logs that it ended and how many
-    requests it refused."""
+    a metric), and a watch pings the store until it answers and nothing has been refused for
+    QUIET_FOR seconds, then logs that it ended and how many requests it refused."""
 
     def __init__(self, ping: Callable[[], Any], *, counted: Callable[[], None]) -> None:
         self._ping, self._counted = ping, counted
         self._refused = 0
         self._since = 0.0  # time.monotonic() when it began
+        self._last = 0.0  # time.monotonic() of its latest refusal
         self._watch: asyncio.Task[None] | None = None
 
     def refused(self, error: StoreUnavailable) -> StoreUnavailable:
         """A request refused for `error`: the error it gets, its own."""
         self._counted()
         self._refused += 1
+        self._last = time.monotonic()
         if self._watch is None:
             cause = error.__cause__
             log.error(
@@ -130,6 +135,8 @@ class StoreOutage:
                     await self._ping()
             except Exception:
                 continue
+            if time.monotonic() - self._last < QUIET_FOR:
+                continue  # it answers, but requests were still refused a moment ago
             log.warning(
                 "the gateway's database answers again after %.1f s; %d requests were refused meanwhile",
                 time.monotonic() - self._since,
