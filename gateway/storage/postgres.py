@@ -103,9 +103,11 @@ _INSERT_LEDGER = (
 def _unreachable(exc: BaseException) -> bool:
     """Whether `exc` means the server cannot be reached: no connection (refused, lost, closed), a
     wait or a statement timed out, or the server refusing work for now (SQLSTATE class 08, a
-    connection's; 53, out of resources such as connections; 57P, starting up or shutting down)."""
-    if isinstance(exc, OSError) or type(exc) is asyncpg.InterfaceError:  # not its subclasses: bad data, say
-        return True
+    connection's; 53, out of resources such as connections; 57P, starting up or shutting down).
+    asyncpg's InternalClientError is what a connection that broke mid-operation raises on its
+    next use ("cannot switch to state …")."""
+    if isinstance(exc, OSError | asyncpg.InternalClientError) or type(exc) is asyncpg.InterfaceError:
+        return True  # (not InterfaceError's subclasses: bad data, say)
     return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate).startswith(("08", "53", "57P"))
 
 
