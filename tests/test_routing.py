@@ -621,7 +621,7 @@ class Served(ServeProcess):
 async def refused(port: int) -> bool:
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
-    except (ConnectionRefusedError, TimeoutError):
+    except (ConnectionRefusedError, ConnectionResetError, TimeoutError):  # reset: closed as it connected
         return True
     writer.close()
     return False
