@@ -26,6 +26,10 @@ from middlewares.core.usage import StreamUsage, Usage
 
 __all__ = ["billing_middleware"]
 
+# The most unpriced things logged: what the upstream reports is not the gateway's to bound, and
+# a value that changes on every answer would otherwise grow the set, and the log, without end.
+WARNED_AT_MOST = 1_000
+
 log = logging.getLogger("ezat.billing")
 
 
@@ -95,7 +99,7 @@ class Bill:
                 usage.output_tokens,
             )
         for unpriced in usage.unpriced(answered.pricing):
-            if (answered.id, unpriced) not in self._warned:
+            if (answered.id, unpriced) not in self._warned and len(self._warned) < WARNED_AT_MOST:
                 self._warned.add((answered.id, unpriced))
                 log.warning(
                     "model %s: the upstream's usage reports %s, which its pricing does not price: billed without it",

@@ -142,7 +142,8 @@ def _as_written(body: dict[str, Any], raw: bytes) -> bool:
     seen: set[str] = set()
     for key, _ in json.loads(raw, object_pairs_hook=list):  # a C builtin: each object a list of pairs
         if key in seen:
-            raise invalid_request(f"{key}: appears more than once in the request body; send it once", key)
+            named = key if len(key) <= 64 else key[:64] + "…"  # the client's text, echoed only so far
+            raise invalid_request(f"{named}: appears more than once in the request body; send it once", named)
         seen.add(key)
     return False
 

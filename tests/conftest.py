@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -15,12 +16,20 @@ import asyncpg
 import pytest
 import redis.asyncio
 import redis.exceptions
+from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from yarl import URL
 
 from gateway.app import build_app
 from gateway.config import Config
 from gateway.mock.upstream import MockUpstream
 from tests.support import UPSTREAM_KEY, Gateway, make_config
+
+# Hypothesis keeps no database of examples, and its caches go to a temporary folder: tests write
+# only there, never into the checkout (a failure prints the blob that reproduces it instead).
+settings.register_profile("ezat", database=None)
+settings.load_profile("ezat")
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "ezat-gateway-hypothesis")
 
 
 @pytest.fixture
@@ -120,9 +129,11 @@ async def redis_url(worker_number):
 
 
 @pytest.fixture(scope="session")
-def worker_number(worker_id) -> int:
-    """pytest-xdist's number for this process (gw3: 3); 0 without -n."""
-    return int(worker_id.removeprefix("gw")) if worker_id.startswith("gw") else 0
+def worker_number() -> int:
+    """pytest-xdist's number for this process (gw3: 3); 0 without -n, or without pytest-xdist at
+    all (`make test-oldest` runs the stage tests without it)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
 
 
 # --- Node.js: the official OpenAI SDK for Node.js, used by test_node_sdk.py and test_spec_examples.py,

@@ -92,3 +92,14 @@ async def test_a_key_repeated_deeper_goes_upstream_as_the_gateways_writing(start
     [sent] = upstream.requests
     assert sent.body["messages"] == [{"role": "user", "content": "Hi"}]
     assert sent.raw == orjson.dumps(orjson.loads(raw)) and sent.raw.count(b'"content"') == 1
+
+
+async def test_a_long_repeated_key_is_named_in_part(gateway, upstream):
+    """The key is the client's text: the 400 echoes its first 64 characters, not all of it."""
+    long = "k" * 10_000
+    raw = b'{"model":"' + MODEL.encode() + b'","' + long.encode() + b'":1,"' + long.encode() + b'":2,' + MESSAGES + b"}"
+    status, answer = await post(gateway, "/openai/v1/chat/completions", OPENAI_HEADERS, raw)
+    named = "k" * 64 + "…"
+    assert (status, answer["error"]["param"]) == (400, named)
+    assert answer["error"]["message"] == f"{named}: appears more than once in the request body; send it once"
+    assert upstream.requests == []

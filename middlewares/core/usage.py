@@ -307,7 +307,7 @@ def _unknown(usage: dict[str, Any]) -> tuple[str, ...]:
             found += [f"{name}.{part}" for part, n in value.items() if n is not None and part not in parts]
         elif values is not None:
             if not (isinstance(value, str) and value in values):
-                found.append(f"{name}={value!r}")
+                found.append(f"{name}={value!r:.60}")  # the upstream's text, cut to a log line's share
         else:
             found.append(name)
     return tuple(found)

@@ -202,8 +202,12 @@ class ResponsesEncoder:
         self._block = None
 
     def _piece(self, piece: str, out: list[bytes]) -> None:
-        """Text, thinking or a call's arguments that arrived for the open block."""
-        item, block = self._open_item(), self._block
+        """Text, thinking or a call's arguments that arrived for the open block (none for a block
+        the encoder leaves out, a server tool's say, which may come before any item is open)."""
+        block = self._block
+        if block is None:
+            return
+        item = self._open_item()
         custom = item.custom if block == "tool" else None
         if block == "text" or (block == "tool" and custom is None):
             item.pieces.append(piece)
