@@ -75,10 +75,24 @@ class Scenario:
     pings: int = 1  # sent right after the first content_block_start
     chunk_size: int = 8  # characters per streamed delta
     error_after: int | None = None  # stream: send `event: error` after N events
-    stream_error_message: str = "Overloaded"  # that event's message (its type: overloaded_error)
+    stream_error_message: str = "Overloaded"  # that event's message
+    stream_error_type: str = "overloaded_error"  # that event's type (Bedrock: the exception frame it maps to)
     drop_after: int | None = None  # stream: close the connection after N events
     stall_after: int | None = None  # stream: after N events, send nothing more (the connection stays open)
     end_delay: float = 0.0  # stream: between the last event and the body's end (its last chunk)
+
+
+@dataclass(frozen=True)
+class Credential:
+    """How a request was authenticated, for tests to assert on. `scheme`: "x-api-key" or
+    "bearer" (an Anthropic or Bedrock API key), "sigv4" (`key` is the access key id) or "oauth"
+    (a Vertex access token). `session_token_signed`: SigV4 with temporary credentials, whether
+    the X-Amz-Security-Token header was among the signed ones."""
+
+    scheme: str
+    key: str
+    session_token: str | None = None
+    session_token_signed: bool = False
 
 
 @dataclass
@@ -90,6 +104,7 @@ class RecordedRequest:
     connection: int = 0  # which TCP connection it came on (the client's port)
     header_lines: list[tuple[str, str]] = field(default_factory=list)  # (lower-cased name, value), as sent
     raw: bytes = b""  # the body's bytes, as sent
+    auth: Credential | None = None  # set once the request is authenticated (None: not, or no key required)
 
 
 # fast=True: the reply to each model, as (content blocks, streamed?, seconds between deltas).
@@ -328,6 +343,8 @@ class MockUpstream:
     counts before it sends leaves the queue to the messages it was meant for. count_tokens fails
     instead while `count_tokens_status` is not 200 (Anthropic's error envelope for that status)."""
 
+    REQUEST_ID_HEADER = "request-id"
+
     def __init__(self, *, api_key: str | None = None, fast: bool = False):
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
@@ -343,11 +360,15 @@ class MockUpstream:
         self._disconnected = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.app = web.Application(client_max_size=MAX_BODY_BYTES)
-        self.app.router.add_post("/v1/messages", self._fast if fast else self._handle)
-        if not fast:
-            self.app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        self._add_routes(self.app.router, fast)
         self.app.router.add_route("*", "/{tail:.*}", self._not_found)
         self._fast_replies = self._encode_fast_replies() if fast else {}
+
+    def _add_routes(self, router: web.UrlDispatcher, fast: bool) -> None:
+        """The API's routes (a cloud's mock adds its own instead)."""
+        router.add_post("/v1/messages", self._fast if fast else self._handle)
+        if not fast:
+            router.add_post("/v1/messages/count_tokens", self._count_tokens)
 
     def enqueue(self, *scenarios: Scenario) -> None:
         self._queue.extend(scenarios)
@@ -395,8 +416,9 @@ class MockUpstream:
     async def _not_found(self, request: web.Request) -> web.Response:
         return self._error(404, f"Not found: {request.method} {request.path}")
 
-    async def _admit(self, request: web.Request, fields: frozenset[str]) -> dict | web.Response:
-        """Records the request, then checks it as the real API does: its body, or the error to answer."""
+    async def _record(self, request: web.Request) -> tuple[RecordedRequest, object]:
+        """Records the request before any check, so tests can inspect rejected requests too: the
+        record and the parsed body (None when it is not JSON)."""
         raw = await request.read()
         try:
             body = orjson.loads(raw)
@@ -408,30 +430,37 @@ class MockUpstream:
         headers: dict[str, str] = {}
         for name, value in header_lines:  # a header on several lines is one list (RFC 9110)
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        # Record before validating, so tests can inspect rejected requests too.
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        self.requests.append(
-            RecordedRequest(
-                path=request.path,
-                query=dict(request.query),
-                headers=headers,
-                header_lines=header_lines,
-                body=body if isinstance(body, dict) else {},
-                connection=peer[1] if peer else 0,
-                raw=raw,
-            )
+        recorded = RecordedRequest(
+            path=request.path,
+            query=dict(request.query),
+            headers=headers,
+            header_lines=header_lines,
+            body=body if isinstance(body, dict) else {},
+            connection=peer[1] if peer else 0,
+            raw=raw,
         )
+        self.requests.append(recorded)
+        return recorded, body
 
+    async def _admit(self, request: web.Request, fields: frozenset[str]) -> dict | web.Response:
+        """Records the request, then checks it as the real API does: its body, or the error to answer."""
+        recorded, body = await self._record(request)
+        headers = recorded.headers
         if self.api_key is not None:
-            bearer = headers.get("authorization", "").removeprefix("Bearer ")
-            if self.api_key not in (headers.get("x-api-key"), bearer):
+            authorization = headers.get("authorization", "")
+            if headers.get("x-api-key") == self.api_key:
+                recorded.auth = Credential("x-api-key", self.api_key)
+            elif authorization == f"Bearer {self.api_key}":
+                recorded.auth = Credential("bearer", self.api_key)
+            else:
                 return self._error(401, "invalid x-api-key")
         version = headers.get("anthropic-version")
         if version is None:
             return self._error(400, "anthropic-version: header is required")
         if version not in ANTHROPIC_VERSIONS:
             return self._error(400, f"anthropic-version: invalid version {version!r}")
-        if body is None:
+        if not isinstance(body, dict):
             return self._error(400, "There was an error parsing the body of your request as JSON")
         try:
             validate(body, fields, validate_betas(headers.get("anthropic-beta", "")))
@@ -456,7 +485,10 @@ class MockUpstream:
         body = await self._admit(request, ALLOWED_FIELDS)
         if isinstance(body, web.Response):
             return body
+        return await self._answer(request, body, stream=bool(body.get("stream")))
 
+    async def _answer(self, request: web.Request, body: dict, *, stream: bool) -> web.StreamResponse:
+        """The reply to a valid request (an Anthropic body, `model` included): the next scenario's."""
         # Only valid requests consume a scenario; without one, the request decides the reply.
         sc = self._queue.popleft() if self._queue else Scenario(blocks=self._unscripted_blocks(body))
         try:
@@ -465,12 +497,12 @@ class MockUpstream:
             if sc.status != 200:
                 return self._error(sc.status, sc.error_message, sc.headers)
             message = self._message(body, sc)
-            if body.get("stream"):
+            if stream:
                 return await self._stream(request, message, sc)
             return web.Response(
                 body=orjson.dumps(message),
                 content_type="application/json",
-                headers={**sc.headers, "request-id": self._request_id()},
+                headers={**sc.headers, **self._message_headers(message)},
             )
         except asyncio.CancelledError:
             # handler_cancellation=True: the client went away while we were answering.
@@ -627,15 +659,26 @@ class MockUpstream:
         events.append({"type": "message_stop"})
         return events
 
+    # -- how a reply is written (a cloud's mock writes the same events its own way) ----------
+
+    def _message_headers(self, message: dict) -> dict[str, str]:
+        return {"request-id": self._request_id()}
+
+    def _stream_headers(self) -> dict[str, str]:
+        return {"content-type": "text/event-stream", "cache-control": "no-cache", "request-id": self._request_id()}
+
+    def _frame(self, event: dict, message: dict) -> bytes:
+        """One stream event as written; `message` is the whole answer it is part of."""
+        return _sse(event)
+
+    def _stream_error(self, sc: Scenario, request_id: str) -> bytes:
+        """The failure after the status (200) is sent: an event, after which the stream ends."""
+        error = {"type": sc.stream_error_type, "message": sc.stream_error_message}
+        return _sse({"type": "error", "error": error, "request_id": request_id})
+
     async def _stream(self, request: web.Request, message: dict, sc: Scenario) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                **sc.headers,
-                "content-type": "text/event-stream",
-                "cache-control": "no-cache",
-                "request-id": self._request_id(),
-            }
-        )
+        headers = self._stream_headers()
+        resp = web.StreamResponse(headers={**sc.headers, **headers})
         try:
             await resp.prepare(request)
             for n, event in enumerate(self._events(message, sc)):
@@ -649,11 +692,9 @@ class MockUpstream:
                 if n == sc.stall_after:
                     await asyncio.Event().wait()  # until the client goes (handler_cancellation)
                 if n == sc.error_after:
-                    # The status is already 200, so the failure arrives as an event and the stream ends.
-                    error = {"type": "overloaded_error", "message": sc.stream_error_message}
-                    await resp.write(_sse({"type": "error", "error": error, "request_id": resp.headers["request-id"]}))
+                    await resp.write(self._stream_error(sc, headers[self.REQUEST_ID_HEADER]))
                     break
-                await resp.write(_sse(event))
+                await resp.write(self._frame(event, message))
             if sc.end_delay:
                 await asyncio.sleep(sc.end_delay)
             await resp.write_eof()
