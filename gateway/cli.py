@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
@@ -91,9 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
 
-    mock = commands.add_parser("mock-upstream", help="run the mock Anthropic Messages upstream")
+    mock = commands.add_parser("mock-upstream", help="run the mock upstream: Anthropic's API, Bedrock's or Vertex AI's")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=_port, default=8081)
+    mock.add_argument(
+        "--provider",
+        choices=("anthropic", "bedrock", "vertex"),
+        default="anthropic",
+        help="the API it speaks; bedrock and vertex print the credentials they accept",
+    )
 
     admin_commands.add_commands(commands, storage_options)
 
@@ -107,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-config":
             return check_config(args.file)
         if args.command == "mock-upstream":
-            from gateway.mock.upstream import run
+            from gateway.mock import bedrock, upstream, vertex
 
+            runs: dict[str, Callable[[str, int], None]] = {"bedrock": bedrock.run, "vertex": vertex.run}
+            run = runs.get(args.provider, upstream.run)
             try:
                 run(args.host, args.port)  # it says it listens only once it does
             except OSError as error:  # the only thing it does that the system may refuse
