@@ -132,9 +132,13 @@ class VertexMock(MockUpstream):
         if not isinstance(assertion, str):
             return _oauth_error("invalid_request", "Missing required parameter: assertion")
         try:
-            claims = jwt.decode(assertion, certs=self._public_key, audience=[GOOGLE_TOKEN_AUDIENCE, self._token_uri])
+            claims = jwt.decode(assertion, certs=self._public_key)  # its signature, iat and exp
         except (ValueError, google_exceptions.GoogleAuthError) as exc:
             return _oauth_error("invalid_grant", f"Invalid JWT Signature. ({exc})")
+        if claims.get("aud") not in (GOOGLE_TOKEN_AUDIENCE, self._token_uri):
+            return _oauth_error(
+                "invalid_grant", f"Invalid JWT: the audience {claims.get('aud')!r} is not this endpoint."
+            )
         if claims.get("iss") != self.client_email:
             return _oauth_error("invalid_grant", "Invalid JWT: the issuer is not this key's service account.")
         if CLOUD_PLATFORM_SCOPE not in str(claims.get("scope", "")).split():
