@@ -311,7 +311,9 @@ class BedrockMock(MockUpstream):
     def _refuse(self, refusal: BedrockRefusal) -> web.Response:
         return self._aws_error(refusal.status, refusal.name, str(refusal), refusal.namespace)
 
-    def _aws_error(self, status: int, name: str, message: str, namespace: str, headers: dict | None = None):
+    def _aws_error(
+        self, status: int, name: str, message: str, namespace: str, headers: dict | None = None
+    ) -> web.Response:
         return web.Response(
             status=status,
             body=orjson.dumps({"message": message}),
