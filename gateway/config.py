@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import tomllib
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
@@ -88,6 +89,34 @@ def usd(text: str) -> Decimal:
     if problem is not None:
         raise ValueError(problem)
     return amount
+
+
+MAX_NAME = 200  # characters
+# The characters that reorder the text around them (Unicode's bidirectional formatting
+# characters): a name holding one can show as another name in a table or a page.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and paragraph separators
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a key, an organization or an admin token, or None: the one rule of
+    the config file, the CLI, the admin API and the console. A name is shown in tables, pages and
+    logs, so it is short and one line, and reorders nothing; it is given back where an id may
+    stand, so digits alone, which would read as an id, are refused."""
+    if not 0 < len(name) <= MAX_NAME:
+        return f"expected 1 to {MAX_NAME} characters, not {len(name)}"
+    for char in name:
+        if char in BIDI_CONTROLS or unicodedata.category(char) in NOT_TEXT:
+            return f"expected no control or bidirectional formatting character, not U+{ord(char):04X}"
+    if is_id(name):
+        return "expected a name that is not digits alone (digits are an id)"
+    return None
+
+
+def is_id(ref: str) -> bool:
+    """Whether `ref`, a thing's name or its id where either may stand, is an id: digits are
+    always one (names may not be digits alone; one an older version stored is reached by id)."""
+    return ref.isascii() and ref.isdigit()
 
 
 _zero_or_more = _rule(lambda v: v >= 0, "expected 0 or a positive integer")
@@ -366,14 +395,14 @@ DEFAULT_ORGANIZATION = "default"
 
 @dataclass(frozen=True)
 class OrganizationConfig:
-    name: str = _field(check=_non_empty)
+    name: str = _field(check=name_problem)
     balance_usd: Decimal | None = _field(None, check=usd_problem)  # shared by its keys; None: no balance limit
     suspended: bool = False  # its keys' requests get 403
 
 
 @dataclass(frozen=True)
 class KeyConfig:
-    name: str = _field(fallback=lambda values: "")
+    name: str = _field(check=lambda v: v and name_problem(v), fallback=lambda values: "")  # "": none
     key_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the plaintext key is never kept
     models: tuple[str, ...] = ("*",)  # globs of model ids this key may use
     spend_limit_usd: Decimal | None = _field(None, check=usd_problem)
@@ -400,7 +429,7 @@ class AdminTokenConfig:
     """An admin token declared in the file, by its SHA-256 digest (tokens made with the CLI live
     in the store)."""
 
-    name: str = _field(check=_non_empty)  # who made a change, in the audit log
+    name: str = _field(check=name_problem)  # who made a change, in the audit log
     role: str = _field(check=_rule(lambda v: v in ADMIN_ROLES, 'expected "admin" or "viewer"'))
     token_sha256: str = _field(check=_sha256_hex, clean=str.lower)  # the token itself is never kept
 

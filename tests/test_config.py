@@ -549,6 +549,30 @@ free = true
     ]
 
 
+def test_names_follow_the_rule_the_admin_commands_follow():
+    # Keys', organizations' and admin tokens' names, as the CLI, the admin API and the console
+    # check them (gateway.config.name_problem), each reported with its key path.
+    text = (
+        '[[organizations]]\nname = "42"\n'
+        f'[[keys]]\nkey = "k"\nname = "evil\u202etxt.exe"\n'
+        f'[[keys]]\nkey = "j"\nname = "{"n" * 201}"\n'
+        f'[admin]\ntokens = [{{ name = "7", role = "admin", token_sha256 = "{DIGEST}" }}]\n'
+    )
+    assert problems_of(text) == [
+        "organizations[0].name: expected a name that is not digits alone (digits are an id)",
+        "keys[0].name: expected no control or bidirectional formatting character, not U+202E",
+        "keys[1].name: expected 1 to 200 characters, not 201",
+        "admin.tokens[0].name: expected a name that is not digits alone (digits are an id)",
+    ]
+
+
+def test_a_key_may_have_no_name_and_names_of_200_characters_pass():
+    config = parse_config(
+        f'[[keys]]\nkey = "k"\n[[keys]]\nkey = "j"\nname = ""\n[[keys]]\nkey = "i"\nname = "{"n" * 200}"\n'
+    )
+    assert [key.name for key in config.keys] == ["", "", "n" * 200]
+
+
 def test_key_and_key_sha256_exactly_one():
     text = f'[[keys]]\nname = "neither"\n[[keys]]\nkey = "k"\nkey_sha256 = "{DIGEST}"\n'
     assert problems_of(text) == [

@@ -30,7 +30,7 @@ from gateway.admin.changes import AdminError
 from gateway.admin.openapi import OPENAPI
 from gateway.admin.tokens import AdminTokens, Holder, Refused, admin_tokens
 from gateway.clock import Clock, system
-from gateway.config import AdminConfig
+from gateway.config import AdminConfig, is_id
 from gateway.storage import KeyRecord, OrganizationRecord, Store
 from gateway.storage.records import key_view, organization_view
 from middlewares.core.credentials import bearer_token
@@ -267,7 +267,7 @@ class AdminHandlers:
     async def _organization(self, request: web.Request) -> OrganizationRecord:
         """By its id (digits), else by its name."""
         ref = request.match_info["id"]
-        if changes.is_id(ref):
+        if is_id(ref):
             organization_id = changes.row_id(ref)
             found = next((o for o in await self.store.list_organizations() if o.id == organization_id), None)
             if found is None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import getpass
 import hashlib
 import secrets
-import unicodedata
 from decimal import Decimal
 from typing import Any
 
-from gateway.config import MAX_USD
+from gateway.config import MAX_USD, is_id, name_problem
 from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, PastTheCap, Store
 
 KEY_PREFIX = "sk-ezat-"
@@ -49,38 +48,10 @@ class Invalid(AdminError):
     pass
 
 
-MAX_NAME = 200  # characters
-# The characters that reorder the text around them (Unicode's bidirectional formatting
-# characters): a name holding one can show as another name in a table or a page.
-BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and paragraph separators
-
-
-def name_problem(name: str) -> str | None:
-    """Why `name` cannot name a key, an organization or an admin token, or None: the one rule of
-    the CLI, the admin API and the console. A name is shown in tables, pages and logs, so it is
-    short and one line, and reorders nothing; it is given back where an id may stand, so digits
-    alone, which would read as an id, are refused."""
-    if not 0 < len(name) <= MAX_NAME:
-        return f"expected 1 to {MAX_NAME} characters, not {len(name)}"
-    for char in name:
-        if char in BIDI_CONTROLS or unicodedata.category(char) in NOT_TEXT:
-            return f"expected no control or bidirectional formatting character, not U+{ord(char):04X}"
-    if is_id(name):
-        return "expected a name that is not digits alone (digits are an id)"
-    return None
-
-
 def _check_name(name: str) -> None:
     problem = name_problem(name)
     if problem is not None:
         raise Invalid(f"name: {problem}")
-
-
-def is_id(ref: str) -> bool:
-    """Whether `ref`, a thing's name or its id where either may stand, is an id: digits are
-    always one (names may not be digits alone; one an older version stored is reached by id)."""
-    return ref.isascii() and ref.isdigit()
 
 
 def cli_actor() -> str:

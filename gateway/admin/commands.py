@@ -21,7 +21,7 @@ from gateway.accounting.usage import USAGE_COLUMNS, USAGE_GROUPS, usage_csv, usa
 from gateway.admin import changes
 from gateway.admin.changes import AdminError
 from gateway.clock import Clock, from_environment
-from gateway.config import MAX_PER_MINUTE, usd
+from gateway.config import MAX_PER_MINUTE, is_id, name_problem, usd
 from gateway.storage import AdminTokenRecord, KeyRecord, OrganizationRecord, Store, open_store
 from middlewares.core.periods import PERIODS
 
@@ -152,8 +152,8 @@ def _amount(text: str) -> Decimal:
 
 
 def _name(text: str) -> str:
-    """An argparse type: a key's, an organization's or an admin token's name (changes.name_problem)."""
-    problem = changes.name_problem(text)
+    """An argparse type: a key's, an organization's or an admin token's name (gateway.config.name_problem)."""
+    problem = name_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
@@ -486,7 +486,7 @@ KEY_COLUMNS = [
 def _one_key(keys: list[KeyRecord], ref: str) -> KeyRecord | str:
     """The key `ref` names on the command line: by its id (digits), else by its name; or why
     none does (a name that several keys share is refused: their ids tell them apart)."""
-    if changes.is_id(ref):
+    if is_id(ref):
         found = [key for key in keys if key.id == changes.row_id(ref)]
         return found[0] if found else f"no key numbered {ref}"
     named = [key for key in keys if key.name == ref]
