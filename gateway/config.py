@@ -416,6 +416,18 @@ class KeyConfig:
     budget_period: str | None = _field(None, check=_rule(lambda v: v in PERIODS, 'expected "day", "week" or "month"'))
 
 
+def budget_problem(period: str | None, limit: Decimal | None) -> str | None:
+    """Why a key cannot have `period` as its budget period with `limit` as its spend limit, or
+    None: a budget period is what a spend limit counts over, so alone it would limit nothing.
+    The config file's rule and the admin commands' (gateway/admin/changes.py)."""
+    if period is not None and limit is None:
+        return (
+            f"a budget period ({period}) needs a spend limit to count over: give the key a spend limit too, "
+            "or no budget period"
+        )
+    return None
+
+
 ADMIN_ROLES = ("admin", "viewer")  # an admin reads and writes; a viewer only reads
 SESSION_KEY_BYTES = 32  # HMAC-SHA256, which signs the console's sign-in form cookie (gateway/admin/console/)
 _session_key = _rule(
@@ -752,6 +764,11 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
         values[f.name] = value
     if cls is Model and not _pricing_problems(raw, path, problems):
         return _INVALID
+    if cls is KeyConfig:
+        period, limit = values.get("budget_period"), values.get("spend_limit_usd")
+        if period is not _INVALID and limit is not _INVALID and (problem := budget_problem(period, limit)):
+            problems.append(f"{_join(path, 'budget_period')}: {problem}")
+            return _INVALID
     if unknown or any(value is _INVALID for value in values.values()):
         return _INVALID
     return cls(**values)

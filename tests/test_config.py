@@ -573,6 +573,17 @@ def test_a_key_may_have_no_name_and_names_of_200_characters_pass():
     assert [key.name for key in config.keys] == ["", "", "n" * 200]
 
 
+def test_a_budget_period_needs_a_spend_limit_as_in_the_admin_api():
+    text = '[[keys]]\nkey = "k"\nbudget_period = "month"\n[[keys]]\nkey = "j"\nbudget_period = "day"\nspend_limit_usd = 5\n'
+    assert problems_of(text) == [
+        "keys[0].budget_period: a budget period (month) needs a spend limit to count over: "
+        "give the key a spend limit too, or no budget period"
+    ]
+    # A spend limit already reported as bad adds no second problem.
+    text = '[[keys]]\nkey = "k"\nbudget_period = "month"\nspend_limit_usd = -1\n'
+    assert problems_of(text) == ["keys[0].spend_limit_usd: expected an amount of USD from 0 to 1,000,000,000,000"]
+
+
 def test_key_and_key_sha256_exactly_one():
     text = f'[[keys]]\nname = "neither"\n[[keys]]\nkey = "k"\nkey_sha256 = "{DIGEST}"\n'
     assert problems_of(text) == [

@@ -14,7 +14,7 @@ import secrets
 from decimal import Decimal
 from typing import Any
 
-from gateway.config import MAX_USD, is_id, name_problem
+from gateway.config import MAX_USD, budget_problem, is_id, name_problem
 from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, PastTheCap, Store
 
 KEY_PREFIX = "sk-ezat-"
@@ -151,12 +151,9 @@ def _writable_key(key: KeyRecord, ref: str | None) -> None:
 
 
 def _check_budget(period: str | None, limit: Decimal | None) -> None:
-    """A budget period is what a spend limit counts over: alone it would limit nothing."""
-    if period is not None and limit is None:
-        raise Invalid(
-            f"a budget period ({period}) needs a spend limit to count over: give the key a spend limit too, "
-            "or no budget period"
-        )
+    problem = budget_problem(period, limit)
+    if problem is not None:
+        raise Invalid(problem)
 
 
 async def _organization_id(store: Store, name: str) -> int:
