@@ -101,13 +101,16 @@ NOT_TEXT = ("Cc", "Cs", "Zl", "Zp")  # controls, lone surrogates, line and parag
 def name_problem(name: str) -> str | None:
     """Why `name` cannot name a key, an organization or an admin token, or None: the one rule of
     the config file, the CLI, the admin API and the console. A name is shown in tables, pages and
-    logs, so it is short and one line, and reorders nothing; it is given back where an id may
-    stand, so digits alone, which would read as an id, are refused."""
+    logs, so it is short and one line, reorders nothing and has no space at either end (which
+    no one sees); it is given back where an id may stand, so digits alone, which would read as an
+    id, are refused. Every caller takes a name as given: none trims it."""
     if not 0 < len(name) <= MAX_NAME:
         return f"expected 1 to {MAX_NAME} characters, not {len(name)}"
     for char in name:
         if char in BIDI_CONTROLS or unicodedata.category(char) in NOT_TEXT:
             return f"expected no control or bidirectional formatting character, not U+{ord(char):04X}"
+    if name != name.strip():  # "alice " beside "alice" in a table: two names that look like one
+        return "expected no space at either end"
     if is_id(name):
         return "expected a name that is not digits alone (digits are an id)"
     return None

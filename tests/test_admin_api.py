@@ -334,6 +334,8 @@ async def test_every_organization_operation_and_its_audit_entry(admin):
         ("POST", "/keys", {"name": "invoice\u202eexe.pdf"}, 400, "name: expected no control or bidirectional"),
         ("POST", "/keys", {"name": "two\nlines"}, 400, "formatting character, not U+000A"),
         ("POST", "/keys", {"name": "007"}, 400, "name: expected a name that is not digits alone"),
+        ("POST", "/keys", {"name": " padded"}, 400, "name: expected no space at either end"),
+        ("POST", "/organizations", {"name": "acme\u00a0"}, 400, "name: expected no space at either end"),
         ("POST", "/keys", {"name": "x", "spend_limit_usd": "5_000"}, 400, "spend_limit_usd: expected an amount"),
         ("POST", "/keys", {"name": "x", "spend_limit_usd": "١٢"}, 400, "as a plain decimal number such as 12.50"),
         ("POST", "/keys", {"name": "x", "spend_limit_usd": "1e3"}, 400, "as a plain decimal number such as 12.50"),

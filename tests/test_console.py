@@ -289,6 +289,7 @@ async def test_a_key_made_in_the_console_has_a_name_and_an_amount_as_the_cli_and
             "name: expected no control or bidirectional formatting character, not U+202E",
         ),
         ({"name": "42"}, "name: expected a name that is not digits alone (digits are an id)"),
+        ({"name": " padded "}, "name: expected no space at either end"),  # refused, not trimmed
         ({"name": "plain", "spend_limit_usd": "5_000"}, "Spend limit: expected an amount of USD as a plain decimal"),
         ({"name": "plain", "spend_limit_usd": "١٢"}, "Spend limit: expected an amount of USD as a plain decimal"),
     ):

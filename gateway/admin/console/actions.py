@@ -85,8 +85,9 @@ class Actions:
     # --- keys
 
     async def create_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        name = str(form.get("name", "")).strip()
-        organization = str(form.get("organization", "")).strip() or None
+        # As given, not trimmed: the CLI and the API take names so (changes refuses a space at an end).
+        name = str(form.get("name", ""))
+        organization = str(form.get("organization", "")) or None
         limit_text = str(form.get("spend_limit_usd", "")).strip()
         fields: dict = {"name": name}  # checked by changes.create_key, as the CLI's and the API's are
         period = str(form.get("budget_period", "")).strip()
