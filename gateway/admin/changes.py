@@ -210,11 +210,10 @@ async def top_up_organization(
         raise Conflict(
             f"organization {organization.name!r} has no balance limit to add to: give it a balance_usd first"
         )
-    # Checked on the balance as read, for the message, and again by the store under its lock:
-    # two top-ups at once could each fit what the other has not added yet.
+    # The cap is checked by the store, under its lock, on the balance it finds there: a check on
+    # the balance as read here could pass two top-ups at once that each fit what the other had
+    # not added yet. PastTheCap carries that balance, for the message.
     try:
-        if organization.balance_usd + amount_usd > MAX_USD:
-            raise PastTheCap(organization.balance_usd)
         changed = await store.top_up_organization(
             organization.name, amount_usd, most=MAX_USD, audit=AuditNote(actor, "organization.top_up")
         )
