@@ -382,25 +382,19 @@ class PostgresStore:
 
     # --- the console's sessions
 
-    @property
-    def _opened(self) -> asyncpg.Pool:
-        """The pool, which open() made."""
-        assert self._pool is not None, "the store is not open"
-        return self._pool
-
     async def create_session(self, session: SessionRecord) -> None:
-        async with self._opened.acquire() as db, db.transaction():
+        async with self._pool.acquire() as db, db.transaction():
             await db.execute("DELETE FROM sessions WHERE expires_at <= now()")
             await db.execute(f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)", *session)
 
     async def find_session(self, id_sha256: str) -> SessionRecord | None:
-        row = await self._opened.fetchrow(
+        row = await self._pool.fetchrow(
             f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id_sha256 = $1 AND expires_at > now()", id_sha256
         )
         return None if row is None else SessionRecord(*row[:4], *(moment.astimezone(UTC) for moment in row[4:]))
 
     async def delete_session(self, id_sha256: str) -> None:
-        await self._opened.execute("DELETE FROM sessions WHERE id_sha256 = $1", id_sha256)
+        await self._pool.execute("DELETE FROM sessions WHERE id_sha256 = $1", id_sha256)
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         rows = await self._pool.fetch(
