@@ -126,7 +126,9 @@ class PostgresStore:
     async def open(self) -> None:
         # No floor of idle connections (min_size=0): asyncpg keeps one by a loop of its own that
         # logs a traceback at each try while the database is down, which the outage is not (it is
-        # logged once: unavailable.py). Connections open as requests need them and are kept.
+        # logged once: unavailable.py). Connections open as requests need them, and one left idle
+        # for asyncpg's max_inactive_connection_lifetime (300 s) is closed: a quiet gateway holds
+        # none, and its next request opens one again.
         self._pool = await asyncpg.create_pool(
             self.url, min_size=0, max_size=self._pool_size, timeout=_TIMEOUT, command_timeout=_TIMEOUT
         )
