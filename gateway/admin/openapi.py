@@ -22,7 +22,10 @@ REASONS = {
     403: "A viewer's token, on a route that changes something.",
     404: "No such key or organization.",
     409: "Declared in the config file (change it there), or in conflict with what exists.",
-    429: "Too many failed sign-ins from this address; see retry-after.",
+    429: (
+        "A wrong token from an address past failed_attempts_per_minute: refused for the rest of that "
+        "minute (retry-after, in seconds); a valid token from it is always accepted."
+    ),
 }
 
 
