@@ -19,7 +19,7 @@ import pytest
 
 from gateway.admin.api import PREFIX
 from gateway.admin.openapi import OPENAPI
-from gateway.config import AdminConfig, AdminTokenConfig, OrganizationConfig
+from gateway.config import AdminConfig, AdminTokenConfig, OrganizationConfig, usd
 from gateway.storage import open_store
 from tests.support import KEY, MODEL, make_config, run_command
 from tests.test_admin_cli import in_database_files
@@ -440,6 +440,35 @@ async def test_the_openapi_document_describes_every_route_and_no_other(admin):
     text = json.dumps(document)
     for ref in set(re.findall(r'"\$ref": "#/components/(\w+)/(\w+)"', text)):
         assert ref[1] in document["components"][ref[0]], ref
+
+
+@pytest.mark.parametrize(
+    "text", ["12.50", "5", "0", "0.000000001", "5_000", "1e3", "+5", ".5", "5.", "-1", "\u0661\u0662", "", "1 2"]
+)
+def test_the_documented_amount_pattern_is_the_one_the_parser_takes(text):
+    """An amount string matches the OpenAPI document's pattern exactly when usd() takes it (within
+    the range, which the pattern does not describe)."""
+    pattern = OPENAPI["components"]["schemas"]["TopUp"]["properties"]["amount_usd"]["oneOf"][1]["pattern"]
+    try:
+        taken = usd(text) is not None
+    except ValueError:
+        taken = False
+    assert (re.search(pattern, text) is not None) == taken
+
+
+def test_the_document_gives_names_their_bounds_and_every_route_its_503():
+    schemas = OPENAPI["components"]["schemas"]
+    for name in (schemas["KeyCreate"]["properties"]["name"], schemas["OrganizationCreate"]["properties"]["name"]):
+        assert (name["minLength"], name["maxLength"]) == (1, 200)
+    assert "store_unavailable" in OPENAPI["components"]["responses"]["E503"]["description"]
+    assert "retry-after" in OPENAPI["components"]["responses"]["E503"]["headers"]
+    routes = [
+        operation
+        for path, operations in OPENAPI["paths"].items()
+        if path != "/admin/v1/openapi.json"
+        for operation in operations.values()
+    ]
+    assert all("503" in operation["responses"] for operation in routes)
 
 
 async def test_amounts_out_of_range_are_400s(admin):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.accounting.usage import USAGE_COLUMNS
+from gateway.config import MAX_NAME
+from gateway.storage.unavailable import RETRY_AFTER
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -26,12 +28,21 @@ REASONS = {
         "A wrong token from an address past failed_attempts_per_minute: refused for the rest of that "
         "minute (retry-after, in seconds); a valid token from it is always accepted."
     ),
+    503: (
+        "The gateway's database cannot be reached (error code store_unavailable); "
+        f"try again after retry-after ({RETRY_AFTER} s)."
+    ),
+}
+# The errors that say when to try again, in seconds.
+RETRY_AFTER_HEADER = {
+    "retry-after": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}
 }
 
 
 def _responses(ok: dict[str, Any], *errors: int, status: str = "200") -> dict[str, Any]:
-    """`ok`, and the errors: 401 and 429 on every route, and `errors`."""
-    refs = {str(code): {"$ref": f"#/components/responses/E{code}"} for code in sorted({401, 429, *errors})}
+    """`ok`, and the errors: 401, 429 and 503 on every route (each looks its token up in the
+    store), and `errors`."""
+    refs = {str(code): {"$ref": f"#/components/responses/E{code}"} for code in sorted({401, 429, 503, *errors})}
     return {status: ok, **refs}
 
 
@@ -49,9 +60,19 @@ MONEY = {
     "type": ["string", "null"],
     "description": 'USD, a decimal string of nine places ("12.500000000"); null: no limit.',
 }
+# An amount as a string: ASCII digits, then a point and digits if any (gateway.config.usd's
+# PLAIN_DECIMAL; a "-" it reads is refused as below 0, so the pattern leaves it out).
+AMOUNT_TEXT = {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$", "examples": ["12.50"]}
 MONEY_IN = {
-    "oneOf": [{"type": "number", "minimum": 0}, {"type": "string"}, {"type": "null"}],
-    "description": "USD: a number or a decimal string; null: no limit.",
+    "oneOf": [{"type": "number", "minimum": 0}, AMOUNT_TEXT, {"type": "null"}],
+    "description": 'USD: a number, or a plain decimal string ("12.50"; not "1e3" nor "5_000"), at most '
+    "1,000,000,000,000 and 9 decimal places; null: no limit.",
+}
+NAME_IN = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_NAME,
+    "description": "No control or bidirectional formatting character, no space at either end, not digits alone.",
 }
 BUDGET_PERIOD = {
     "type": ["string", "null"],
@@ -61,7 +82,7 @@ BUDGET_PERIOD = {
 COUNT_IN = {"type": ["integer", "null"], "minimum": 0, "description": "0 or null: no limit."}
 
 KEY_SETTINGS = {
-    "name": {"type": "string"},
+    "name": NAME_IN,
     "models": {"type": "array", "items": {"type": "string"}, "description": 'Model id globs, e.g. "anthropic/*".'},
     "spend_limit_usd": MONEY_IN,
     "budget_period": BUDGET_PERIOD,
@@ -149,7 +170,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["name"],
         "additionalProperties": False,
-        "properties": {"name": {"type": "string"}, "balance_usd": MONEY_IN, "suspended": {"type": "boolean"}},
+        "properties": {"name": NAME_IN, "balance_usd": MONEY_IN, "suspended": {"type": "boolean"}},
     },
     "OrganizationPatch": {
         "type": "object",
@@ -160,7 +181,7 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["amount_usd"],
         "additionalProperties": False,
-        "properties": {"amount_usd": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]}},
+        "properties": {"amount_usd": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, AMOUNT_TEXT]}},
     },
     "OrganizationPage": {
         "type": "object",
@@ -389,7 +410,11 @@ OPENAPI: dict[str, Any] = {
         "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer", "description": "ezat-admin-…"}},
         "schemas": SCHEMAS,
         "responses": {
-            f"E{status}": {"description": reason, "content": {"application/json": {"schema": _ref("Error")}}}
+            f"E{status}": {
+                "description": reason,
+                "content": {"application/json": {"schema": _ref("Error")}},
+                **({"headers": RETRY_AFTER_HEADER} if status in (429, 503) else {}),
+            }
             for status, reason in REASONS.items()
         },
     },
