@@ -1,8 +1,8 @@
 """The console's plots, as inline SVG: spend and requests per day as bars, and a key's spend
 against its budget.
 
-They draw numbers they are given (the usage report's, gateway/admin/commands.py, which the admin API and
-the CLI print): nothing here adds spend up."""
+They draw numbers they are given (the usage report's, gateway/accounting/usage.py, which the
+admin API and the CLI print): nothing here adds spend up."""
 
 from __future__ import annotations
 
