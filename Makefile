@@ -29,7 +29,7 @@ demo: $(READY)
 # process; each worker has its own Redis database, counting down from EZAT_TEST_REDIS_URL's.
 TEST_WORKERS ?= 2
 test: $(READY)
-	@echo "make test: the whole suite takes about 10 minutes on 2 cores in one process, less in $(TEST_WORKERS) workers (its first run installs the Node.js clients too)"
+	@echo "make test: the whole suite takes about 7 minutes on 2 cores in 2 workers, over 10 in one process (its first run installs the Node.js clients too)"
 	$(BIN)/pytest -q -rs -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # docs/images/console-overview.png, docs/admin.md's picture of the console, made again from demo
