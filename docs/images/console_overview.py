@@ -1,14 +1,13 @@
 """Makes console-overview.png beside this file, docs/admin.md's picture of the console's overview:
 a gateway on loopback with a month of made-up spend (in SQLite in a temporary folder), signed in
 and photographed by Debian's chromium, driven by Playwright as tests/test_console.py drives it.
-The clock is fixed (EZAT_NOW) and the spend drawn from a seeded generator, so every run makes the
+The clock is fixed (the app's `now`) and the spend drawn from a seeded generator, so every run makes the
 same picture. `make docs-images` runs it; it needs /usr/bin/chromium (apt-get install chromium)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import random
 import sys
 import tempfile
@@ -85,7 +84,7 @@ def ledger(key_ids: list[int]) -> list[LedgerRow]:
 
 async def photograph(folder: Path) -> None:
     config = parse_config(config_text(folder / "ezat.db"))
-    runner = app_runner(build_app(config), config.server)
+    runner = app_runner(build_app(config, now=lambda: NOW), config.server)  # the plot's thirty days
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -115,7 +114,6 @@ async def photograph(folder: Path) -> None:
 def main() -> None:
     if not Path(CHROMIUM).exists():
         sys.exit(f"{CHROMIUM} is missing: apt-get install chromium (as root)")
-    os.environ["EZAT_NOW"] = NOW.isoformat()  # the gateway's idea of now: the plot's thirty days
     with tempfile.TemporaryDirectory() as folder:
         asyncio.run(photograph(Path(folder)))
     print(f"wrote {PICTURE}")

@@ -59,7 +59,7 @@ class Ledger:
             try:
                 written = self._store.write_ledger_now([row])
             except StoreUnavailable:  # the usual way below tries again (the outage is logged once)
-                written = False
+                pass
             except Exception as exc:  # the usual way below tries again
                 log.warning("ledger write of 1 row failed: %r", exc)
             else:

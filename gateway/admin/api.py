@@ -148,11 +148,11 @@ class AdminHandlers:
             and (name is None or key.name == name)
             and (revoked is None or key.revoked == revoked)
         ]
-        reserved = await self.store.reserved()
+        reserved, now = await self.store.reserved(), self.now()  # one now for the page: one period
         page = matching[:limit]
         return _json(
             {
-                "data": [_key(key, reserved, self.now()) for key in page],
+                "data": [_key(key, reserved, now) for key in page],
                 "next": str(page[-1].id) if len(matching) > limit else None,
             }
         )

@@ -124,7 +124,7 @@ class Pages:
                 budget_bar(key.spent_in_period(now), key.spend_limit_usd),
                 text(_period(key)),
                 text(_status(key, now)),
-                _key_buttons(key, admin) if admin.writes else "",
+                _key_buttons(key) if admin.writes else "",
             )
             for key in keys
         ]
@@ -179,7 +179,7 @@ class Pages:
         recent = rows[-RECENT_REQUESTS:][::-1]
         body = [
             f"<h1>Key {key.id}: {text(key.name or '(no name)')}</h1>",
-            _key_buttons(key, admin) if admin.writes else "",
+            _key_buttons(key) if admin.writes else "",
             table(("setting", "value"), settings),
             f"<h2>Spend per day, {first.isoformat()} to {last.isoformat()} (UTC)</h2>",
             spend_per_day(numbers.spend_by_day(rows), first, last, label=f"Spend per day of key {key.id}"),
@@ -280,7 +280,7 @@ def _key_label(key: KeyRecord | None, ref: str) -> str:
     return f"{key.name or '(no name)'} ({key.id})" if key is not None else f"key {ref}"
 
 
-def _key_buttons(key: KeyRecord, admin: Admin) -> str:
+def _key_buttons(key: KeyRecord) -> str:
     """Rotate and revoke, for a key the console may change (the config file's are its own): links
     to the pages that ask first (actions.py)."""
     if key.from_config or key.revoked:
@@ -332,6 +332,6 @@ def _value(name: str, value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "none"
-    if name.endswith("_usd"):  # an amount, kept as the exact decimal string it was
+    if name.endswith("_usd"):  # an amount (kept as an exact decimal string), at people's precision
         return usd_text(value)
     return str(value)
