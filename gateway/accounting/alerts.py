@@ -33,6 +33,7 @@ from gateway.clock import Clock, system
 from gateway.config import AlertConfig
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.storage import Alert, AlertDelivery, KeyRecord, LedgerRow, OrganizationRecord, Store
+from gateway.storage.unavailable import StoreUnavailable
 from middlewares.core.addresses import PublicOnlyResolver, is_public, literal_address
 from middlewares.core.periods import next_start, period_start
 
@@ -122,8 +123,9 @@ class Alerts:
                 key_ids, self._changed = sorted(self._changed), set()
                 try:
                     claimed = await self._claim_crossed(await self._store.keys_by_id(key_ids))
-                except Exception:  # the store may be briefly away: these keys are checked again
-                    log.exception("checking spend against the alerts' thresholds failed")
+                except Exception as exc:  # the store may be briefly away: these keys are checked again
+                    if not isinstance(exc, StoreUnavailable):  # an outage is logged once, as it begins
+                        log.exception("checking spend against the alerts' thresholds failed")
                     self._changed.update(key_ids)
                     await asyncio.sleep(RECHECK_AFTER)
                     continue
@@ -220,6 +222,8 @@ class Alerts:
             self._due.clear()
             try:
                 due, given_up = await self._store.due_alerts(LEASE, GIVE_UP_AFTER)
+            except StoreUnavailable:  # the next look tries again; an outage is logged once
+                continue
             except Exception:  # the store may be briefly away: the next look tries again
                 log.exception("looking for alerts to send failed")
                 continue

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway.storage import Store, StoredResponse
 from gateway.storage.group_commit import GroupCommit
+from gateway.storage.unavailable import StoreUnavailable
 from middlewares.core.context import API_KEY
 from middlewares.core.errors import GatewayError, invalid_request
 
@@ -65,6 +66,8 @@ class KeptResponses:
                 if self._store.put_responses_now([stored]):
                     self._commit.written_alone()
                     return
+            except StoreUnavailable:  # the usual way below tries again; an outage is logged once
+                pass
             except Exception as exc:  # the usual way below tries again
                 log.warning("keeping response %s at once failed: %r", stored.response_id, exc)
         if self._next_written is None:
@@ -91,6 +94,10 @@ class KeptResponses:
     async def _write(self, group: list[StoredResponse]) -> None:
         try:
             await self._store.put_responses(group)
+        except StoreUnavailable:
+            # None of them is kept, and one at a time would fail alike; the outage is logged once,
+            # as it begins and ends, not once a response.
+            return
         except Exception as exc:
             if len(group) == 1:
                 log.error("keeping response %s failed, so it is not stored: %r", group[0].response_id, exc)
