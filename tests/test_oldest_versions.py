@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What the stage tests and their fixtures (tests/conftest.py, tests/support.py) import besides the
 # runtime dependencies, by their names in the `test` extra.
-TEST_PACKAGES = {"pytest", "pytest-aiohttp", "pytest-asyncio", "aioresponses", "openai"}
+TEST_PACKAGES = {"pytest", "pytest-aiohttp", "pytest-asyncio", "aioresponses", "openai", "hypothesis"}
 
 # The stages' tests: each stage mounted alone, and the behaviour of each one through the gateway.
 STAGE_TESTS = [
