@@ -176,6 +176,27 @@ async def test_admission_holds_the_dearest_tier_a_request_may_be_billed_at(start
     assert len(upstream.requests) == 1
 
 
+async def test_admission_holds_the_long_context_rates_of_a_long_request(start_gateway, upstream):
+    """A request whose estimated input is past the long-context threshold (here 1,000 tokens) is
+    reserved at the long-context rates, which then price every token of it: 1,000 output tokens
+    at $22.50 a million and its input at $7.50 do not fit $0.03, though at the standard rates they
+    would; the same request without the long text does."""
+    standard_only = PRICING[: PRICING.index("[models.pricing.priority]")].replace("200000", "1000")
+    pricing = parse_config(standard_only, env={}).models[0].pricing
+    config = make_config(upstream.url)
+    model = replace(config.models[0], pricing=pricing)
+    key = replace(config.keys[0], spend_limit_usd=Decimal("0.03"))
+    gateway = await start_gateway(replace(config, models=(model, *config.models[1:]), keys=(key,)))
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            long = [{"role": "user", "content": "x" * 8000}]  # about 2,000 tokens by the estimate
+            await claude.messages.create(model=MODEL, max_tokens=1000, messages=long)
+        assert refused.value.status_code == 402 and "less than this request may cost" in refused.value.message
+        assert upstream.requests == []
+        await claude.messages.create(model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "Hi"}])
+    assert len(upstream.requests) == 1
+
+
 async def test_a_model_without_server_tool_prices_bills_anthropics(start_gateway, upstream):
     """A pricing that names no server tool fee bills the upstream's own: $10 per 1,000 searches."""
     gateway = await start_gateway(make_config(upstream.url))
