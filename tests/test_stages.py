@@ -29,7 +29,7 @@ from middlewares.auth import auth_middleware
 from middlewares.billing import billing_middleware
 from middlewares.bounds import bounds_middleware
 from middlewares.cache_breakpoints import cache_breakpoints_middleware
-from middlewares.core import API_KEY, BODY, ChainError, GatewayError, KeyRecord, checked, stage
+from middlewares.core import API_KEY, BODY, SESSION, ChainError, GatewayError, KeyRecord, checked, stage
 from middlewares.core import MODEL as MODEL_KEY
 from middlewares.images import ImageLimits, images_middleware
 from middlewares.limits import limits_middleware
@@ -588,3 +588,15 @@ async def test_a_foreign_apps_requests_never_keep_their_place(foreign, mounted):
     # The key may run one request at once: a second one could not if the first kept its place.
     assert [(await post(app, HELLO))[0] for _ in range(3)] == [expected] * 3
     assert recorded == []  # a reply that is no message of the upstream's is not billed
+
+
+def test_a_key_a_stage_provides_itself_is_not_reported_missing(caplog):
+    """A stage may read what it sets itself (the way out reads what the way in set)."""
+    caplog.set_level("DEBUG", logger="ezat.chain")
+
+    @stage("own", provides=(SESSION,), reads=(SESSION,))
+    async def own(request, handler):
+        return await handler(request)
+
+    assert checked([own]) == [own]
+    assert caplog.messages == []

@@ -96,7 +96,7 @@ def checked(middlewares: Sequence[Middleware], handler: Endpoint | None = None) 
         for key in sorted(this.requires - provided, key=key_name):
             _out_of_order(this, key, "needs", later_stages)
             raise ChainError(f"{this.name} needs the request's {key_name(key)}, which no stage before it provides")
-        for key in sorted(this.reads - provided, key=key_name):
+        for key in sorted(this.reads - provided - this.provides, key=key_name):  # its own: set before read
             _out_of_order(this, key, "reads", later_stages)
             if handler is None or key not in handler.keys.provides:
                 log.debug("%s reads the request's %s, which no stage provides here", this.name, key_name(key))
