@@ -11,9 +11,14 @@ from decimal import Decimal
 
 import asyncpg
 import pytest
+from yarl import URL
 
 from gateway.accounting.ledger import Ledger
-from gateway.storage import StoredResponse
+from gateway.routes.stored_responses import KeptResponses
+from gateway.storage import StoredResponse, open_store
+from gateway.storage.unavailable import StoreUnavailable
+from tests.conftest import POSTGRES_URL
+from tests.support import Link
 from tests.test_storage import migrations, older_database, opened, query, row, store_url  # noqa: F401 (fixtures)
 
 
@@ -244,3 +249,23 @@ async def test_replicas_sweeping_at_once_delete_each_expired_response_once(
     assert await query(postgres_url, "SELECT response_id FROM responses") == [("resp_live",)]
     assert "stored responses failed" not in caplog.text
     assert (await replicas[2].get_response("resp_live", key.id)).response_id == "resp_live"
+
+
+async def test_responses_kept_while_the_database_is_out_are_given_up_quietly(postgres_url, caplog):
+    """The database out of reach as responses are kept: none is, and the log does not say so
+    once a response (the outage is told once, as it begins and ends, by the requests it refuses)."""
+    link = await Link(URL(POSTGRES_URL).port).start()
+    store = open_store(link.url(postgres_url))
+    await store.open()
+    try:
+        kept = KeptResponses(store, retention_days=1)
+        link.cut()
+        for i in range(3):
+            kept.keep(1, {"id": f"resp_{i}", "created_at": int(datetime.now(UTC).timestamp())}, [], [], None)
+        with pytest.raises(StoreUnavailable):
+            await kept.find("resp_2", 1)  # waits for its group's write, then reads
+        assert [r.getMessage() for r in caplog.records if r.name == "ezat.responses"] == []
+    finally:
+        link.restore()
+        await store.close()
+        await link.close()
