@@ -62,11 +62,31 @@ PRIORITY = (Decimal("5"), Decimal("6.25"), Decimal("0.50"), Decimal("25"))
 PRIORITY_LONG = (Decimal("10"), Decimal("12.50"), Decimal("1"), Decimal("37.50"))
 
 
-def priced_config(upstream_url: str, storage_url: str = "sqlite:///:memory:"):
-    """The test config, its model priced as PRICING says (parsed from the file's words)."""
+def priced_config(
+    upstream_url: str,
+    storage_url: str = "sqlite:///:memory:",
+    *,
+    pricing: str = PRICING,
+    spend_limit: str | None = None,
+):
+    """The test config, its model priced as `pricing` says (parsed from the file's words), its
+    key limited to `spend_limit` USD if given."""
     config = make_config(upstream_url, storage_url)
-    pricing = parse_config(PRICING, env={}).models[0].pricing
-    return replace(config, models=(replace(config.models[0], pricing=pricing), *config.models[1:]))
+    rates = parse_config(pricing, env={}).models[0].pricing
+    key = replace(config.keys[0], spend_limit_usd=None if spend_limit is None else Decimal(spend_limit))
+    return replace(config, models=(replace(config.models[0], pricing=rates), *config.models[1:]), keys=(key,))
+
+
+async def refused_then_admitted(gateway, upstream, refused: dict, admitted: dict) -> None:
+    """`refused`, a Messages request, gets the 402 of a worst case past what the key has left,
+    before any upstream sees it; `admitted` then reaches the upstream."""
+    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
+        with pytest.raises(anthropic.APIStatusError) as refusal:
+            await claude.messages.create(model=MODEL, **refused)
+        assert refusal.value.status_code == 402 and "less than this request may cost" in refusal.value.message
+        assert upstream.requests == []
+        await claude.messages.create(model=MODEL, **admitted)
+    assert len(upstream.requests) == 1
 
 
 def tokens(rates, input_tokens=0, cache_write=0, cache_read=0, output=0) -> Decimal:
@@ -163,17 +183,12 @@ async def test_admission_holds_the_dearest_tier_a_request_may_be_billed_at(start
     """The worst case a spend limit must hold is the priority tier's, which Anthropic's default
     service tier (`auto`) may answer in: 1,000 output tokens at $25 a million do not fit $0.02
     left, though at the standard tier's $15 they would."""
-    config = priced_config(upstream.url)
-    key = replace(config.keys[0], spend_limit_usd=Decimal("0.02"))
-    gateway = await start_gateway(replace(config, keys=(key,)))
-    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
-    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
-        with pytest.raises(anthropic.APIStatusError) as refused:
-            await claude.messages.create(max_tokens=1000, **request)
-        assert refused.value.status_code == 402 and "less than this request may cost" in refused.value.message
-        assert upstream.requests == []
-        await claude.messages.create(max_tokens=500, **request)  # $0.0125 at priority's rate: it fits
-    assert len(upstream.requests) == 1
+    gateway = await start_gateway(priced_config(upstream.url, spend_limit="0.02"))
+    hi = [{"role": "user", "content": "Hi"}]
+    # 500 output tokens, $0.0125 at priority's rate: it fits.
+    await refused_then_admitted(
+        gateway, upstream, dict(max_tokens=1000, messages=hi), dict(max_tokens=500, messages=hi)
+    )
 
 
 async def test_admission_holds_the_long_context_rates_of_a_long_request(start_gateway, upstream):
@@ -182,19 +197,12 @@ async def test_admission_holds_the_long_context_rates_of_a_long_request(start_ga
     at $22.50 a million and its input at $7.50 do not fit $0.03, though at the standard rates they
     would; the same request without the long text does."""
     standard_only = PRICING[: PRICING.index("[models.pricing.priority]")].replace("200000", "1000")
-    pricing = parse_config(standard_only, env={}).models[0].pricing
-    config = make_config(upstream.url)
-    model = replace(config.models[0], pricing=pricing)
-    key = replace(config.keys[0], spend_limit_usd=Decimal("0.03"))
-    gateway = await start_gateway(replace(config, models=(model, *config.models[1:]), keys=(key,)))
-    async with anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY, max_retries=0) as claude:
-        with pytest.raises(anthropic.APIStatusError) as refused:
-            long = [{"role": "user", "content": "x" * 8000}]  # about 2,000 tokens by the estimate
-            await claude.messages.create(model=MODEL, max_tokens=1000, messages=long)
-        assert refused.value.status_code == 402 and "less than this request may cost" in refused.value.message
-        assert upstream.requests == []
-        await claude.messages.create(model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "Hi"}])
-    assert len(upstream.requests) == 1
+    gateway = await start_gateway(priced_config(upstream.url, pricing=standard_only, spend_limit="0.03"))
+    long = [{"role": "user", "content": "x" * 8000}]  # about 2,000 tokens by the estimate
+    hi = [{"role": "user", "content": "Hi"}]
+    await refused_then_admitted(
+        gateway, upstream, dict(max_tokens=1000, messages=long), dict(max_tokens=1000, messages=hi)
+    )
 
 
 async def test_a_model_without_server_tool_prices_bills_anthropics(start_gateway, upstream):
