@@ -9,6 +9,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import re
@@ -317,17 +318,104 @@ class RateLimitConfig:
     url: str = _field("", check=_redis_url)  # empty: limits are kept in this process's memory
 
 
+PROVIDERS = ("anthropic", "bedrock", "vertex")
+# A Bedrock model id: a foundation model's (anthropic.claude-…-v1:0), an inference profile's
+# (a region or "global." before it), or an ARN (of a profile, a provisioned model, an import).
+BEDROCK_MODEL_ID = re.compile(
+    r"(?:[a-z]{2,6}\.)?[a-z0-9-]+\.[A-Za-z0-9._:-]+|arn:aws[a-z-]*:bedrock:[a-z0-9-]*:\d{0,12}:[A-Za-z0-9/._:+-]+"
+)
+_region = _rule(lambda v: re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", v) is not None, "expected a region such as us-east-1")
+
+
 @dataclass(frozen=True)
-class Deployment:  # one Anthropic-format upstream; the gateway POSTs {base_url}/v1/messages
+class Deployment:
+    """One upstream: Anthropic's API (or any Anthropic-format one: {base_url}/v1/messages), or
+    Claude on Amazon Bedrock or Google Vertex AI, each in one region."""
+
     name: str = _field(check=_non_empty)
-    base_url: str = _field(check=_http_url, clean=lambda url: url.rstrip("/"))
+    provider: str = _field(
+        "anthropic", check=_rule(lambda v: v in PROVIDERS, 'expected "anthropic", "bedrock" or "vertex"')
+    )
+    # Required for anthropic; for bedrock and vertex, the region's public endpoint when unset.
+    base_url: str = _field("", check=_http_url, clean=lambda url: url.rstrip("/"))
+    # Anthropic's x-api-key; on bedrock, a Bedrock API key (sent as a Bearer token, no SigV4).
     api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
+    region: str = _field("", check=lambda v: v and _region(v))  # bedrock and vertex ("global" for vertex)
+    project: str = _field("", check=lambda v: v and _non_empty(v))  # vertex: the Google Cloud project
+    aws_profile: str = ""  # bedrock: a named profile of AWS's shared files; "": the default chain
+    # vertex: a service-account key file; "": Application Default Credentials
+    credentials_file: str = ""
+    # The beta flags sent on (others are dropped); None: the provider's own list (upstream/betas.py).
+    betas: tuple[str, ...] | None = _field(None, check_each=_non_empty)
     connect_timeout_seconds: float = _field(10.0, check=_positive_number)
     first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one
     stream_idle_timeout_seconds: float = _field(
         60.0, check=_positive_number
     )  # a stream's silence, after its first output
     max_stream_duration_seconds: float = _field(1800.0, check=_positive_number)  # a stream's whole length
+
+    def __post_init__(self) -> None:
+        if not self.base_url and self.provider != "anthropic":  # the region's public endpoint
+            object.__setattr__(self, "base_url", default_base_url(self.provider, self.region))
+
+
+def default_base_url(provider: str, region: str) -> str:
+    if provider == "bedrock":
+        return f"https://bedrock-runtime.{region}.amazonaws.com"
+    if region == "global":
+        return "https://aiplatform.googleapis.com/v1"
+    return f"https://{region}-aiplatform.googleapis.com/v1"
+
+
+def deployment_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, problem) pairs for what a deployment's provider needs: found in the raw table, so
+    that a value already reported adds nothing."""
+    provider = raw.get("provider", "anthropic")
+    if provider not in PROVIDERS:
+        return []  # reported already
+    found = []
+    if provider == "anthropic":
+        if "base_url" not in raw:
+            found.append(("base_url", "required"))
+        found += [(key, f"only for bedrock or vertex, not {provider}") for key in ("region", "project") if key in raw]
+    else:
+        if "region" not in raw:
+            found.append(("region", f"required for {provider}"))
+        elif provider == "bedrock" and raw["region"] == "global":
+            found.append(("region", 'expected an AWS region such as us-east-1 ("global" is Vertex\'s)'))
+    if provider == "vertex" and "project" not in raw:
+        found.append(("project", "required for vertex"))
+    if provider != "bedrock":
+        found += [(key, "only for bedrock") for key in ("aws_profile",) if key in raw]
+        if provider == "vertex" and "api_key" in raw:
+            found.append(
+                ("api_key", "not for vertex (it signs in with credentials_file or Application Default Credentials)")
+            )
+    else:
+        found += [(key, "only for vertex") for key in ("project",) if key in raw]
+        if raw.get("api_key") and raw.get("aws_profile"):
+            found.append(("api_key", "not with aws_profile: a Bedrock API key is used in place of AWS credentials"))
+    if provider != "vertex" and "credentials_file" in raw:
+        found.append(("credentials_file", "only for vertex"))
+    elif isinstance(raw.get("credentials_file"), str) and raw["credentials_file"]:
+        found += [
+            ("credentials_file", problem) for problem in [_service_account_problem(raw["credentials_file"])] if problem
+        ]
+    return found
+
+
+def _service_account_problem(path: str) -> str | None:
+    """Why the file at `path` is not a Google service-account key, or None."""
+    try:
+        key = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        return f"cannot read {path}: {error.strerror or error}"
+    except (UnicodeDecodeError, ValueError):
+        return f"{path} is not JSON"
+    if not isinstance(key, dict) or key.get("type") != "service_account":
+        return f'{path} is not a service-account key (its "type" is not "service_account")'
+    missing = [name for name in ("client_email", "private_key", "token_uri") if not isinstance(key.get(name), str)]
+    return f"{path} is a service-account key without {', '.join(missing)}" if missing else None
 
 
 @dataclass(frozen=True)
@@ -386,10 +474,29 @@ class Model:
     min_cache_tokens: int = _field(1024, check=_zero_or_more)  # 0: the model has no prompt cache
     pricing: Pricing = Pricing()  # a file must give it, unless `free`
     free: bool = False  # the model costs nothing: it needs no pricing (and may have none)
+    # Per deployment (by name): its own id for the model, where it is not upstream_model (a
+    # Bedrock inference profile, a Vertex model@version), and its own prices (regional endpoints
+    # cost more). Left out of the hash: a model is hashed by what names it.
+    upstream_models: dict[str, str] = field(default_factory=dict, hash=False, metadata={"check_each": _non_empty})
+    pricing_by_deployment: dict[str, Pricing] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.free:  # nothing, its server tools' uses included
             object.__setattr__(self, "pricing", FREE)
+            object.__setattr__(self, "pricing_by_deployment", {})
+
+    def upstream_model_at(self, deployment: str) -> str:
+        """The model's id at `deployment`."""
+        return self.upstream_models.get(deployment, self.upstream_model)
+
+    def pricing_at(self, deployment: str | None) -> Pricing:
+        """What a request costs answered by `deployment` (None: not answered)."""
+        return self.pricing_by_deployment.get(deployment, self.pricing) if deployment else self.pricing
+
+    @property
+    def every_pricing(self) -> tuple[Pricing, ...]:
+        """Each pricing a request may be billed at: admission reserves the dearest."""
+        return (self.pricing, *self.pricing_by_deployment.values())
 
 
 # The organization every key belongs to unless it names another; it always exists.
@@ -731,6 +838,13 @@ def _convert(kind: Any, value: Any, path: str, problems: list[str]) -> Any:
             return _INVALID
         items = [_convert(item_kind, item, f"{path}[{i}]", problems) for i, item in enumerate(value)]
         return _INVALID if any(item is _INVALID for item in items) else tuple(items)
+    if get_origin(kind) is dict:  # a table of names to values
+        value_kind = get_args(kind)[1]
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected a table")
+            return _INVALID
+        table = {name: _convert(value_kind, item, _join(path, name), problems) for name, item in value.items()}
+        return _INVALID if any(item is _INVALID for item in table.values()) else table
     accepts, convert, expected = _SCALARS[kind]
     if not accepts(value):
         problems.append(f"{path}: {expected}")
@@ -754,7 +868,7 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
         if f.name not in raw:
             if fallback := f.metadata.get("fallback"):
                 values[f.name] = fallback(values)  # _INVALID when what it derives from is
-            elif f.default is MISSING:
+            elif f.default is MISSING and f.default_factory is MISSING:
                 problems.append(f"{field_path}: required")
                 values[f.name] = _INVALID
             continue
@@ -766,6 +880,9 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
             value = _INVALID if found else clean(value) if clean else value
         values[f.name] = value
     if cls is Model and not _pricing_problems(raw, path, problems):
+        return _INVALID
+    if cls is Deployment and (found := deployment_problems(raw)):
+        problems.extend(f"{_join(path, key)}: {problem}" for key, problem in found)
         return _INVALID
     if cls is KeyConfig:
         period, limit = values.get("budget_period"), values.get("spend_limit_usd")
@@ -783,7 +900,10 @@ def _field_problems(f: dataclasses.Field, value: Any) -> list[tuple[str, str]]:
     if (check := f.metadata.get("check")) and (problem := check(value)):
         found.append(("", problem))
     if check_each := f.metadata.get("check_each"):
-        found += [(f"[{i}]", problem) for i, item in enumerate(value) if (problem := check_each(item))]
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        found += [
+            (f"[{i}]" if isinstance(i, int) else f".{i}", problem) for i, item in items if (problem := check_each(item))
+        ]
     return found
 
 
@@ -806,6 +926,10 @@ def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bo
         caches = raw.get("min_cache_tokens", 1024)
         caching = type(caches) is int and caches > 0
         found += _rates_problems(pricing, "pricing", caching)
+        by_deployment = raw.get("pricing_by_deployment")
+        for name, rates in by_deployment.items() if isinstance(by_deployment, dict) else ():
+            if isinstance(rates, dict):  # (else reported already)
+                found += _rates_problems(rates, f"pricing_by_deployment.{name}", caching)
         for tier in ("priority", "batch"):
             rates = pricing.get(tier)
             if not isinstance(rates, dict):
@@ -877,6 +1001,43 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
         for j, name in enumerate(references if isinstance(references, list) else []):
             if isinstance(name, str) and name not in deployment_names:
                 problems.append(f'models[{i}].deployments[{j}]: no deployment named "{name}"')
+        if isinstance(model, dict) and isinstance(references, list):
+            _report_per_deployment(model, f"models[{i}]", references, _providers(data), problems)
+
+
+def _providers(data: dict[str, Any]) -> dict[str, str]:
+    """Each deployment's provider, by name, as the raw tables give them."""
+    entries = data.get("deployments")
+    return {
+        entry["name"]: entry.get("provider", "anthropic")
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+    }
+
+
+def _report_per_deployment(
+    model: dict[str, Any], path: str, listed: list[Any], providers: dict[str, str], problems: list[str]
+) -> None:
+    """A model's tables by deployment name only name deployments it lists, and the id it has on
+    each Bedrock deployment is a Bedrock model id."""
+    for table in ("upstream_models", "pricing_by_deployment"):
+        entries = model.get(table)
+        for name in entries if isinstance(entries, dict) else ():
+            if name not in listed:
+                problems.append(f'{path}.{table}.{name}: the model does not list deployment "{name}"')
+    ids = model.get("upstream_models")
+    ids = ids if isinstance(ids, dict) else {}
+    default = model.get("upstream_model", model.get("id"))
+    for name in listed:
+        if not isinstance(name, str) or providers.get(name) != "bedrock":
+            continue
+        model_id = ids.get(name, default)
+        if isinstance(model_id, str) and not BEDROCK_MODEL_ID.fullmatch(model_id):
+            where = f"{path}.upstream_models.{name}" if name in ids else f"{path}.upstream_model"
+            problems.append(
+                f'{where}: "{model_id}" is not a Bedrock model id, inference profile or ARN '
+                f'(such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "{name}" its id in upstream_models'
+            )
 
 
 def _report_taken_aliases(data: dict[str, Any], problems: list[str]) -> None:

@@ -360,7 +360,7 @@ def test_a_reference_with_a_default_takes_it_when_the_variable_is_unset_or_empty
     [
         ("bogus = 1", "bogus: unknown key"),
         ("[server]\nprot = 8080", "server.prot: unknown key"),
-        (DEPLOYMENT + 'region = "eu"', "deployments[0].region: unknown key"),
+        (DEPLOYMENT + 'regoin = "eu"', "deployments[0].regoin: unknown key"),
         (UNPRICED + f"pricing = {{ input = 1, {OTHER_PRICES}, inptu = 2 }}", "models[0].pricing.inptu: unknown key"),
         ('[[keys]]\nkey = "k"\nrevoke = true', "keys[0].revoke: unknown key"),
     ],
