@@ -345,7 +345,7 @@ class Deployment:
     aws_profile: str = ""  # bedrock: a named profile of AWS's shared files; "": the default chain
     # vertex: a service-account key file; "": Application Default Credentials
     credentials_file: str = ""
-    # The beta flags sent on (others are dropped); None: the provider's own list (upstream/betas.py).
+    # The beta flags sent on (others are dropped); None: the provider's own list (upstream/<provider>.py).
     betas: tuple[str, ...] | None = _field(None, check_each=_non_empty)
     connect_timeout_seconds: float = _field(10.0, check=_positive_number)
     first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one

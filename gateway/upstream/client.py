@@ -6,27 +6,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from yarl import URL
 
 from gateway.config import Deployment
-from gateway.upstream.errors import upstream_error
+from gateway.upstream.anthropic import Anthropic
+from gateway.upstream.bedrock import Bedrock
+from gateway.upstream.provider import MESSAGES, Lines, Provider, UpstreamBody
 from gateway.upstream.shape import passed_on_error, readable_event
-from middlewares.core.errors import GatewayError, error_event, stream_error, too_deeply_nested
+from gateway.upstream.vertex import Vertex
+from middlewares.core.errors import GatewayError, error_event, stream_error
 from middlewares.core.reply import Batch, RelayedEvent, ends_stream
 from middlewares.core.sizes import MAX_BODY_BYTES, MiB
 from middlewares.core.usage import StreamUsage
 
 log = logging.getLogger("ezat.upstream")
 
-ANTHROPIC_VERSION = "2023-06-01"
-MESSAGES = "/v1/messages"
-COUNT_TOKENS = "/v1/messages/count_tokens"
 # Events that mean the model has produced something (or finished): before one of them the
 # request can still fail cleanly, as an HTTP error.
 _FIRST_OUTPUT = frozenset({"content_block_delta", "message_delta", "message_stop", "error"})
@@ -49,12 +48,12 @@ class UpstreamUnreachable(GatewayError):
 
 
 class UpstreamClient:
-    """Sends Anthropic Messages requests to deployments over one shared connection pool."""
+    """Sends Anthropic Messages requests to deployments, each through its provider, over one
+    shared connection pool."""
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
-        # Per deployment and path, made once: the URL, the headers and the timeout of every request.
-        self._targets: dict[tuple[Deployment, str], tuple[URL, dict[str, str], aiohttp.ClientTimeout]] = {}
+        self._providers: dict[Deployment, Provider] = {}  # made at a deployment's first request
 
     async def lifespan(self, app: web.Application):
         """aiohttp cleanup context: the pool lives as long as the app."""
@@ -68,62 +67,46 @@ class UpstreamClient:
         yield
         await self._session.close()
 
+    def provider(self, deployment: Deployment) -> Provider:
+        provider = self._providers.get(deployment)
+        if provider is None:
+            provider = self._providers[deployment] = PROVIDERS[deployment.provider](deployment)
+        return provider
+
     async def post(
         self,
         deployment: Deployment,
-        body: dict[str, Any] | bytes,
+        body: UpstreamBody,
         *,
         path: str = MESSAGES,
-        headers: list[tuple[str, str]] | None = None,
-        query: dict[str, str] | None = None,
+        headers: Lines = (),
+        query: Mapping[str, str] | None = None,
     ) -> aiohttp.ClientResponse:
-        """POST {base_url}{path} with `body`, encoded, or as it is when it is bytes (the
-        client's own, which nothing changed: the caller vouches that they are the request);
-        `headers` ((lower-cased name, value) lines: a client's own
-        anthropic-version or anthropic-beta, each line as it sent it) go with the deployment's,
-        in place of any of the same name, and `query` on the URL. A non-2xx answer is raised
-        as the client's error."""
+        """POST `body` (a request to encode, or the client's own bytes) to `path` (MESSAGES or
+        COUNT_TOKENS, as Anthropic's API names them) at `deployment`, as its provider sends it;
+        `headers` ((lower-cased name, value) lines: a client's own anthropic-version or
+        anthropic-beta, each line as it sent it) and `query` are what a client of Anthropic's
+        API sent with it. A non-2xx answer is raised as the client's error."""
         assert self._session is not None, "UpstreamClient.lifespan is not running"
-        target = self._targets.get((deployment, path))
-        if target is None:
-            target = self._targets[(deployment, path)] = (
-                URL(deployment.base_url + path),  # parsed once, not per request
-                {
-                    "x-api-key": deployment.api_key,
-                    "anthropic-version": ANTHROPIC_VERSION,
-                    "content-type": "application/json",
-                },
-                aiohttp.ClientTimeout(total=None, sock_connect=deployment.connect_timeout_seconds),
-            )
-        url, fixed, timeout = target
-        sent_headers: list[tuple[str, str]] | dict[str, str] = fixed
-        if headers:
-            names = {name for name, _ in headers}
-            sent_headers = [*((name, value) for name, value in fixed.items() if name not in names), *headers]
-        if query:
-            url = url.with_query(query)
-        if isinstance(body, bytes):
-            data = body
-        else:
-            try:
-                # An exact copy: orjson's result keeps the whole buffer it was written in, often
-                # many times its length, and a request would hold that until its body is sent.
-                data = bytes(memoryview(orjson.dumps(body)))
-            except orjson.JSONEncodeError:
-                raise too_deeply_nested() from None
+        provider = self.provider(deployment)
+        outgoing = await provider.outgoing(body, path, headers, query or {})
         # Inlined images (base64) can take an encoded body over; the client's bytes were read
         # within the limit, but are measured the same.
-        if len(data) > MAX_BODY_BYTES:
+        if len(outgoing.data) > MAX_BODY_BYTES:
             raise GatewayError(
                 413,
-                f"The request is over {MAX_BODY_BYTES // MiB} MB once its image URLs are downloaded and inlined ({len(data):,} bytes); "
+                f"The request is over {MAX_BODY_BYTES // MiB} MB once its image URLs are downloaded and inlined ({len(outgoing.data):,} bytes); "
                 "send fewer or smaller images.",
                 code="request_too_large",
             )
         try:
             # A redirect is an error: followed, it would take the deployment's key and the prompt to another host.
             response = await self._session.post(
-                url, data=data, headers=sent_headers, timeout=timeout, allow_redirects=False
+                outgoing.url,
+                data=outgoing.data,
+                headers=outgoing.headers,
+                timeout=provider.timeout,
+                allow_redirects=False,
             )
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("deployment %s unreachable: %r", deployment.name, exc)
@@ -135,8 +118,11 @@ class UpstreamClient:
                 error_body = b""
             finally:
                 response.close()
-            raise upstream_error(response.status, error_body, response.headers)
+            raise provider.error(response.status, error_body, response.headers, path)
         return response
+
+
+PROVIDERS: dict[str, Callable[[Deployment], Provider]] = {"anthropic": Anthropic, "bedrock": Bedrock, "vertex": Vertex}
 
 
 class UpstreamEvents:
@@ -156,8 +142,10 @@ class UpstreamEvents:
         idle_timeout: float | None = None,
         max_duration: float | None = None,
         relay: bool = False,
+        decode: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.usage = StreamUsage()
+        self._decode = decode  # the provider's: its stream's bytes as Anthropic's SSE
         self._events_of: Callable[[bytes], Batch] = _relayed_events if relay else _parse_events
         self._response = response
         self._content = response.content
@@ -241,6 +229,8 @@ class UpstreamEvents:
             await self.aclose()
             return [self._stopped or _CUT_SHORT]
         self._last_read = self._clock()
+        if self._decode is not None and not (chunk := self._decode(chunk)):
+            return []
         complete = self._complete_events(chunk)
         if complete is None:
             if len(self._partial) > MAX_EVENT_BYTES:

@@ -27,9 +27,10 @@ from aiohttp import web
 from gateway.config import Config, Deployment, Model
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics
 from gateway.ops.tracing import Tracing
-from gateway.upstream.client import COUNT_TOKENS, UpstreamClient, UpstreamEvents, UpstreamUnreachable
+from gateway.upstream.client import UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream.errors import retry_after_seconds
 from gateway.upstream.health import Health
+from gateway.upstream.provider import COUNT_TOKENS, MESSAGES, ClientBytes, CountUnsupported, UpstreamBody
 from gateway.upstream.routing import affinity, ranked
 from gateway.upstream.shape import readable_message
 from gateway.upstream.streams import OpenStreams
@@ -47,6 +48,7 @@ from middlewares.core.context import (
 from middlewares.core.errors import GatewayError, retry_after
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.sizes import MiB
+from middlewares.core.usage import estimate_tokens
 
 log = logging.getLogger("ezat.upstream")
 
@@ -95,6 +97,7 @@ def proxy_handler(
                     idle_timeout=deployment.stream_idle_timeout_seconds,
                     max_duration=deployment.max_stream_duration_seconds,
                     relay=native,  # the native route sends on the upstream's bytes
+                    decode=upstream.provider(deployment).decoder(),
                 )
                 await events.first_output()
         except TimeoutError:
@@ -167,7 +170,11 @@ def count_tokens_handler(
     as a non-streaming request, a 504."""
 
     async def count(deployment: Deployment, body: UpstreamBody, forward: Forward) -> web.Response:
-        raw, counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
+        try:
+            raw, counted = await _json_answer(upstream, deployment, body, path=COUNT_TOKENS, **forward)
+        except CountUnsupported:  # the deployment counts no tokens for this model
+            estimate = {"input_tokens": estimated_input_tokens(body)}
+            return web.json_response(estimate, headers={"x-ezat-input-tokens": "estimated"})
         tokens = counted.get("input_tokens") if isinstance(counted, dict) else None
         if type(tokens) is not int or tokens < 0:
             raise GatewayError(500, "The upstream sent a count the gateway cannot read.", type="server_error")
@@ -224,7 +231,7 @@ class Attempts:
         operation: str = "chat",
     ):
         """The first answer of `attempt` (an `operation`, for the trace) over each (model,
-        upstream body: a dict, or the bytes to send) of `tries` in turn and that model's usable
+        upstream body: a dict, or the client's bytes) of `tries` in turn and that model's usable
         deployments, within max_attempts: (reply, deployment, model). Past `deadline` (loop
         time), TimeoutError."""
         health, metrics = self.health, self.metrics
@@ -242,9 +249,10 @@ class Attempts:
                 attempts -= 1
                 deployment = self.config.deployment(name)
                 assert deployment is not None  # the config checks that a model's deployments exist
+                body = _at_deployment(upstream_body, model, name)
                 try:
                     async with asyncio.timeout_at(deadline):
-                        reply = await self._try(attempt, model, deployment, upstream_body, forward, operation)
+                        reply = await self._try(attempt, model, deployment, body, forward, operation)
                 except TimeoutError:
                     metrics.attempt(name, "timeout")
                     raise
@@ -268,7 +276,7 @@ class Attempts:
             return await attempt(deployment, body, forward)
         context: dict[str, str] = {}  # the trace's, for the upstream
         # The body's `model` is the model's upstream id (`_for_model`), the client's bytes' too.
-        with self.tracing.attempt(operation, model.upstream_model, deployment, context) as span:
+        with self.tracing.attempt(operation, model.upstream_model_at(deployment.name), deployment, context) as span:
             try:
                 headers = [*forward.get("headers", ()), *context.items()]
                 reply = await attempt(deployment, body, {**forward, "headers": headers})
@@ -280,17 +288,18 @@ class Attempts:
 
 
 async def _json_answer(
-    upstream: UpstreamClient, deployment: Deployment, body: UpstreamBody, **options
+    upstream: UpstreamClient, deployment: Deployment, body: UpstreamBody, *, path: str = MESSAGES, **options
 ) -> tuple[bytes, Any]:
-    """The deployment's whole answer, and it parsed (None when it is not JSON, or is larger than
-    any answer: it is not read then)."""
+    """The deployment's whole answer, as Anthropic's API gives it, and it parsed (None when it is
+    not JSON, or is larger than any answer: it is not read then)."""
     try:
-        async with await upstream.post(deployment, body, **options) as response:
+        async with await upstream.post(deployment, body, path=path, **options) as response:
             raw = await _whole_body(response)
     except (aiohttp.ClientError, OSError):
         raise UpstreamUnreachable("The upstream connection broke.") from None
     if raw is None:
         return b"", None
+    raw = upstream.provider(deployment).answer(path, raw, response.headers)
     try:
         return raw, orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -332,17 +341,28 @@ def _forwarded(request: web.Request) -> Forward:
     return {"headers": headers, "query": {"beta": beta} if beta is not None else {}}
 
 
-# What goes upstream: a request to encode, or the client's own bytes (`_upstream_body`).
-UpstreamBody = dict[str, Any] | bytes
-
-
 def _upstream_body(body: dict[str, Any], model: Model, asked: Model, sent: bytes | None) -> UpstreamBody:
     """The upstream request for `model`: `sent`, the client's bytes of `body` (None when a stage
     changed it), when `_for_model` leaves it as it is, else the request to encode. The
     comparison costs a look at each top-level field: `_for_model` makes a shallow copy, so every
     field it leaves is the same object, compared by identity."""
     upstream_body = _for_model(body, model, asked)
-    return sent if sent is not None and upstream_body == body else upstream_body
+    return ClientBytes(sent, body) if sent is not None and upstream_body == body else upstream_body
+
+
+def _at_deployment(body: UpstreamBody, model: Model, deployment: str) -> UpstreamBody:
+    """`body` naming the model as `deployment` knows it (a Bedrock profile, a Vertex version)."""
+    named = model.upstream_models.get(deployment)
+    if named is None:
+        return body
+    return {**(body.parsed if isinstance(body, ClientBytes) else body), "model": named}
+
+
+def estimated_input_tokens(body: UpstreamBody) -> int:
+    """A request's input tokens, where no upstream counts them: its text's characters, about 4 a
+    token (JSON's syntax counted too, so an overestimate)."""
+    request = body.parsed if isinstance(body, ClientBytes) else body
+    return estimate_tokens(len(orjson.dumps([request.get(k) for k in ("system", "messages", "tools")])))
 
 
 def _for_model(body: dict[str, Any], model: Model, asked: Model) -> dict[str, Any]:

@@ -1,0 +1,339 @@
+"""Claude on Amazon Bedrock: InvokeModel, InvokeModelWithResponseStream and CountTokens.
+
+The body is Anthropic's without `model` (the path names it) and `stream` (so does the path),
+with Bedrock's `anthropic_version` and the kept beta flags as `anthropic_beta`. Requests are
+signed with SigV4 from AWS's credential chain (botocore's: environment, shared files and
+profiles, web identity, container and instance roles, SSO; refreshed before they expire, off
+the event loop), or carry a Bedrock API key as a Bearer token. A stream's
+application/vnd.amazon.eventstream frames become Anthropic's SSE events, read by read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import struct
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.exceptions import BotoCoreError
+from botocore.session import Session
+from multidict import CIMultiDictProxy
+from yarl import URL
+
+from gateway.config import Deployment
+from gateway.upstream.errors import upstream_error
+from gateway.upstream.provider import (
+    COUNT_TOKENS,
+    ClientBytes,
+    CountUnsupported,
+    KeptBetas,
+    Lines,
+    Outgoing,
+    Provider,
+    UpstreamBody,
+    beta_flags,
+    encoded,
+)
+from middlewares.core.errors import GatewayError
+
+log = logging.getLogger("ezat.upstream")
+
+BEDROCK_VERSION = "bedrock-2023-05-31"
+SERVICE = "bedrock"
+# The beta flags Bedrock takes for Claude (it refuses a request with any other: "invalid beta flag").
+BEDROCK_BETAS = frozenset(
+    {
+        "computer-use-2024-10-22",
+        "computer-use-2025-01-24",
+        "computer-use-2025-11-24",
+        "token-efficient-tools-2025-02-19",
+        "interleaved-thinking-2025-05-14",
+        "output-128k-2025-02-19",
+        "dev-full-thinking-2025-05-14",
+        "context-1m-2025-08-07",
+        "context-management-2025-06-27",
+        "effort-2025-11-24",
+        "fine-grained-tool-streaming-2025-05-14",
+        "tool-search-tool-2025-10-19",
+        "tool-examples-2025-10-29",
+        "mid-conversation-system-2026-04-07",
+    }
+)
+# An exception's name (x-amzn-ErrorType, or a stream's :exception-type, capitalised) as the
+# Anthropic error it is: (status, type). Authentication's are the gateway's own credential's (500).
+ERRORS = {
+    "ValidationException": (400, "invalid_request_error"),
+    "ResourceNotFoundException": (404, "not_found_error"),
+    "ModelTimeoutException": (504, "timeout_error"),
+    "ModelErrorException": (500, "api_error"),
+    "ModelStreamErrorException": (529, "overloaded_error"),
+    "ThrottlingException": (429, "rate_limit_error"),
+    "ModelNotReadyException": (429, "rate_limit_error"),
+    "ServiceQuotaExceededException": (429, "rate_limit_error"),
+    "InternalServerException": (500, "api_error"),
+    "ServiceUnavailableException": (529, "overloaded_error"),
+}
+_CREDENTIAL_STATUSES = (401, 403)  # AccessDenied, UnrecognizedClient, InvalidSignature, ExpiredToken…
+_HEADERS = {"content-type": "application/json", "accept": "application/json"}
+
+
+class Bedrock(Provider):
+    telemetry_name = "aws.bedrock"
+
+    def __init__(self, deployment: Deployment) -> None:
+        super().__init__(deployment)
+        self._betas = KeptBetas(deployment, BEDROCK_BETAS)
+        self._signer = None if deployment.api_key else _Signer(deployment)
+
+    async def outgoing(self, body: UpstreamBody, path: str, headers: Lines, query: Mapping[str, str]) -> Outgoing:
+        request = body.parsed if isinstance(body, ClientBytes) else body
+        invoke = {k: v for k, v in request.items() if k not in ("model", "stream")}
+        invoke["anthropic_version"] = BEDROCK_VERSION
+        if betas := self._betas(beta_flags(headers)):
+            invoke["anthropic_beta"] = betas
+        model = quote(str(request.get("model")), safe=":")  # as AWS's SDKs write it; an ARN's "/" encoded
+        if path == COUNT_TOKENS:
+            action = "count-tokens"
+            invoke.setdefault("max_tokens", 1)  # a count has none; InvokeModel's body needs one
+            data = encoded({"input": {"invokeModel": {"body": encoded(invoke).decode()}}})
+        else:
+            action = "invoke-with-response-stream" if request.get("stream") else "invoke"
+            data = encoded(invoke)
+        url = URL(f"{self.deployment.base_url}/model/{model}/{action}", encoded=True)
+        if self._signer is None:
+            return Outgoing(url, {**_HEADERS, "authorization": f"Bearer {self.deployment.api_key}"}, data)
+        return Outgoing(url, await self._signer.signed(url, data), data)
+
+    def decoder(self) -> Callable[[bytes], bytes]:
+        return EventStreamDecoder()
+
+    def answer(self, path: str, raw: bytes, headers: CIMultiDictProxy[str]) -> bytes:
+        """CountTokens' {"inputTokens"} as Anthropic's count; a message as it is, its usage
+        from Bedrock's token-count headers if it has none."""
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+        if not isinstance(answer, dict):
+            return raw
+        if path == COUNT_TOKENS:
+            return orjson.dumps({"input_tokens": answer.get("inputTokens")})
+        if "usage" not in answer and "x-amzn-bedrock-input-token-count" in headers:
+            answer["usage"] = _usage_from(headers)
+            return orjson.dumps(answer)
+        return raw
+
+    def error(self, status: int, body: bytes, headers: CIMultiDictProxy[str], path: str) -> GatewayError:
+        """Bedrock's exception as Anthropic's error; its message as written (Claude Code matches
+        on a ValidationException's words to recover)."""
+        name = headers.get("x-amzn-ErrorType", "").partition(":")[0]
+        try:
+            answer = orjson.loads(body)
+            message = str(answer.get("message") or answer.get("Message") or name or "upstream error")
+        except (orjson.JSONDecodeError, AttributeError):
+            message = body[:200].decode("utf-8", "replace").strip() or name or "upstream error"
+        if status in _CREDENTIAL_STATUSES:
+            log.error("Bedrock refused deployment %s's credentials: %s: %s", self.deployment.name, name, message[:200])
+            return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
+        if path == COUNT_TOKENS and status == 400 and "support" in message and "count" in message.lower():
+            return CountUnsupported(message)
+        status, kind = ERRORS.get(name, (status, None))
+        anthropic = {"type": "error", "error": {"type": kind, "message": message} if kind else {"message": message}}
+        return upstream_error(status, orjson.dumps(anthropic), headers)
+
+
+def _usage_from(headers: Mapping[str, str]) -> dict[str, int]:
+    names = {
+        "input_tokens": "x-amzn-bedrock-input-token-count",
+        "output_tokens": "x-amzn-bedrock-output-token-count",
+        "cache_read_input_tokens": "x-amzn-bedrock-cache-read-input-token-count",
+        "cache_creation_input_tokens": "x-amzn-bedrock-cache-write-input-token-count",
+    }
+    return {field: int(headers[name]) for field, name in names.items() if headers.get(name, "").isdigit()}
+
+
+class _Signer:
+    """SigV4 for one deployment, from AWS's credential chain (or its aws_profile). Finding the
+    credentials and refreshing temporary ones do I/O: both run in a thread, one at a time, and a
+    refresh comes before they expire (botocore's advisory window), not when a request fails."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self._credentials: Any = None
+        self._lock = asyncio.Lock()
+
+    async def signed(self, url: URL, data: bytes) -> dict[str, str]:
+        frozen = await self._frozen()
+        request = AWSRequest(method="POST", url=str(url), data=data, headers=dict(_HEADERS))
+        SigV4Auth(frozen, SERVICE, self._deployment.region).add_auth(request)
+        return dict(request.headers.items())
+
+    async def _frozen(self) -> Any:
+        credentials = self._credentials
+        if credentials is not None and not _refresh_needed(credentials):
+            return credentials.get_frozen_credentials()  # no I/O while no refresh is due
+        async with self._lock:
+            try:
+                if self._credentials is None:
+                    self._credentials = await asyncio.to_thread(self._find)
+                return await asyncio.to_thread(self._credentials.get_frozen_credentials)
+            except (BotoCoreError, OSError, ValueError) as error:
+                log.error("deployment %s: no usable AWS credentials: %s", self._deployment.name, error)
+                raise GatewayError(
+                    500, "The gateway has no usable credentials for the upstream.", type="server_error"
+                ) from None
+
+    def _find(self) -> Any:
+        credentials = Session(profile=self._deployment.aws_profile or None).get_credentials()
+        if credentials is None:
+            raise ValueError("none found in the environment, the shared files, or a role")
+        return credentials
+
+
+def _refresh_needed(credentials: Any) -> bool:
+    refresh_needed = getattr(credentials, "refresh_needed", None)  # temporary ones have it
+    return bool(refresh_needed is not None and refresh_needed())
+
+
+# --- Event-stream frames -------------------------------------------------------------------
+
+# The most a frame may be: Bedrock's are a few KB; more is not an event stream.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+# A header's value length by type; byte arrays and strings (6, 7) carry their own (2 bytes).
+_VALUE_LENGTHS = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
+_CUT = b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"The upstream sent a frame the gateway cannot read."}}\n\n'
+_PRELUDE = struct.Struct("!III")
+_METRICS = b'"amazon-bedrock-invocationMetrics"'
+
+
+class EventStreamDecoder:
+    """application/vnd.amazon.eventstream, read by read, as Anthropic's SSE: each `chunk`
+    event's Anthropic event (base64 in its payload) as `event: <type>\\ndata: <json>\\n\\n`, an
+    `exception` as Anthropic's `error` event. Both CRCs are checked; a frame that fails (or a
+    stream that is not frames) ends the stream with an error. The invocation metrics Bedrock adds
+    to message_stop are taken out, and stand for the usage of a message_delta that has none."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._broken = False
+        self._held: dict[str, Any] | None = None  # a message_delta without usage, until message_stop
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self._broken:
+            return b""
+        buffer = self._buffer
+        buffer += chunk
+        out: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= 12:
+            total, headers_length, prelude_crc = _PRELUDE.unpack_from(buffer, start)
+            if zlib.crc32(buffer[start : start + 8]) != prelude_crc or not 16 <= total <= MAX_FRAME_BYTES:
+                return self._fail(out, "an event-stream prelude that does not check")
+            if len(buffer) - start < total:
+                break
+            frame = bytes(buffer[start : start + total])  # a copy: no view may outlive `del buffer[…]`
+            start += total
+            if zlib.crc32(frame[:-4]) != int.from_bytes(frame[-4:], "big"):
+                return self._fail(out, "an event-stream message that does not check")
+            headers = _headers(frame[12 : 12 + headers_length])
+            if headers is None:
+                return self._fail(out, "event-stream headers it cannot read")
+            event = self._event(headers, frame[12 + headers_length : -4])
+            if event is None:
+                return self._fail(out, "an event-stream message it cannot read")
+            out.append(event)
+        del buffer[:start]
+        return b"".join(out)
+
+    def _event(self, headers: dict[str, str], payload: bytes) -> bytes | None:
+        kind = headers.get(":message-type")
+        if kind == "exception" or kind == "error":
+            name = headers.get(":exception-type") or headers.get(":error-code") or ""
+            return _sse_error(name, payload, headers.get(":error-message"))
+        if kind != "event" or headers.get(":event-type") != "chunk":
+            return b""  # an event Bedrock may add that carries no Anthropic event
+        try:
+            data = base64.b64decode(orjson.loads(payload)["bytes"], validate=True)
+        except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error):
+            return None
+        if data.startswith(b'{"type":"'):  # as Anthropic writes events: no parse to name one
+            type_ = data[9 : data.find(b'"', 9)]
+        else:
+            try:
+                type_ = str(orjson.loads(data)["type"]).encode()
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                return None
+        if type_ == b"message_delta" and b'"usage"' not in data:
+            self._held = orjson.loads(data)
+            return b""
+        if type_ == b"message_stop" and _METRICS in data:
+            return self._stop(orjson.loads(data))
+        return b"event: " + type_ + b"\ndata: " + data + b"\n\n"
+
+    def _stop(self, stop: dict[str, Any]) -> bytes:
+        metrics = stop.pop("amazon-bedrock-invocationMetrics", None)
+        before = b""
+        if self._held is not None:
+            if isinstance(metrics, dict):
+                self._held["usage"] = {
+                    field: metrics[name]
+                    for field, name in (
+                        ("input_tokens", "inputTokenCount"),
+                        ("output_tokens", "outputTokenCount"),
+                        ("cache_read_input_tokens", "cacheReadInputTokenCount"),
+                        ("cache_creation_input_tokens", "cacheWriteInputTokenCount"),
+                    )
+                    if type(metrics.get(name)) is int
+                }
+            before = b"event: message_delta\ndata: " + orjson.dumps(self._held) + b"\n\n"
+            self._held = None
+        return before + b"event: message_stop\ndata: " + orjson.dumps(stop) + b"\n\n"
+
+    def _fail(self, out: list[bytes], what: str) -> bytes:
+        log.warning("Bedrock sent %s", what)
+        self._broken = True
+        self._buffer.clear()
+        return b"".join(out) + _CUT
+
+
+def _headers(raw: bytes) -> dict[str, str] | None:
+    """An event-stream message's headers; only string values are kept (the rest are skipped)."""
+    headers = {}
+    at, end = 0, len(raw)
+    try:
+        while at < end:
+            name_length = raw[at]
+            name = raw[at + 1 : at + 1 + name_length].decode()
+            at += 1 + name_length
+            type_ = raw[at]
+            at += 1
+            if type_ in (6, 7):
+                length = int.from_bytes(raw[at : at + 2], "big")
+                if type_ == 7:
+                    headers[name] = raw[at + 2 : at + 2 + length].decode()
+                at += 2 + length
+            else:
+                at += _VALUE_LENGTHS[type_]
+    except (IndexError, KeyError, UnicodeDecodeError):
+        return None
+    return headers if at == end else None
+
+
+def _sse_error(name: str, payload: bytes, message: str | None) -> bytes:
+    """An exception frame as Anthropic's error event: throttling is a rate limit, a model stream
+    error an overload, and so on."""
+    try:
+        message = str(orjson.loads(payload).get("message") or message or name)
+    except (orjson.JSONDecodeError, AttributeError):
+        message = message or name or "upstream error"
+    _, kind = ERRORS.get(name[:1].upper() + name[1:], (500, "api_error"))
+    event = {"type": "error", "error": {"type": kind, "message": message}}
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
