@@ -118,6 +118,8 @@ class Bedrock(Provider):
     def answer(self, path: str, raw: bytes, headers: CIMultiDictProxy[str]) -> bytes:
         """CountTokens' {"inputTokens"} as Anthropic's count; a message as it is, its usage
         from Bedrock's token-count headers if it has none."""
+        if path != COUNT_TOKENS and (b'"usage"' in raw or "x-amzn-bedrock-input-token-count" not in headers):
+            return raw  # as Bedrock answers: nothing to add, nothing parsed
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -126,10 +128,10 @@ class Bedrock(Provider):
             return raw
         if path == COUNT_TOKENS:
             return orjson.dumps({"input_tokens": answer.get("inputTokens")})
-        if "usage" not in answer and "x-amzn-bedrock-input-token-count" in headers:
-            answer["usage"] = _usage_from(headers)
-            return orjson.dumps(answer)
-        return raw
+        if "usage" in answer:
+            return raw
+        answer["usage"] = _usage_from(headers)
+        return orjson.dumps(answer)
 
     def error(self, status: int, body: bytes, headers: CIMultiDictProxy[str], path: str) -> GatewayError:
         """Bedrock's exception as Anthropic's error; its message as written (Claude Code matches

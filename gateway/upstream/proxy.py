@@ -11,7 +11,9 @@ invalid (other 4xx) is answered at once.
 On the routes that speak Anthropic's API (`native`), the client's `anthropic-version` and
 `anthropic-beta` headers and its `beta` query go upstream as it sent them, and so does its body,
 byte for byte, when nothing changed it: no stage (`client_bytes`), and not the model's own
-terms (`_for_model`: its upstream id is the name asked by, nothing clamped or left out).
+terms (`_for_model`: its upstream id is the name asked by, nothing clamped or left out). That is
+on Anthropic's API: a cloud's provider writes the request its own way (upstream/bedrock.py,
+upstream/vertex.py), its betas filtered.
 """
 
 from __future__ import annotations
