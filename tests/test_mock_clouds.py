@@ -307,6 +307,18 @@ async def test_bedrock_invoke_headers_and_count_tokens(bedrock):
             assert (await resp.json())["inputTokens"] == message["usage"]["input_tokens"]
 
 
+async def test_bedrock_count_tokens_on_a_model_it_cannot_count(bedrock):
+    bedrock.counts_tokens = False
+    path = f"/model/{BEDROCK_MODEL}/count-tokens"
+    count = {"input": {"invokeModel": {"body": orjson.dumps(INVOKE_BODY).decode()}}}
+    data, headers = signed(bedrock, path, count)
+    async with aiohttp.ClientSession() as http, http.post(f"{bedrock.url}{path}", data=data, headers=headers) as resp:
+        assert resp.status == 400
+        assert resp.headers["x-amzn-ErrorType"].startswith("ValidationException:")
+        assert await resp.json() == {"message": "The provided model doesn't support counting tokens."}
+    assert bedrock.requests[-1].auth.session_token_signed  # checked as any request is, then refused
+
+
 async def test_bedrock_refuses_a_stale_date_and_a_missing_signed_header(bedrock):
     path = f"/model/{BEDROCK_MODEL}/invoke"
     stale = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(minutes=6)
@@ -347,6 +359,27 @@ async def test_vertex_count_tokens(vertex):
         message = await client.messages.create(model=VERTEX_MODEL, max_tokens=10, messages=MSGS)
     assert counted.input_tokens == message.usage.input_tokens
     assert vertex.requests[-2].path.endswith("/models/count-tokens:rawPredict")
+
+
+async def test_vertex_refuses_an_unknown_beta(vertex):
+    async with vertex_client(vertex) as client:
+        with pytest.raises(anthropic.BadRequestError) as raised:
+            await client.beta.messages.create(
+                model=VERTEX_MODEL,
+                max_tokens=10,
+                messages=MSGS,
+                betas=["interleaved-thinking-2025-05-14", "fine-grained-tool-streaming-2025-05-14"],
+            )
+        assert raised.value.body["error"] == {
+            "type": "invalid_request_error",
+            "message": "invalid beta flag: fine-grained-tool-streaming-2025-05-14",
+        }
+        with pytest.raises(anthropic.BadRequestError, match="invalid beta flag"):
+            await client.beta.messages.count_tokens(model=VERTEX_MODEL, messages=MSGS, betas=["claude-code-20250219"])
+        await client.beta.messages.create(
+            model=VERTEX_MODEL, max_tokens=10, messages=MSGS, betas=["interleaved-thinking-2025-05-14"]
+        )
+    assert vertex.requests[-1].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
 
 
 async def test_vertex_refuses_a_token_it_did_not_issue(vertex):

@@ -79,6 +79,8 @@ STREAM_EXCEPTIONS = {
     "timeout_error": "modelTimeoutException",
     "api_error": "internalServerException",
 }
+# CountTokens' answer for a model it cannot count (not every Claude model on Bedrock has it).
+COUNT_UNSUPPORTED = "The provided model doesn't support counting tokens."
 SERVICE = "bedrock"
 MAX_CLOCK_SKEW = 300  # seconds an X-Amz-Date may be off, as AWS allows
 _AUTHORIZATION = re.compile(
@@ -207,7 +209,8 @@ def verify_sigv4(request: web.Request, body: bytes, keys: dict[str, AwsKey], reg
 class BedrockMock(MockUpstream):
     """Bedrock's runtime API for Claude on loopback. Without `keys` it makes a long-term key
     (`key`) and temporary credentials (`temporary_key`); without `api_keys`, one Bedrock API key
-    (`api_key_bearer`). Each request's `auth` records which one it was signed or sent with."""
+    (`api_key_bearer`). Each request's `auth` records which one it was signed or sent with.
+    With `counts_tokens` False, CountTokens answers as Bedrock does for a model it cannot count."""
 
     REQUEST_ID_HEADER = "x-amzn-RequestId"
 
@@ -225,6 +228,7 @@ class BedrockMock(MockUpstream):
         self.api_key_bearer = "ABSKmock" + secrets.token_urlsafe(32)
         self.api_keys = frozenset(api_keys if api_keys is not None else (self.api_key_bearer,))
         self.betas = betas
+        self.counts_tokens = True
         super().__init__()
 
     def _add_routes(self, router: web.UrlDispatcher, fast: bool) -> None:
@@ -260,6 +264,8 @@ class BedrockMock(MockUpstream):
             anthropic = self._anthropic_body(inner, request.match_info["model_id"])
         except BedrockRefusal as refusal:
             return self._refuse(refusal)
+        if not self.counts_tokens:
+            return self._aws_error(400, "ValidationException", COUNT_UNSUPPORTED, _BEDROCK_NAMESPACE)
         if self.count_tokens_status != 200:
             return self._error(self.count_tokens_status, "mock error")
         return web.json_response(

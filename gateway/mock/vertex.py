@@ -31,6 +31,21 @@ from gateway.mock.validation import ALLOWED_FIELDS, COUNT_TOKENS_FIELDS, Invalid
 # The SDK's Vertex client sends its own API version (2026-10-21) where the documented
 # "vertex-2023-10-16" is not given.
 VERTEX_VERSIONS = frozenset({"vertex-2023-10-16"}) | ANTHROPIC_VERSIONS
+# The beta flags Vertex AI knows for Claude; any other is refused ("invalid beta flag"), unlike
+# Anthropic's API, which ignores a well-formed name it does not know.
+VERTEX_BETAS = frozenset(
+    {
+        "computer-use-2024-10-22",
+        "computer-use-2025-01-24",
+        "computer-use-2025-11-24",
+        "interleaved-thinking-2025-05-14",
+        "context-1m-2025-08-07",
+        "context-management-2025-06-27",
+        "tool-search-tool-2025-10-19",
+        "web-search-2025-03-05",
+        "mid-conversation-system-2026-04-07",
+    }
+)
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 # The audience google-auth puts in a service account's assertion, whatever the key's token_uri.
@@ -84,10 +99,13 @@ def service_account_key(project: str, token_uri: str) -> tuple[dict, str]:
 class VertexMock(MockUpstream):
     """Vertex AI's Claude endpoints on loopback, for `project` in any region. `start()` writes
     the service-account key file (`key_file`); `token_requests` counts the token endpoint's
-    calls, and a token lives `token_lifetime` seconds."""
+    calls, and a token lives `token_lifetime` seconds. A beta flag not in `betas` is refused."""
 
-    def __init__(self, *, project: str = "mock-project", token_lifetime: int = 3600):
+    def __init__(
+        self, *, project: str = "mock-project", token_lifetime: int = 3600, betas: frozenset[str] = VERTEX_BETAS
+    ):
         self.project = project
+        self.betas = betas
         self.token_lifetime = token_lifetime
         self.token_requests = 0
         self.tokens: dict[str, float] = {}  # access token → when it expires (time.time())
@@ -178,6 +196,9 @@ class VertexMock(MockUpstream):
             anthropic["model"] = model
         try:
             betas = validate_betas(request.headers.get("anthropic-beta", ""))
+            unknown = sorted(betas - self.betas)
+            if unknown:
+                raise Invalid(f"invalid beta flag: {', '.join(unknown)}")
             validate(anthropic, COUNT_TOKENS_FIELDS if counting else ALLOWED_FIELDS, betas)
         except Invalid as exc:
             return self._error(400, str(exc))
