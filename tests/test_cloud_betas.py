@@ -118,6 +118,10 @@ async def test_bedrock_gets_only_its_flags_in_the_body(bedrock, through, caplog)
     ]
     assert dropped(caplog) == ["deployment primary does not take the beta flag 'claude-code-20250219': dropped"]
 
+    # None of the client's flags kept: no anthropic_beta at all, rather than an empty list.
+    await client.beta.messages.create(model=MODEL, max_tokens=50, messages=MSGS, betas=["claude-code-20250219"])
+    assert "anthropic_beta" not in bedrock.requests[-1].body
+
 
 async def test_vertex_gets_only_its_flags_in_the_header(vertex, through, caplog):
     caplog.set_level(logging.INFO, logger="ezat.upstream")
@@ -135,6 +139,8 @@ async def test_vertex_gets_only_its_flags_in_the_header(vertex, through, caplog)
         assert request.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14,context-management-2025-06-27"
         assert "anthropic_beta" not in request.body
     assert sent[-1].path.endswith(f"/models/{VERTEX_MODEL}:streamRawPredict")
+    await client.beta.messages.create(model=MODEL, max_tokens=50, messages=MSGS, betas=["claude-code-20250219"])
+    assert "anthropic-beta" not in vertex.requests[-1].headers  # none kept: no header
     assert sorted(dropped(caplog)) == [
         "deployment primary does not take the beta flag 'claude-code-20250219': dropped",
         "deployment primary does not take the beta flag 'fine-grained-tool-streaming-2025-05-14': dropped",
