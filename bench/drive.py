@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import resource
 import subprocess
@@ -26,7 +27,7 @@ def round_seconds(duration: float, scenario: Scenario, concurrency: int) -> floa
     return max(duration, ANSWERS_PER_ROUND * scenario.seconds / concurrency)
 
 
-def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: float) -> dict:
+def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: float, path: str = "") -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [
@@ -38,7 +39,7 @@ def drive_wrk(wrk: str, system: System, body: Path, concurrency: int, duration: 
             "30s",
             "-s",
             str(WRK_SCRIPT),
-            f"http://127.0.0.1:{system.port}{system.path}",
+            f"http://127.0.0.1:{system.port}{path or system.path}",
             "--",
             str(body),
             *system.headers,
@@ -74,6 +75,7 @@ def drive_asyncio(
     duration: float,
     streams: int | None = None,
     ramp: float = 0.0,
+    path: str = "",
 ) -> dict:
     argv = [
         PYTHON,
@@ -81,7 +83,7 @@ def drive_asyncio(
         "--port",
         str(system.port),
         "--path",
-        system.path,
+        path or system.path,
         "--body-file",
         str(body),
         "--expect",
@@ -136,7 +138,8 @@ def in_turns(
 
 def measure(system: System, mock: System, drive) -> dict:
     """One run: the system's and the mock's CPU time and the system's peak RSS around `drive()`
-    (with several workers: their sums)."""
+    (with several workers: their sums). The mock is the system's own where it has one (Bedrock's)."""
+    mock = system.upstream or mock
     pids = system.pids()
     for pid in pids:
         reset_peak_rss(pid)
@@ -166,22 +169,25 @@ def measure(system: System, mock: System, drive) -> dict:
 
 def driver(args, wrk: str | None, system: System, scenario: Scenario, body: Path, concurrency: int, duration: float):
     use_wrk = wrk and (args.client == "wrk" or (args.client == "auto" and not scenario.stream))
+    path = system.path_for(scenario)
     if use_wrk:
-        return lambda: drive_wrk(wrk, system, body, concurrency, duration)
+        return lambda: drive_wrk(wrk, system, body, concurrency, duration, path)
     expect = closing_marker(system.api, scenario)
     if scenario.stream:
-        return lambda: drive_asyncio(system, body, expect, concurrency, duration)
-    return lambda: drive_asyncio(system, body, expect, concurrency, duration) | {"first_token_p50_ms": None}
+        return lambda: drive_asyncio(system, body, expect, concurrency, duration, path=path)
+    return lambda: drive_asyncio(system, body, expect, concurrency, duration, path=path) | {"first_token_p50_ms": None}
 
 
 def check(system: System, scenario: Scenario, body: Path) -> None:
     """One request of each scenario, checked, so no run measures an error path."""
     headers = {"Content-Type": "application/json", **dict(h.split(": ", 1) for h in system.headers)}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{system.port}{system.path}", data=body.read_bytes(), headers=headers
+        f"http://127.0.0.1:{system.port}{system.path_for(scenario)}", data=body.read_bytes(), headers=headers
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         status, data = response.status, response.read()
+    if system.api == "bedrock":
+        data = bedrock_events(data)
     expected = {
         ("openai", False): b'"chat.completion"',
         ("openai", True): b"data: [DONE]",
@@ -189,10 +195,30 @@ def check(system: System, scenario: Scenario, body: Path) -> None:
         ("responses", True): b'"type":"response.completed"',
         ("anthropic", False): b'"type":"message"',
         ("anthropic", True): b'"type":"message_stop"',
+        ("bedrock", True): b'"type":"message_stop"',
     }[(system.api, scenario.stream)]
     needs = [expected] + ([scenario.tool_name.encode()] if scenario.tools else [b"Tokens a"])
     if status != 200 or not all(n in data for n in needs):
         raise RuntimeError(f"{system.name} answered {scenario.name} wrongly ({status}): {data[:500]!r}")
+
+
+def bedrock_events(data: bytes) -> bytes:
+    """A Bedrock stream's events, decoded by botocore (not the gateway's decoder, which this
+    checks the gateway against): every frame checked, each `chunk` event's Anthropic event, one
+    a line. Not a stream of frames, or an exception frame: what it was, to fail the check."""
+    from botocore.eventstream import EventStreamBuffer, ParserError
+
+    frames = EventStreamBuffer()
+    frames.add_data(data)
+    events = []
+    try:
+        for frame in frames:
+            if frame.headers.get(":message-type") != "event":
+                return data
+            events.append(base64.b64decode(json.loads(frame.payload)["bytes"]))
+    except (ParserError, ValueError, KeyError, TypeError):
+        return data
+    return b"\n".join(events)
 
 
 def nonstream_in_turns(

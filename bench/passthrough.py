@@ -1,7 +1,8 @@
 """The floor: the least any Python aiohttp proxy in front of an Anthropic upstream can do.
 
 One shared ClientSession (a pool without a connection limit, as the gateway's); the request body
-is forwarded as it came to {upstream}/v1/messages, and the response's status, headers and bytes
+is forwarded as it came to {upstream}/v1/messages (or, for Bedrock's
+/model/{id}/invoke-with-response-stream, to that path upstream), and the response's status, headers and bytes
 are streamed back untouched, each read written as it arrives. No parsing, no auth, no billing.
 The gateway is measured against this, in the same run, on the same machine.
 
@@ -41,9 +42,16 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def make_app(upstream: str, parse: bool = False) -> web.Application:
-    target = upstream.rstrip("/") + "/v1/messages"
+    base = upstream.rstrip("/")
+    target = base + "/v1/messages"
 
-    async def forward(request: web.Request) -> web.StreamResponse:
+    async def messages(request: web.Request) -> web.StreamResponse:
+        return await forward(request, target)
+
+    async def bedrock(request: web.Request) -> web.StreamResponse:
+        return await forward(request, base + request.raw_path)
+
+    async def forward(request: web.Request, target: str) -> web.StreamResponse:
         body = await request.read()
         if parse:
             body = orjson.dumps(orjson.loads(body))
@@ -74,7 +82,10 @@ def make_app(upstream: str, parse: bool = False) -> web.Application:
 
     app = web.Application()
     app.cleanup_ctx.append(session)
-    app.router.add_post("/v1/messages", forward)
+    app.router.add_post("/v1/messages", messages)
+    # Bedrock's InvokeModel and its response stream, the model id in the path: forwarded to the
+    # same path, its event-stream frames relayed as the bytes they are.
+    app.router.add_post("/model/{model_id}/{action}", bedrock)
     return app
 
 

@@ -21,6 +21,9 @@ PARSING_FLOOR = "floor-parsing"  # the floor that parses the request body and en
 PEERS = ("litellm", "portkey")
 # How many times ezat's CPU per request each peer's should be, at least (issue 34's aim).
 PEER_TARGETS = {"portkey": 4, "litellm": 25}
+BEDROCK_FLOOR = "floor-bedrock"  # the floor in front of Bedrock's mock, relaying its frames
+# ezat in front of Bedrock ÷ ezat in front of Anthropic, on the same route, CPU per request (issue 42).
+BEDROCK_TARGET = 1.25
 
 
 def medians(runs: list[dict]) -> dict:
@@ -69,6 +72,49 @@ def summarise_cell(cell: dict, gateway: str = "gateway") -> None:
         cell[f"added_{q}_ms"] = (
             g[f"{q}_ms"] - floor[f"{q}_ms"] if floor[f"{q}_ms"] is not None and g[f"{q}_ms"] is not None else None
         )
+
+
+def summarise_bedrock(cell: dict) -> None:
+    """For a cell that drove the Bedrock route (the Bedrock floor and ezat in front of Bedrock):
+    ezat-on-Bedrock's CPU per request ÷ ezat-on-Anthropic's on the same route (`cell["gateway"]`)
+    and ÷ the Bedrock floor's, each with the rounds' own ratios, in `cell["bedrock"]`."""
+    runs = cell["runs"]
+    if BEDROCK_FLOOR not in runs:
+        return
+    name = next(n for n in runs if n.startswith("gateway") and n.endswith("-bedrock"))
+    over_anthropic = cpu_over(cell, cell["gateway"], [name])[name]
+    over_floor = cpu_over(cell, BEDROCK_FLOOR, [name])[name]
+    cell["bedrock"] = {
+        "gateway": name,
+        "anthropic": cell["gateway"],
+        "over_anthropic": over_anthropic,
+        "over_floor": over_floor,
+        "floor_over_floor": cpu_over(cell, "floor", [BEDROCK_FLOOR])[BEDROCK_FLOOR],
+        "met": over_anthropic[0] is not None and over_anthropic[0] <= BEDROCK_TARGET,
+    }
+
+
+def bedrock_table(cells: list[dict]) -> str:
+    """Per Bedrock cell: CPU per request of both floors and of ezat in front of each upstream, and
+    ezat-on-Bedrock ÷ ezat-on-Anthropic (the target) and ÷ the Bedrock floor."""
+    lines = [
+        "| scenario | conc. | route | floor µs | Bedrock floor µs | ezat on Anthropic µs | ezat on Bedrock µs "
+        f"| ÷ ezat on Anthropic (≤ {BEDROCK_TARGET}×) | ÷ Bedrock floor | Bedrock floor ÷ floor | errors |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for cell in cells:
+        b = cell.get("bedrock")
+        if not b:
+            continue
+        m = cell["median"]
+        errors = m[b["gateway"]]["errors"] + m[BEDROCK_FLOOR]["errors"]
+        lines.append(
+            f"| {cell['scenario']} | {cell['concurrency']} | {b['anthropic']} | {_fmt(m['floor']['cpu_us'], '{:,.0f}')} "
+            f"| {_fmt(m[BEDROCK_FLOOR]['cpu_us'], '{:,.0f}')} | {_fmt(m[b['anthropic']]['cpu_us'], '{:,.0f}')} "
+            f"| {_fmt(m[b['gateway']]['cpu_us'], '{:,.0f}')} | **{_ratio(*b['over_anthropic'])}** "
+            f"| {_ratio(*b['over_floor'])} | {_ratio(*b['floor_over_floor'])} | {errors} |"
+        )
+    return "\n".join(lines)
 
 
 def cpu_over(cell: dict, base: str, names: list[str]) -> dict:
@@ -226,6 +272,18 @@ def targets(
     cpu_target("codex", 2.0, "Codex turn on the Responses route", (16, 64))
     cpu_target("agent-loop", 2.0, "agent's turn on the chat route", (16, 64))
     cpu_target("images", 2.0, "request with two image URLs on the chat route", (16, 64))
+    bedrock = [c for c in cells if c.get("bedrock") and c["concurrency"] in (16, 64)]
+    if bedrock:
+        found.append(
+            {
+                "target": f"CPU per request on the Bedrock route ≤ {BEDROCK_TARGET}× the Anthropic route's, "
+                "the same front route, at concurrency 16 and 64",
+                "measured": ", ".join(
+                    f"{c['scenario']} c={c['concurrency']}: {_ratio(*c['bedrock']['over_anthropic'])}" for c in bedrock
+                ),
+                "met": all(c["bedrock"]["met"] for c in bedrock),
+            }
+        )
     for scenario in ("nonstream", "claude-code"):
         c1 = next((c for c in cells if c["scenario"] == scenario and c["concurrency"] == 1), None)
         if c1 and c1["added_p50_ms"] is not None and c1["added_p99_ms"] is not None:

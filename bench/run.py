@@ -40,9 +40,11 @@ from drive import ANSWERS_PER_ROUND, check, drive_asyncio, driver, measure, roun
 from environment import ensure_py_spy, ensure_wrk, log, machine
 from routes import GATEWAY_ROUTES, ROUTE_OF_API
 from scenarios import (
+    BEDROCK_SCENARIOS,
     SCENARIOS,
     SLOW,
     Scenario,
+    bedrock_floor_requests,
     closing_marker,
     floor_requests,
     request_body,
@@ -68,27 +70,40 @@ RESULTS = BENCH / "results"
 # --- the suite --------------------------------------------------------------------------
 
 
-def write_bodies(workdir: Path, plan: dict[str, list], floor: dict[str, bytes], images_at: str) -> dict:
+def write_bodies(
+    workdir: Path, plan: dict[str, list], floor: dict[str, bytes], images_at: str, bedrock: dict[str, bytes]
+) -> dict:
     """Each scenario's request body for each system that drives it: {(system, scenario name): file}.
-    `plan`: {scenario name: its systems}; `floor`: the floor's requests (scenarios.floor_requests)."""
+    `plan`: {scenario name: its systems}; `floor`: the floor's requests (scenarios.floor_requests);
+    `bedrock`: the Bedrock floor's (scenarios.bedrock_floor_requests)."""
     bodies = {}
     for name, systems in plan.items():
         s = SCENARIOS.get(name) or SLOW
         for system in systems:
             path = bodies[(system.name, name)] = workdir / f"{name}-{system.name}.json"
-            body = floor[name] if system.kind == "floor" else request_body(system.api, s, system.body_fields, images_at)
+            if system.api == "bedrock":
+                body = bedrock[name]
+            elif system.kind == "floor":
+                body = floor[name]
+            else:
+                body = request_body(system.api, s, system.body_fields, images_at)
             path.write_bytes(body)
     return bodies
 
 
-def scenario_systems(scenario: Scenario, floors: list[System], gateways: dict[str, System], peer_systems: list) -> list:
+def scenario_systems(
+    scenario: Scenario, floors: list[System], gateways: dict[str, System], peer_systems: list, bedrock: list
+) -> list:
     """Who drives a scenario: the floors, ezat's gateway on the route its clients use, and the peers
-    when its clients speak Chat Completions (the route the peers translate) and they do its work."""
+    when its clients speak Chat Completions (the route the peers translate) and they do its work;
+    then, for a Bedrock scenario, the Bedrock floor and ezat in front of Bedrock on the same route
+    (`bedrock`: [the Bedrock floor, {route: its Bedrock gateway}], empty without them)."""
     route = ROUTE_OF_API[scenario.apis[0]]
     peer_systems = [
         p for p in peer_systems if route == "openai" and (not scenario.images or p.name in peers.FETCHES_IMAGES)
     ]
-    return [*floors, gateways[route], *peer_systems]
+    cloud = [bedrock[0], bedrock[1][route]] if bedrock and scenario.name in BEDROCK_SCENARIOS else []
+    return [*floors, gateways[route], *peer_systems, *cloud]
 
 
 def _longer_rounds(cells: list[dict], duration: float) -> str:
@@ -130,6 +145,7 @@ def bench_cells(args, wrk, mock, plan, bodies) -> list[dict]:
                     f"CPU {run['cpu_us'] or 0:7,.0f} µs/req  ({run['client']}, {run['errors']} errors)"
                 )
         report.summarise_cell(cell, next(s.name for s in systems if s.kind == "gateway"))
+        report.summarise_bedrock(cell)
         cells.append(cell)
     return cells
 
@@ -288,6 +304,8 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str, ima
         driver(args, wrk, gateway, scenario, body, args.profile_concurrency, 1)()  # warm up
         # The chat route's files keep the names they had before other routes could be profiled.
         what = scenario.name if route == "openai" else f"{route}-{scenario.name}"
+        if args.profile_provider != "anthropic":  # in front of Bedrock's mock: profile-bedrock-…
+            what = f"{args.profile_provider}-{what}"
         raw = RESULTS / f"profile-{what}-{stamp}.raw"
         # --nonblocking: pausing the process for each sample would make py-spy count idle threads as running.
         argv = [
@@ -314,7 +332,8 @@ def profile(args, wrk, mock, gateway, workdir, names: list[str], stamp: str, ima
         run = measure(gateway, mock, drive)
         recorder.send_signal(signal.SIGINT)
         recorder.wait(60)
-        title = f"gateway, {route} route, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
+        upstream = "" if args.profile_provider == "anthropic" else f" in front of {args.profile_provider.capitalize()}"
+        title = f"gateway{upstream}, {route} route, {scenario.name}, concurrency {args.profile_concurrency} ({run['client']})"
         svg, text = flame.render(raw, title)
         header = (
             f"# Profile: {title}\n\n{run['rps']:,.0f} req/s, {run['cpu_us']:,.0f} µs CPU per request "
@@ -369,6 +388,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--no-workers", action="store_true", help="skip `serve --workers 2` against one process (skipped by --quick)"
     )
+    parser.add_argument(
+        "--no-bedrock",
+        action="store_true",
+        help=f"skip the Bedrock route (ezat and a floor in front of a Bedrock mock) on {', '.join(BEDROCK_SCENARIOS)}",
+    )
     parser.add_argument("--profile", metavar="SCENARIOS", help="profile the gateway on these scenarios instead")
     parser.add_argument("--profile-duration", type=float, default=10.0)
     parser.add_argument("--profile-concurrency", type=int, default=64)
@@ -377,6 +401,12 @@ def parse_args() -> argparse.Namespace:
         choices=tuple(GATEWAY_ROUTES),
         default="openai",
         help="the gateway's route to profile: openai (Chat Completions), responses, responses-unstored, native",
+    )
+    parser.add_argument(
+        "--profile-provider",
+        choices=("anthropic", "bedrock"),
+        default="anthropic",
+        help="the gateway's deployment when profiling: Anthropic's mock, or Bedrock's (its frames decoded)",
     )
     args = parser.parse_args()
     q = args.quick
@@ -398,6 +428,25 @@ def parse_args() -> argparse.Namespace:
 
 def _gateway_name(route: str) -> str:
     return "gateway" if route == "openai" else f"gateway-{route}"
+
+
+def bedrock_systems(args, workdir: Path, models: list[str], started: list) -> list:
+    """The Bedrock route, for the Bedrock scenarios the run drives: Bedrock's fast mock (started
+    here), and, not started yet, the Bedrock floor in front of it and ezat with a Bedrock
+    deployment on each route those scenarios' clients use (gateway-bedrock: Chat Completions;
+    gateway-native-bedrock: Messages). [floor, {route: gateway}], or [] without any."""
+    scenarios = [s for s in args.scenarios if s.name in BEDROCK_SCENARIOS]
+    if args.no_bedrock or not scenarios:
+        return []
+    mock = mock_system("bedrock").start(workdir)
+    started.append(mock)
+    url = f"http://127.0.0.1:{mock.port}"
+    options = {"limits": not args.minimal, "observed": not args.minimal, "bedrock": mock}
+    gateways = {
+        route: gateway_system(url, workdir, models, route=route, name=_gateway_name(route) + "-bedrock", **options)
+        for route in dict.fromkeys(ROUTE_OF_API[s.apis[0]] for s in scenarios)
+    }
+    return [floor_system(url, bedrock=mock), gateways]
 
 
 def start_peers(args, upstream_url: str, workdir: Path, models: list[str], started: list) -> list:
@@ -483,7 +532,15 @@ def main() -> int:
             started.append(images)
             images_at = f"http://127.0.0.1:{images.port}"
         if args.profile:
-            gateway = gateway_system(mock_url, workdir, models, route=args.profile_route, **options)
+            if args.profile_provider == "bedrock":
+                bedrock_mock = mock_system("bedrock").start(workdir)
+                started.append(bedrock_mock)
+                url = f"http://127.0.0.1:{bedrock_mock.port}"
+                gateway = gateway_system(
+                    url, workdir, models, route=args.profile_route, bedrock=bedrock_mock, **options
+                )
+            else:
+                gateway = gateway_system(mock_url, workdir, models, route=args.profile_route, **options)
             gateway.start(workdir)
             started.append(gateway)
             profile(args, wrk, mock, gateway, workdir, names, stamp, images_at)
@@ -497,10 +554,19 @@ def main() -> int:
         }
         gateway, floor, parsing_floor = gateways["openai"], floor_system(mock_url), floor_system(mock_url, parse=True)
         peer_systems = start_peers(args, mock_url, workdir, models, started)
-        for system in [*gateways.values(), floor, parsing_floor]:
+        bedrock = bedrock_systems(args, workdir, models, started)
+        for system in [
+            *gateways.values(),
+            floor,
+            parsing_floor,
+            *bedrock[:1],
+            *(bedrock[1].values() if bedrock else ()),
+        ]:
             system.start(workdir)
             started.append(system)
-        plan = {s.name: scenario_systems(s, [floor, parsing_floor], gateways, peer_systems) for s in args.scenarios}
+        plan = {
+            s.name: scenario_systems(s, [floor, parsing_floor], gateways, peer_systems, bedrock) for s in args.scenarios
+        }
         plan |= {SLOW.name: [floor, gateway], "nonstream": plan.get("nonstream") or [floor, gateway]}
         meta = machine(wrk) | {
             "args": {k: v for k, v in vars(args).items() if k not in ("scenarios", "cells")}
@@ -519,7 +585,14 @@ def main() -> int:
         floor_bodies, differences = floor_requests(
             sent, list(dict.fromkeys([*args.scenarios, SLOW, SCENARIOS["nonstream"]]))
         )
-        bodies = write_bodies(workdir, plan, floor_bodies, images_at)
+        bedrock_bodies = {}
+        if bedrock:
+            config = gateway_config(1, "{UPSTREAM}", workdir / "equivalence-bedrock.db", models, bedrock=True)
+            scenarios = [s for s in args.scenarios if s.name in BEDROCK_SCENARIOS]
+            sent = asyncio.run(upstream_requests(config, scenarios, tuple(bedrock[1]), images_at, bedrock=True))
+            bedrock_bodies, bedrock_differences = bedrock_floor_requests(sent, floor_bodies)
+            differences += bedrock_differences
+        bodies = write_bodies(workdir, plan, floor_bodies, images_at, bedrock_bodies)
         for scenario in args.scenarios:
             for system in plan[scenario.name]:
                 check(system, scenario, bodies[(system.name, scenario.name)])
@@ -581,6 +654,13 @@ def main() -> int:
         report.cells_table(cells),
         "",
     ]
+    if any("bedrock" in cell for cell in cells):
+        markdown += [
+            "### The Bedrock route: ezat in front of Bedrock against the Anthropic route and the Bedrock floor",
+            "",
+            report.bedrock_table(cells),
+            "",
+        ]
     for run in slow:
         markdown += [
             f"### {run['streams']:,} simultaneous slow streams ({SLOW.what}), {report.arrival(run)}",

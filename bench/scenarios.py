@@ -83,6 +83,23 @@ SCENARIOS = {
     )
 }
 SLOW = Scenario("slow", "bench-slow", True, False, "each 10 deltas one second apart, 10 s")
+# The scenarios with a Bedrock route (`make bench`): the gateway in front of Bedrock's fast mock,
+# beside it on the scenario's own route in front of Anthropic's, and the Bedrock floor.
+BEDROCK_SCENARIOS = ("stream50", "tool", "claude-code")
+
+
+def bedrock_model_id(model: str) -> str:
+    """A scenario's model as a Bedrock model id: the fast Bedrock mock answers anthropic.<model>
+    as the Anthropic mock answers <model>."""
+    return f"anthropic.{model}"
+
+
+def bedrock_request(anthropic: bytes) -> bytes:
+    """The Bedrock floor's request: the Anthropic request's body as the gateway sends it to
+    Bedrock (no `model` or `stream`, which the path names; Bedrock's `anthropic_version`)."""
+    body = {k: v for k, v in orjson.loads(anthropic).items() if k not in ("model", "stream")}
+    return orjson.dumps(body | {"anthropic_version": "bedrock-2023-05-31"})
+
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 QUESTION = "What is the weather like in Paris this week? Please check before answering."
@@ -496,20 +513,23 @@ def request_body(api: str, s: Scenario, fields: dict | None = None, images_at: s
 
 
 async def upstream_requests(
-    config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...], images_at: str = ""
+    config_toml: str, scenarios: list[Scenario], routes: tuple[str, ...], images_at: str = "", bedrock: bool = False
 ) -> dict[tuple[str, str], tuple[int, dict | None]]:
     """Send each scenario's request on each of the gateway's `routes` (routes.GATEWAY_ROUTES)
     that speaks one of its APIs, through the gateway's app (in this process) to the project's
     validating mock: {(route, scenario name): (the gateway's status, what reached the mock)}. The
-    mock's validation also proves these requests ones the real API accepts."""
+    mock's validation also proves these requests ones the real API accepts. `bedrock`: the
+    config's deployment is Bedrock's (systems.gateway_config), and the mock Bedrock's, which
+    accepts the config's API key."""
     import aiohttp
 
     from gateway.app import build_app
     from gateway.config import parse_config
+    from gateway.mock.bedrock import BedrockMock
     from gateway.mock.upstream import MockUpstream
 
     sent = {}
-    mock = MockUpstream()
+    mock = BedrockMock(api_keys=["bench"]) if bedrock else MockUpstream()
     url = await mock.start()
     config = parse_config(config_toml.replace("{UPSTREAM}", url))
     runner = aiohttp.web.AppRunner(build_app(config))
@@ -559,6 +579,21 @@ def floor_requests(
     return floor, differences
 
 
+def bedrock_floor_requests(
+    sent: dict[tuple[str, str], tuple[int, dict | None]], floor: dict[str, bytes]
+) -> tuple[dict[str, bytes], list[str]]:
+    """The Bedrock floor's request of each Bedrock scenario (`bedrock_request` of the floor's),
+    and the differences between it and what the gateway sent Bedrock's validating mock on each
+    route (`upstream_requests(..., bedrock=True)`)."""
+    bedrock = {name: bedrock_request(floor[name]) for name in BEDROCK_SCENARIOS if name in floor}
+    differences = [
+        f"bedrock {route} {name}: status {status}; the gateway sent Bedrock {reached}"
+        for (route, name), (status, reached) in sent.items()
+        if status != 200 or reached != orjson.loads(bedrock[name])
+    ]
+    return bedrock, differences
+
+
 def closing_marker(api: str, s: Scenario) -> str:
     """What the end of a complete response body contains (checked by the asyncio client, which
     keeps a body's last 64 bytes), for a system whose clients speak `api` ("openai", "responses"
@@ -566,4 +601,6 @@ def closing_marker(api: str, s: Scenario) -> str:
     response ends with its usage (a failed one's usage is null)."""
     if not s.stream:
         return ""
-    return {"openai": "[DONE]", "responses": '"total_tokens":', "anthropic": "message_stop"}[api]
+    # Bedrock's frames carry each event in base64, their CRC last: the check before measuring
+    # decodes the whole stream (drive.check); the load only needs a complete 200.
+    return {"openai": "[DONE]", "responses": '"total_tokens":', "anthropic": "message_stop", "bedrock": ""}[api]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from routes import GATEWAY_KEY, GATEWAY_ROUTES, ROUTE_FIELDS, route_headers
-from scenarios import REASONING_KEY
+from scenarios import REASONING_KEY, Scenario, bedrock_model_id
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -114,10 +114,15 @@ class System:
     cwd: Path | None = None  # where the process runs; else the work directory
     env: dict | None = None  # its environment; else this process's
     body_fields: dict = field(default_factory=dict)  # what its clients add to a scenario's body (ROUTE_FIELDS)
+    upstream: System | None = None  # the mock it sends to, where not the run's (Bedrock's)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def path_for(self, scenario: Scenario) -> str:
+        """The path its clients POST a scenario's request to: Bedrock's names the model."""
+        return self.path.format(model=bedrock_model_id(scenario.model)) if "{model}" in self.path else self.path
 
     @property
     def kind(self) -> str:
@@ -225,9 +230,18 @@ def _address(hex_address: str, width: int) -> str:
     return "[" + ":".join(b"".join(words).hex()[i : i + 4] for i in range(0, 32, 4)) + "]"
 
 
-def mock_system() -> System:
+def mock_system(provider: str = "anthropic") -> System:
+    """bench/mock.py: the fast mock; with provider "bedrock", Bedrock's (named mock-bedrock)."""
     port = free_port()
+    if provider == "bedrock":
+        argv = [PYTHON, str(BENCH / "mock.py"), "--port", str(port), "--provider", "bedrock"]
+        return System("mock-bedrock", port, BEDROCK_STREAM_PATH, [], argv)
     return System("mock", port, "/v1/messages", [], [PYTHON, str(BENCH / "mock.py"), "--port", str(port)])
+
+
+# Bedrock's InvokeModelWithResponseStream, where the Bedrock floor's clients POST (every Bedrock
+# scenario streams); {model} is the scenario's Bedrock model id.
+BEDROCK_STREAM_PATH = "/model/{model}/invoke-with-response-stream"
 
 
 def images_system() -> System:
@@ -236,10 +250,22 @@ def images_system() -> System:
     return System("images", port, "/", [], [PYTHON, str(BENCH / "images.py"), "--port", str(port)])
 
 
-def floor_system(upstream_url: str, parse: bool = False) -> System:
+def floor_system(upstream_url: str, parse: bool = False, bedrock: System | None = None) -> System:
     """bench/passthrough.py: the floor, or with `parse` the parsing floor (named floor-parsing,
-    so that it is of the floor's kind and is sent the floor's requests)."""
+    so that it is of the floor's kind and is sent the floor's requests). With `bedrock` (the
+    Bedrock mock), the Bedrock floor, floor-bedrock: the same pass-through in front of it, sent
+    the Bedrock request the gateway makes and relaying its event-stream frames untouched."""
     port = free_port()
+    if bedrock is not None:
+        return System(
+            "floor-bedrock",
+            port,
+            BEDROCK_STREAM_PATH,
+            ["authorization: Bearer bench", "accept: application/json"],
+            [PYTHON, str(BENCH / "passthrough.py"), "--port", str(port), "--upstream", upstream_url],
+            api="bedrock",
+            upstream=bedrock,
+        )
     return System(
         "floor-parsing" if parse else "floor",
         port,
@@ -261,6 +287,7 @@ def gateway_system(
     observed: bool = True,
     ratelimit_url: str | None = None,
     source: Path | None = None,
+    bedrock: System | None = None,
 ) -> System:
     """The gateway exactly as production runs it: `ezat-gateway serve --config <file>`, with
     one key, the benchmark models on one deployment (the mock), and the ledger in SQLite. Its
@@ -271,12 +298,16 @@ def gateway_system(
     log (bench/observability.py); by default both, the log in JSON, as production runs it.
     `ratelimit_url`: the key's rate limits counted in that Redis, as `--workers` needs.
     `source`: the gateway's code from that checkout (another revision's git worktree), run as
-    `python -m gateway serve` from it, with it first on PYTHONPATH (`source_env`)."""
+    `python -m gateway serve` from it, with it first on PYTHONPATH (`source_env`). `bedrock`: its
+    deployment is Bedrock's, this mock (`upstream_url` its address), reached with a Bedrock API
+    key, each model at its Bedrock id (scenarios.bedrock_model_id)."""
     port = free_port()
     name = name or ("gateway" if workers == 1 else f"gateway-{workers}-workers")
     config = workdir / f"{name}.toml"
     config.write_text(
-        gateway_config(port, upstream_url, workdir / f"{name}.db", models, limits, observed, ratelimit_url)
+        gateway_config(
+            port, upstream_url, workdir / f"{name}.db", models, limits, observed, ratelimit_url, bedrock is not None
+        )
     )
     command = [PYTHON, "-m", "gateway"] if source else [EZAT_GATEWAY]
     path, api = GATEWAY_ROUTES[route]
@@ -293,6 +324,7 @@ def gateway_system(
         body_fields=ROUTE_FIELDS.get(route, {}),
         cwd=source,
         env=source_env(source) if source else None,
+        upstream=bedrock,
     )
 
 
@@ -311,7 +343,10 @@ def gateway_config(
     limits: bool = True,
     observed: bool = True,
     ratelimit_url: str | None = None,
+    bedrock: bool = False,
 ) -> str:
+    """`bedrock`: the deployment is Bedrock's at `upstream_url` (a Bedrock API key, no SigV4),
+    each model at its Bedrock id."""
     lines = [
         "[server]",
         'host = "127.0.0.1"',
@@ -337,6 +372,7 @@ def gateway_config(
         "",
         "[[deployments]]",
         'name = "mock"',
+        *(['provider = "bedrock"', 'region = "us-east-1"'] if bedrock else []),
         f'base_url = "{upstream_url}"',
         'api_key = "bench"',
         "",
@@ -348,6 +384,7 @@ def gateway_config(
             "[[models]]",
             f'id = "{model}"',
             'deployments = ["mock"]',
+            *([f'upstream_models = {{ "mock" = "{bedrock_model_id(model)}" }}'] if bedrock else []),
             "max_output_tokens = 64000",
             "pricing = { input = 3.0, output = 15.0, cache_write = 3.75, cache_read = 0.30 }",
             "",

@@ -23,7 +23,7 @@ from google.auth.transport.requests import Request as GoogleRequest
 from google.oauth2 import service_account
 
 from gateway.mock.bedrock import AwsKey, BedrockMock
-from gateway.mock.upstream import Credential, Scenario
+from gateway.mock.upstream import Credential, MockUpstream, Scenario
 from gateway.mock.vertex import CLOUD_PLATFORM_SCOPE, VertexMock, service_account_key
 from tests.support import free_port, spawn
 
@@ -276,6 +276,37 @@ async def test_bedrock_event_stream_frames_on_the_wire(bedrock):
     assert metrics["inputTokenCount"] == events[0]["message"]["usage"]["input_tokens"]
     assert metrics["outputTokenCount"] == events[-2]["usage"]["output_tokens"]
     assert {"invocationLatency", "firstByteLatency"} <= metrics.keys()
+
+
+async def test_bedrock_fast_mode_sends_the_fast_answers_as_frames():
+    """The benchmarks' Bedrock: the Anthropic fast mock's events for the path's model id, each
+    in a frame botocore reads, message_stop with its invocation metrics; no credential asked."""
+    fast, anthropic_fast = BedrockMock(fast=True), MockUpstream(fast=True)
+    bedrock_url, anthropic_url = await fast.start(), await anthropic_fast.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            path = "/model/us.anthropic.bench-tool/invoke-with-response-stream"
+            async with http.post(f"{bedrock_url}{path}", data=orjson.dumps(INVOKE_BODY)) as resp:
+                assert resp.status == 200
+                assert resp.headers["content-type"] == "application/vnd.amazon.eventstream"
+                frames = EventStreamBuffer()
+                frames.add_data(await resp.read())
+            body = {"model": "bench-tool", "max_tokens": 50, "messages": MSGS, "stream": True}
+            async with http.post(f"{anthropic_url}/v1/messages", data=orjson.dumps(body)) as resp:
+                sse = await resp.text()
+            async with http.post(f"{bedrock_url}/model/anthropic.bench-nonstream/invoke", data=b"{}") as resp:
+                message = await resp.json()
+    finally:
+        await fast.close()
+        await anthropic_fast.close()
+    events = [orjson.loads(base64.b64decode(orjson.loads(frame.payload)["bytes"])) for frame in frames]
+    metrics = events[-1].pop("amazon-bedrock-invocationMetrics")
+    expected = [orjson.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == [e["type"] for e in expected]
+    assert events[1:] == expected[1:]  # message_start's id is each mock's own
+    assert metrics["outputTokenCount"] == events[-2]["usage"]["output_tokens"]
+    assert message["type"] == "message" and message["content"][0]["type"] == "text"
+    assert fast.requests == []
 
 
 async def test_bedrock_exception_frame_on_the_wire(bedrock):

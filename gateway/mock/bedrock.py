@@ -213,6 +213,13 @@ class BedrockMock(MockUpstream):
     With `counts_tokens` False, CountTokens answers as Bedrock does for a model it cannot count."""
 
     REQUEST_ID_HEADER = "x-amzn-RequestId"
+    # fast=True, the benchmarks' Bedrock: no authentication, no validation, no recording; the
+    # reply chosen by the path's model id without its provider and region prefixes
+    # ("anthropic.bench-stream50" is bench-stream50), a stream's frames encoded once.
+    FAST_STREAM_HEADERS = {
+        "content-type": "application/vnd.amazon.eventstream",
+        "x-amzn-bedrock-content-type": "application/json",
+    }
 
     def __init__(
         self,
@@ -221,6 +228,7 @@ class BedrockMock(MockUpstream):
         keys: Iterable[AwsKey] | None = None,
         api_keys: Iterable[str] | None = None,
         betas: frozenset[str] = BEDROCK_BETAS,
+        fast: bool = False,
     ):
         self.region = region
         self.key, self.temporary_key = generate_keys()
@@ -229,12 +237,18 @@ class BedrockMock(MockUpstream):
         self.api_keys = frozenset(api_keys if api_keys is not None else (self.api_key_bearer,))
         self.betas = betas
         self.counts_tokens = True
-        super().__init__()
+        super().__init__(fast=fast)
 
     def _add_routes(self, router: web.UrlDispatcher, fast: bool) -> None:
-        router.add_post("/model/{model_id}/invoke", self._invoke)
-        router.add_post("/model/{model_id}/invoke-with-response-stream", self._invoke)
-        router.add_post("/model/{model_id}/count-tokens", self._count)
+        invoke = self._fast if fast else self._invoke
+        router.add_post("/model/{model_id}/invoke", invoke)
+        router.add_post("/model/{model_id}/invoke-with-response-stream", invoke)
+        if not fast:
+            router.add_post("/model/{model_id}/count-tokens", self._count)
+
+    async def _fast_model(self, request: web.Request) -> str | None:
+        await request.read()
+        return request.match_info["model_id"].rpartition(".")[2]
 
     # -- the requests -----------------------------------------------------------------------
 
@@ -401,12 +415,14 @@ class BedrockMock(MockUpstream):
         )
 
 
-def run(host: str, port: int, *, region: str = "us-east-1") -> None:
-    """Serve the Bedrock mock until Ctrl-C or SIGTERM (`ezat-gateway mock-upstream --provider bedrock`)."""
+def run(host: str, port: int, *, region: str = "us-east-1", fast: bool = False) -> None:
+    """Serve the Bedrock mock until Ctrl-C or SIGTERM (`ezat-gateway mock-upstream --provider
+    bedrock`; with fast=True, the benchmarks' Bedrock, bench/mock.py --provider bedrock)."""
 
     async def serve() -> None:
-        mock = BedrockMock(region=region)
+        mock = BedrockMock(region=region, fast=fast)
         url = await mock.start(host, port)
+        runtime.tune_garbage_collector()  # as the gateway's, so a benchmark's processes all run alike
         print(f"Mock Amazon Bedrock runtime listening on {url} (POST /model/{{modelId}}/invoke, ", end="")
         print("/invoke-with-response-stream, /count-tokens); it accepts:", flush=True)
         print(mock.describe(), flush=True)

@@ -344,6 +344,7 @@ class MockUpstream:
     instead while `count_tokens_status` is not 200 (Anthropic's error envelope for that status)."""
 
     REQUEST_ID_HEADER = "request-id"
+    FAST_STREAM_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
     def __init__(self, *, api_key: str | None = None, fast: bool = False):
         self.api_key = api_key
@@ -522,19 +523,23 @@ class MockUpstream:
             for event in self._events(message, Scenario(blocks=blocks)):
                 if pause and event["type"] == "content_block_delta":
                     writes.append(b"")
-                writes[-1] += _sse(event)
+                writes[-1] += self._frame(event, message)
             replies[model] = (writes, pause)
         return replies
 
+    async def _fast_model(self, request: web.Request) -> str | None:
+        """The model a fast request names: the body's `model` (a cloud's mock: the path's)."""
+        return orjson.loads(await request.read()).get("model")
+
     async def _fast(self, request: web.Request) -> web.StreamResponse:
-        model = orjson.loads(await request.read()).get("model")
-        reply = self._fast_replies.get(model)
+        model = await self._fast_model(request)
+        reply = self._fast_replies.get(model)  # type: ignore[arg-type]
         if reply is None:
             return self._error(404, f"fast mode: unknown model {model!r} (known: {', '.join(FAST_MODELS)})")
         if isinstance(reply, bytes):
             return web.Response(body=reply, content_type="application/json")
         writes, pause = reply
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+        resp = web.StreamResponse(headers=self.FAST_STREAM_HEADERS)
         try:
             await resp.prepare(request)
             for n, data in enumerate(writes):
