@@ -11,8 +11,6 @@ application/vnd.amazon.eventstream frames become Anthropic's SSE events, read by
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import struct
 import zlib
@@ -21,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+import pybase64
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError
@@ -213,6 +212,10 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 _VALUE_LENGTHS = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
 _CUT = b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"The upstream sent a frame the gateway cannot read."}}\n\n'
 _PRELUDE = struct.Struct("!III")
+_CRC = struct.Struct("!I")
+# Header sets already read, by their bytes (`_headers`); read-only once stored, a few at most.
+_SEEN_HEADERS: dict[bytes, dict[str, str]] = {}
+_SEEN_HEADERS_MAX = 16
 _METRICS = b'"amazon-bedrock-invocationMetrics"'
 
 
@@ -231,28 +234,50 @@ class EventStreamDecoder:
     def __call__(self, chunk: bytes) -> bytes:
         if self._broken:
             return b""
+        # The frames are read from the chunk itself; only a frame cut between reads is kept, in
+        # the buffer, until the reads that complete it.
         buffer = self._buffer
-        buffer += chunk
+        if buffer:
+            buffer += chunk
+            data: bytes | bytearray = buffer
+        else:
+            data = chunk
+        view = memoryview(data)
         out: list[bytes] = []
-        start = 0
-        while len(buffer) - start >= 12:
-            total, headers_length, prelude_crc = _PRELUDE.unpack_from(buffer, start)
-            if zlib.crc32(buffer[start : start + 8]) != prelude_crc or not 16 <= total <= MAX_FRAME_BYTES:
-                return self._fail(out, "an event-stream prelude that does not check")
-            if len(buffer) - start < total:
-                break
-            frame = bytes(buffer[start : start + total])  # a copy: no view may outlive `del buffer[…]`
-            start += total
-            if zlib.crc32(frame[:-4]) != int.from_bytes(frame[-4:], "big"):
-                return self._fail(out, "an event-stream message that does not check")
-            headers = _headers(frame[12 : 12 + headers_length])
-            if headers is None:
-                return self._fail(out, "event-stream headers it cannot read")
-            event = self._event(headers, frame[12 + headers_length : -4])
-            if event is None:
-                return self._fail(out, "an event-stream message it cannot read")
-            out.append(event)
-        del buffer[:start]
+        start, size = 0, len(data)
+        failure = None
+        try:
+            while size - start >= 12:
+                total, headers_length, prelude_crc = _PRELUDE.unpack_from(data, start)
+                if zlib.crc32(view[start : start + 8]) != prelude_crc or not 16 <= total <= MAX_FRAME_BYTES:
+                    failure = "an event-stream prelude that does not check"
+                    break
+                end = start + total
+                if end > size:
+                    break
+                if zlib.crc32(view[start : end - 4]) != _CRC.unpack_from(data, end - 4)[0]:
+                    failure = "an event-stream message that does not check"
+                    break
+                payload_at = start + 12 + headers_length
+                raw_headers = bytes(view[start + 12 : payload_at])
+                headers = _SEEN_HEADERS.get(raw_headers) or _headers(raw_headers)
+                if headers is None:
+                    failure = "event-stream headers it cannot read"
+                    break
+                event = self._event(headers, bytes(view[payload_at : end - 4]))
+                if event is None:
+                    failure = "an event-stream message it cannot read"
+                    break
+                out.append(event)
+                start = end
+        finally:
+            view.release()  # before the buffer changes size
+        if failure is not None:
+            return self._fail(out, failure)
+        if data is buffer:
+            del buffer[:start]
+        elif start < size:
+            buffer += chunk[start:]
         return b"".join(out)
 
     def _event(self, headers: dict[str, str], payload: bytes) -> bytes | None:
@@ -262,9 +287,8 @@ class EventStreamDecoder:
             return _sse_error(name, payload, headers.get(":error-message"))
         if kind != "event" or headers.get(":event-type") != "chunk":
             return b""  # an event Bedrock may add that carries no Anthropic event
-        try:
-            data = base64.b64decode(orjson.loads(payload)["bytes"], validate=True)
-        except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error):
+        data = _chunk_bytes(payload)
+        if data is None:
             return None
         if data.startswith(b'{"type":"'):  # as Anthropic writes events: no parse to name one
             type_ = data[9 : data.find(b'"', 9)]
@@ -306,8 +330,30 @@ class EventStreamDecoder:
         return b"".join(out) + _CUT
 
 
+def _chunk_bytes(payload: bytes) -> bytes | None:
+    """A `chunk` event's Anthropic event: its payload's `bytes`, base64-decoded. Bedrock writes
+    the payload as {"bytes":"…"}: then the base64 is taken from between the quotes, unparsed;
+    any other JSON (more fields, escapes) is parsed."""
+    try:
+        if payload.startswith(b'{"bytes":"') and payload.endswith(b'"}'):
+            encoded = payload[10:-2]
+            if b'"' not in encoded and b"\\" not in encoded:
+                return pybase64.b64decode(encoded, validate=True)
+        return pybase64.b64decode(orjson.loads(payload)["bytes"], validate=True)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):  # binascii.Error is a ValueError
+        return None
+
+
 def _headers(raw: bytes) -> dict[str, str] | None:
-    """An event-stream message's headers; only string values are kept (the rest are skipped)."""
+    """An event-stream message's headers; only string values are kept (the rest are skipped).
+    The first few sets read are kept by their bytes: Bedrock sends the same few on every frame."""
+    headers = _read_headers(raw)
+    if headers is not None and len(_SEEN_HEADERS) < _SEEN_HEADERS_MAX:
+        _SEEN_HEADERS[raw] = headers
+    return headers
+
+
+def _read_headers(raw: bytes) -> dict[str, str] | None:
     headers = {}
     at, end = 0, len(raw)
     try:
