@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
@@ -22,7 +23,7 @@ from gateway.app import STORE
 from gateway.config import Deployment
 from gateway.mock.bedrock import AwsKey, BedrockMock
 from gateway.mock.upstream import Credential, MockUpstream, RecordedRequest, Scenario
-from gateway.mock.vertex import VertexMock
+from gateway.mock.vertex import VertexMock, service_account_key
 from tests.support import KEY, MODEL, Gateway, make_config, read_store
 from tests.test_images import PNG
 
@@ -246,7 +247,7 @@ async def test_messages_plain_and_streamed_and_count_tokens(cloud):
         final = await stream.get_final_message()
     assert kinds[:2] == ["message_start", "content_block_start"]
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    assert final.content[0].text == ECHO and final.usage == message.usage
+    assert final.content[0].text == ECHO and final.model == MODEL and final.usage == message.usage
     counted = await cloud.claude.messages.with_raw_response.count_tokens(model=MODEL, messages=HELLO)
     assert "x-ezat-input-tokens" not in counted.headers  # the cloud's own count, not an estimate
     assert (await counted.parse()).input_tokens == message.usage.input_tokens
@@ -257,6 +258,15 @@ async def test_messages_plain_and_streamed_and_count_tokens(cloud):
     )
     assert [r.path for r in cloud.mock.requests] == [cloud.path(), cloud.path(stream=True), count_path]
     assert len(await cloud.gateway.app[STORE].ledger()) == 2  # a count is never billed
+
+
+async def test_a_long_stream_arrives_whole(cloud):
+    """Deltas of 48 KB: on Bedrock, frames larger than a read, put back together."""
+    text = "".join(f"{n:05d} " for n in range(40_000))  # 240 KB, each part distinct
+    cloud.mock.enqueue(Scenario(blocks=[{"type": "text", "text": text}], chunk_size=48_000))
+    stream = await cloud.openai.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
+    parts = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    assert "".join(parts) == text
 
 
 # --- Tools, and thinking kept across a tool call -----------------------------------------------------
@@ -428,10 +438,15 @@ async def test_a_failure_after_the_first_token_ends_the_stream_with_an_error(clo
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("other", [VERTEX, ANTHROPIC], ids=["to-vertex", "to-anthropic"])
-async def test_a_throttled_bedrock_fails_over_unseen(start_clouds, bedrock, vertex, upstream, other, stream):
+@pytest.mark.parametrize(
+    ("status", "other"),
+    [(429, VERTEX), (429, ANTHROPIC), (503, VERTEX)],
+    ids=["throttled-to-vertex", "throttled-to-anthropic", "unavailable-to-vertex"],
+)
+async def test_a_failing_bedrock_is_passed_over_unseen(start_clouds, bedrock, vertex, upstream, status, other, stream):
+    """ThrottlingException (429) or ServiceUnavailableException (503): the next deployment answers."""
     gateway = await start_clouds(BEDROCK, other)
-    bedrock.enqueue(Scenario(status=429, error_message="Too many requests, please wait before trying again."))
+    bedrock.enqueue(Scenario(status=status, error_message="Too many requests, please wait before trying again."))
     async with gateway.client() as chat:
         raw = await chat.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, stream=stream)
         if stream:
@@ -535,6 +550,21 @@ async def test_a_refused_gateway_credential_is_a_500_naming_no_secret(start_clou
     assert bedrock.requests[-1].auth is None  # refused by the cloud
 
 
+async def test_a_vertex_key_the_token_endpoint_refuses_is_a_500(start_clouds, vertex, tmp_path):
+    """A service-account key Google does not know: the gateway cannot sign in, and says no more."""
+    other, _ = service_account_key(vertex.project, f"{vertex.url}/token")
+    other["client_email"] = vertex.client_email  # the same account, another (unknown) key
+    key_file = tmp_path / "other-key.json"
+    key_file.write_text(json.dumps(other))
+    gateway = await start_clouds(VERTEX, deployment={VERTEX: {"credentials_file": str(key_file)}})
+    async with gateway.client() as chat:
+        with pytest.raises(openai.InternalServerError) as refused:
+            await chat.chat.completions.create(model=MODEL, messages=HELLO)
+    assert refused.value.status_code == 500 and refused.value.body["type"] == "server_error"
+    assert other["private_key_id"] not in refused.value.response.text
+    assert vertex.token_requests == 1 and vertex.requests == []  # no model was called
+
+
 # --- What each cloud received --------------------------------------------------------------------------
 
 
@@ -580,8 +610,8 @@ async def test_a_bedrock_arn_goes_in_the_path_with_its_slash_encoded(start_cloud
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_the_ledger_row_of_a_cloud_request(start_clouds, cloud_mock, tmp_path, stream):
-    """The usage as the cloud reported it (on a Bedrock stream, with its invocation metrics) and
-    the deployment that answered, in the row the store kept."""
+    """The usage as the cloud reported it and the deployment that answered, in the row the
+    store kept."""
     provider, mock = cloud_mock
     storage_url = f"sqlite:///{tmp_path / 'ezat.db'}"
     gateway = await start_clouds(provider, storage_url=storage_url)
