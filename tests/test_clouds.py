@@ -260,6 +260,16 @@ async def test_messages_plain_and_streamed_and_count_tokens(cloud):
     assert len(await cloud.gateway.app[STORE].ledger()) == 2  # a count is never billed
 
 
+async def test_count_tokens_with_thinking_and_tools(cloud):
+    """Bedrock's count is an InvokeModel body, whose max_tokens must exceed the thinking budget."""
+    ask = {"messages": [{"role": "user", "content": ASK}], "tools": [TOOL]}
+    thinking = {"type": "enabled", "budget_tokens": 2048}
+    counted = await cloud.claude.messages.with_raw_response.count_tokens(model=MODEL, thinking=thinking, **ask)
+    assert "x-ezat-input-tokens" not in counted.headers
+    message = await cloud.claude.messages.create(model=MODEL, max_tokens=4096, thinking=thinking, **ask)
+    assert (await counted.parse()).input_tokens == message.usage.input_tokens
+
+
 async def test_a_long_stream_arrives_whole(cloud):
     """Deltas of 48 KB: on Bedrock, frames larger than a read, put back together."""
     text = "".join(f"{n:05d} " for n in range(40_000))  # 240 KB, each part distinct

@@ -101,7 +101,7 @@ class Bedrock(Provider):
         model = quote(str(request.get("model")), safe=":")  # as AWS's SDKs write it; an ARN's "/" encoded
         if path == COUNT_TOKENS:
             action = "count-tokens"
-            invoke.setdefault("max_tokens", 1)  # a count has none; InvokeModel's body needs one
+            invoke.setdefault("max_tokens", _count_max_tokens(invoke))
             data = encoded({"input": {"invokeModel": {"body": encoded(invoke).decode()}}})
         else:
             action = "invoke-with-response-stream" if request.get("stream") else "invoke"
@@ -149,6 +149,14 @@ class Bedrock(Provider):
         status, kind = ERRORS.get(name, (status, None))
         anthropic = {"type": "error", "error": {"type": kind, "message": message} if kind else {"message": message}}
         return upstream_error(status, orjson.dumps(anthropic), headers)
+
+
+def _count_max_tokens(invoke: dict[str, Any]) -> int:
+    """The max_tokens a count's InvokeModel body gets (a count has none, the body needs one):
+    above its thinking budget, which Bedrock requires to be less than max_tokens."""
+    thinking = invoke.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    return budget + 1 if type(budget) is int and budget > 0 else 1
 
 
 def _usage_from(headers: Mapping[str, str]) -> dict[str, int]:
