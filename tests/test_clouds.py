@@ -351,15 +351,17 @@ async def test_messages_thinking_kept_across_a_tool_call(cloud):
 
 
 async def test_responses_thinking_kept_across_a_tool_call(cloud):
-    """Sealed in encrypted_content and restored in place, signature and all."""
+    """Streamed, sealed in encrypted_content, and restored in place, signature and all."""
     cloud.mock.enqueue(Scenario(blocks=[THINKING, CALL]))
-    first = await cloud.openai.responses.create(
+    stream = await cloud.openai.responses.create(
         model=MODEL,
         input=ASK,
         tools=[RESPONSES_FUNCTION],
         reasoning={"effort": "high"},
         include=["reasoning.encrypted_content"],
+        stream=True,
     )
+    first = [event.response async for event in stream if event.type == "response.completed"][0]
     reasoning, call = first.output
     assert reasoning.type == "reasoning" and THINKING["signature"] not in reasoning.encrypted_content
     history = [
@@ -411,6 +413,17 @@ async def test_a_refusal_reaches_each_client_in_its_envelope_as_written(cloud, s
             await cloud.claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
     assert claude.value.body["error"] == {"type": "invalid_request_error", "message": TOO_LONG}
     assert len(cloud.mock.requests) == 2  # one each: a refusal is not tried again
+
+
+async def test_a_refusing_exception_frame_before_the_first_token_is_the_clients_400(cloud):
+    """On Bedrock, a validationException frame after message_start: still the client's 400, as written."""
+    cloud.mock.enqueue(
+        Scenario(error_after=1, stream_error_type="invalid_request_error", stream_error_message=TOO_LONG)
+    )
+    with pytest.raises(anthropic.BadRequestError) as claude:
+        async with cloud.claude.messages.stream(model=MODEL, max_tokens=10, messages=HELLO) as events:
+            await events.get_final_message()
+    assert claude.value.body["error"] == {"type": "invalid_request_error", "message": TOO_LONG}
 
 
 async def test_throttled_with_no_other_deployment_is_a_rate_limit(cloud):
