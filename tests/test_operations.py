@@ -89,7 +89,7 @@ def two_deployments(upstream_url: str, second_url: str):
     keys = (*config.keys, KeyConfig(name="limited", key_sha256=hashlib.sha256(LIMITED.encode()).hexdigest(), rpm=1))
     return dataclasses.replace(
         config,
-        deployments=(*config.deployments, Deployment("second", second_url, UPSTREAM_KEY)),
+        deployments=(*config.deployments, Deployment("second", base_url=second_url, api_key=UPSTREAM_KEY)),
         models=(model, *config.models[1:]),
         keys=keys,
     )
@@ -196,7 +196,7 @@ async def test_each_limit_is_counted_as_its_own_refusal(start_gateway, upstream)
 
 async def test_each_attempt_outcome_is_counted(start_gateway, upstream):
     config = make_config(upstream.url)
-    closed = Deployment("closed", "http://127.0.0.1:9", UPSTREAM_KEY, connect_timeout_seconds=2)
+    closed = Deployment("closed", base_url="http://127.0.0.1:9", api_key=UPSTREAM_KEY, connect_timeout_seconds=2)
     slow = dataclasses.replace(config.deployments[0], name="slow", first_token_timeout_seconds=0.3)
     model, small = config.models
     gateway = await start_gateway(
