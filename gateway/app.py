@@ -311,7 +311,11 @@ def application(config: Config, services: Services, stages: Stages) -> web.Appli
 
     app = web.Application(
         middlewares=[
-            observe_middleware(metrics=services.metrics, tracing=services.tracing),
+            observe_middleware(
+                metrics=services.metrics,
+                tracing=services.tracing,
+                providers={deployment.name: deployment.provider for deployment in config.deployments},
+            ),
             errors_as_the_client_speaks(services.outage),
         ]
     )

@@ -40,7 +40,9 @@ from gateway.config import (
     TracingConfig,
     parse_config,
 )
+from gateway.mock.bedrock import BedrockMock
 from gateway.mock.upstream import Scenario
+from gateway.mock.vertex import VertexMock
 from gateway.ops.logs import TextFormatter
 from gateway.ops.tracing import Tracing
 from tests.support import (
@@ -93,6 +95,44 @@ def two_deployments(upstream_url: str, second_url: str):
         models=(model, *config.models[1:]),
         keys=keys,
     )
+
+
+@pytest.fixture
+async def clouds():
+    """A mock Bedrock and a mock Vertex AI."""
+    bedrock, vertex = BedrockMock(region="us-east-1"), VertexMock()
+    await bedrock.start()
+    await vertex.start()
+    yield bedrock, vertex
+    await bedrock.close()
+    await vertex.close()
+
+
+def on_three_providers(upstream_url: str, bedrock: BedrockMock, vertex: VertexMock):
+    """MODEL on Bedrock first, then Vertex AI, then Anthropic's API (`primary`)."""
+    config = make_config(upstream_url)
+    clouds = (
+        Deployment(
+            "bedrock-us", provider="bedrock", region="us-east-1", base_url=bedrock.url, api_key=bedrock.api_key_bearer
+        ),
+        Deployment(
+            "vertex-eu",
+            provider="vertex",
+            region="europe-west1",
+            project=vertex.project,
+            base_url=vertex.url + "/v1",
+            credentials_file=str(vertex.key_file),
+        ),
+    )
+    model = dataclasses.replace(
+        config.models[0],
+        deployments=("bedrock-us", "vertex-eu", "primary"),
+        upstream_models={
+            "bedrock-us": "us.anthropic.claude-sonnet-5-5-v1:0",
+            "vertex-eu": "claude-sonnet-5-5@20261001",
+        },
+    )
+    return dataclasses.replace(config, deployments=(*config.deployments, *clouds), models=(model, *config.models[1:]))
 
 
 async def test_the_metrics_count_what_happened_and_agree_with_the_ledger(start_gateway, upstream, second):
@@ -713,6 +753,38 @@ async def test_spans_follow_the_genai_conventions(start_gateway, upstream, spans
     assert upstream.requests[0].headers["traceparent"].split("-")[1] == format(client.context.trace_id, "032x")
     assert (servers[1].attributes["error.type"], clients[1].attributes["error.type"]) == ("503", "529")
     assert not any("secret" in str(value) for s in finished for value in s.attributes.values())  # no prompt text
+
+
+async def test_spans_name_the_provider_of_each_attempt_and_of_the_answer(start_gateway, upstream, clouds, spans):
+    exporter, tracing = spans
+    bedrock, vertex = clouds
+    gateway = await start_gateway(on_three_providers(upstream.url, bedrock, vertex), tracing=tracing)
+    bedrock.enqueue(Scenario(status=429))  # throttled: Vertex AI answers
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    vertex.enqueue(Scenario(status=429))
+    bedrock.enqueue(Scenario(status=429))  # both clouds throttled: Anthropic's API answers
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.NotFoundError):  # no deployment answers: the request's span names no provider
+        await gateway.client().chat.completions.create(model="test/none", messages=HELLO)
+    finished = exporter.get_finished_spans()
+    clients = [
+        (s.attributes["gen_ai.provider.name"], s.attributes["server.address"], s.attributes["server.port"])
+        for s in finished
+        if s.kind == SpanKind.CLIENT
+    ]
+    at = {name: ("127.0.0.1", URL(mock.url).port) for name, mock in (("b", bedrock), ("v", vertex), ("a", upstream))}
+    assert clients == [
+        ("aws.bedrock", *at["b"]),
+        ("gcp.vertex_ai", *at["v"]),
+        ("aws.bedrock", *at["b"]),
+        ("gcp.vertex_ai", *at["v"]),
+        ("anthropic", *at["a"]),
+    ]
+    assert [s.attributes.get("gen_ai.provider.name") for s in finished if s.kind == SpanKind.SERVER] == [
+        "gcp.vertex_ai",
+        "anthropic",
+        None,
+    ]
 
 
 USAGE = (

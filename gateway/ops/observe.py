@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -31,9 +33,14 @@ log = logging.getLogger("ezat.observe")
 API_ROUTES = web.AppKey("ezat.api_routes", dict[Handler, str])
 
 
-def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tracing | None = None):
+def observe_middleware(
+    *,
+    metrics: Metrics | NoMetrics = NO_METRICS,
+    tracing: Tracing | None = None,
+    providers: Mapping[str, str] = MappingProxyType({}),
+):
     """The app's outermost middleware: each API request's access line, and its metrics and span
-    when the app has them."""
+    when the app has them. `providers`: each deployment's provider, by the deployment's name."""
 
     @web.middleware
     async def observe(request: web.Request, handler) -> web.StreamResponse:
@@ -81,12 +88,13 @@ def observe_middleware(*, metrics: Metrics | NoMetrics = NO_METRICS, tracing: Tr
         try:
             seconds = asyncio.get_running_loop().time() - started
             to_first_output = first_output - started if first_output is not None else None
-            model = request.get(MODEL)
+            model, deployment = request.get(MODEL), request.get(DEPLOYMENT)
+            provider = providers.get(deployment) if deployment is not None else None
             metrics.answered(route, model.id if model is not None else "", status, seconds, to_first_output)
             if refusal:
                 metrics.refused(refusal)
             if tracing is not None and span is not None:
-                tracing.end_server_span(span, request, status, outcome, reply)
+                tracing.end_server_span(span, request, status, outcome, reply, provider)
             if ACCESS.isEnabledFor(logging.INFO):
                 access(
                     f"{request.method} {pattern} {status}",

@@ -17,13 +17,14 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.config import TracingConfig
+from gateway.config import Deployment, TracingConfig
 from middlewares.core.context import ANSWERED_MODEL, LEDGER_ROW, MODEL
 from middlewares.core.records import LedgerRow
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import Usage
 
-PROVIDER = "anthropic"
+# A deployment's provider (Deployment.provider) as OpenTelemetry's GenAI conventions name it.
+GENAI_PROVIDERS = {"anthropic": "anthropic", "bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
 _OPERATION = {
     "chat_completions": "chat",
     "responses": "chat",
@@ -94,7 +95,6 @@ class Tracing:
                 "http.request.method": request.method,
                 "http.route": pattern,
                 "gen_ai.operation.name": _OPERATION.get(route, route),  # a route of no GenAI operation: its own name
-                "gen_ai.provider.name": PROVIDER,
             },
         )
 
@@ -103,9 +103,16 @@ class Tracing:
         # (A refusal is no error of the span's: end_server_span says what failed, in its words.)
         return self._trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
-    def end_server_span(self, span: Any, request: web.Request, status: int, outcome: str, reply: Any) -> None:
+    def end_server_span(
+        self, span: Any, request: web.Request, status: int, outcome: str, reply: Any, provider: str | None
+    ) -> None:
+        """`provider`: the answering deployment's (None: none answered), known only now: a
+        request's attempts may go to several providers, and its SERVER span names the one that
+        answered (each CLIENT span names its own)."""
         model, answered, row = request.get(MODEL), request.get(ANSWERED_MODEL), request.get(LEDGER_ROW)
         span.set_attribute("http.response.status_code", status)
+        if provider is not None:
+            span.set_attribute("gen_ai.provider.name", GENAI_PROVIDERS[provider])
         if model is not None:
             span.set_attribute("gen_ai.request.model", model.id)
         if answered is not None:
@@ -122,7 +129,7 @@ class Tracing:
     # --- an upstream attempt: its CLIENT span
 
     @contextmanager
-    def attempt(self, operation: str, model: str, deployment: Any, headers: dict[str, str]) -> Iterator[Any]:
+    def attempt(self, operation: str, model: str, deployment: Deployment, headers: dict[str, str]) -> Iterator[Any]:
         """A CLIENT span `{operation} {model}`, current around one attempt; `headers` gains its
         `traceparent`. An attempt that raises ends it here; one that answers hands it to
         `answered`, which ends it with the answer (a stream's when the stream ends)."""
@@ -132,7 +139,7 @@ class Tracing:
             kind=self._trace.SpanKind.CLIENT,
             attributes={
                 "gen_ai.operation.name": operation,
-                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.provider.name": GENAI_PROVIDERS[deployment.provider],
                 "gen_ai.request.model": model,
                 "server.address": host,
                 "server.port": port,

@@ -85,8 +85,6 @@ _HEADERS = {"content-type": "application/json", "accept": "application/json"}
 
 
 class Bedrock(Provider):
-    telemetry_name = "aws.bedrock"
-
     def __init__(self, deployment: Deployment) -> None:
         super().__init__(deployment)
         self._betas = KeptBetas(deployment, BEDROCK_BETAS)

@@ -47,9 +47,7 @@ class Outgoing:
 
 
 class Provider:
-    """A deployment's provider. `telemetry_name` is OpenTelemetry's gen_ai.provider.name."""
-
-    telemetry_name = "anthropic"
+    """A deployment's provider."""
 
     def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment

@@ -58,8 +58,6 @@ VERTEX_BETAS = frozenset(
 
 
 class Vertex(Provider):
-    telemetry_name = "gcp.vertex_ai"
-
     def __init__(self, deployment: Deployment) -> None:
         super().__init__(deployment)
         self._betas = KeptBetas(deployment, VERTEX_BETAS)
