@@ -382,6 +382,7 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
             "model",
             "answered_model",
             "deployment",
+            "provider",
             "status",
             "key",
             "stream",
@@ -399,6 +400,7 @@ async def test_each_request_has_one_json_access_line_matching_its_ledger_row(tmp
         "model": MODEL,
         "answered_model": MODEL,
         "deployment": "mock",
+        "provider": "anthropic",
         "status": 200,
         "key": "test",
         "stream": False,
@@ -477,6 +479,25 @@ async def test_a_counts_access_line_names_the_deployment_that_answered(gateway, 
         "primary",
         MODEL,
     )
+
+
+async def test_an_access_line_names_the_provider_that_answered(start_gateway, upstream, clouds, caplog):
+    bedrock, vertex = clouds
+    gateway = await start_gateway(on_three_providers(upstream.url, bedrock, vertex))
+    caplog.set_level("INFO", logger="ezat.access")
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    bedrock.enqueue(Scenario(status=429))  # throttled: Vertex AI answers
+    await gateway.client().chat.completions.create(model=MODEL, messages=HELLO)
+    with pytest.raises(openai.NotFoundError):  # no deployment answers: none is named
+        await gateway.client().chat.completions.create(model="test/none", messages=HELLO)
+    on_bedrock, on_vertex, refused = (r for r in caplog.records if r.name == "ezat.access")
+    assert [(r.fields["deployment"], r.fields["provider"]) for r in (on_bedrock, on_vertex, refused)] == [
+        ("bedrock-us", "bedrock"),
+        ("vertex-eu", "vertex"),
+        (None, None),
+    ]
+    assert " deployment=vertex-eu provider=vertex " in TextFormatter("%(message)s").format(on_vertex)
+    assert "provider=" not in TextFormatter("%(message)s").format(refused)
 
 
 async def test_the_access_log_can_be_off(tmp_path, upstream):

@@ -100,7 +100,14 @@ def observe_middleware(
                     f"{request.method} {pattern} {status}",
                     request_id(request),
                     access_fields(
-                        request, route, status, seconds, to_first_output, outcome, isinstance(reply, EventStreamReply)
+                        request,
+                        route,
+                        status,
+                        seconds,
+                        to_first_output,
+                        outcome,
+                        isinstance(reply, EventStreamReply),
+                        provider,
                     ),
                 )
         except Exception:  # what observes a request must not fail it
@@ -117,8 +124,10 @@ def access_fields(
     first_output: float | None,
     outcome: str,
     streamed: bool,
+    provider: str | None,
 ) -> dict[str, Any]:
-    """An access line's fields: what was asked, who asked, what answered, and what it cost."""
+    """An access line's fields: what was asked, who asked, what answered (and its provider),
+    and what it cost."""
     model, answered, key, row = (
         request.get(MODEL),
         request.get(ANSWERED_MODEL),
@@ -130,6 +139,7 @@ def access_fields(
         "model": model.id if model is not None else None,  # a configured id: never what a client typed
         "answered_model": answered.id if answered is not None else None,
         "deployment": request.get(DEPLOYMENT),
+        "provider": provider,
         "status": status,
         "duration_ms": round(seconds * 1000, 1),
         "ttft_ms": round(first_output * 1000, 1) if first_output is not None else None,
