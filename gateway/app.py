@@ -136,6 +136,7 @@ def make_services(config: Config, *, ping_interval: float, tracing: Tracing | No
     """The app's services, from the config; none is opened before the app starts. `now` dates
     budget periods."""
     metrics = Metrics() if config.metrics.enabled else NO_METRICS
+    metrics.deployments(config.deployments)
     tracing = tracing or Tracing.from_config(config.tracing)
     upstream = UpstreamClient()
     store = open_store(config.storage.url, now=now)

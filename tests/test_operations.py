@@ -279,6 +279,17 @@ async def test_a_deployment_cooling_down_shows_until_it_is_tried_again(start_gat
     assert len(upstream.requests) == 2
 
 
+async def test_the_metrics_name_each_deployments_provider(start_gateway, upstream, clouds):
+    gateway = await start_gateway(on_three_providers(upstream.url, *clouds))
+    m = await scrape(gateway.url)  # before any request: set when the app is made
+    info = {labels: value for (name, labels), value in m.items() if name == "ezat_deployment_info"}
+    assert info == {
+        (("deployment", "primary"), ("provider", "anthropic")): 1,
+        (("deployment", "bedrock-us"), ("provider", "bedrock")): 1,
+        (("deployment", "vertex-eu"), ("provider", "vertex")): 1,
+    }
+
+
 async def test_every_api_route_is_counted_and_image_downloads_too(start_gateway, upstream):
     config = dataclasses.replace(make_config(upstream.url), images=ImagesConfig(allow_private_hosts=True))
     gateway = await start_gateway(config)
@@ -548,6 +559,7 @@ async def test_one_scrape_counts_every_workers_requests(tmp_path, upstream):
         await served.stop()
     assert sample(m, "ezat_requests_total", route="chat_completions", model=MODEL, status="200") == 24
     assert sample(m, "ezat_ledger_rows_total") == 24
+    assert sample(m, "ezat_deployment_info", deployment="mock", provider="anthropic") == 1  # however many workers
     assert len({line["pid"] for line in access_lines(served)}) == 2  # both workers answered some
 
 

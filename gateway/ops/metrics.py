@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
+from gateway.config import Deployment
 from middlewares.core.errors import GatewayError
 from middlewares.core.records import LedgerRow
 
@@ -78,6 +79,13 @@ class Metrics:
             "ezat_deployment_cooling",
             "1 while a deployment is cooling down after failures.",
             ["deployment"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self._deployment_info = Gauge(
+            "ezat_deployment_info",
+            "1 for each configured deployment, naming its provider: anthropic, bedrock or vertex.",
+            ["deployment", "provider"],
             registry=r,
             multiprocess_mode="livemax",
         )
@@ -152,6 +160,11 @@ class Metrics:
 
     def fallback(self, model: str, fallback: str) -> None:
         self._child(self._fallbacks, model, fallback).inc()
+
+    def deployments(self, deployments: Iterable[Deployment]) -> None:
+        """The configured deployments and their providers, set once when the app is made."""
+        for deployment in deployments:
+            self._deployment_info.labels(deployment.name, deployment.provider).set(1)
 
     def cooling(self, deployment: str, cooling: bool) -> None:
         self._child(self._cooling, deployment).set(1 if cooling else 0)
