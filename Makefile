@@ -20,8 +20,9 @@ $(READY): $(LOCK) pyproject.toml
 	touch $(READY)
 
 # `make demo PORT=8090` for another port; without PORT, the gateway's default (8080).
+# `make demo PROVIDER=bedrock` (or vertex, or anthropic) answers with that provider's built-in mock.
 demo: $(READY)
-	$(BIN)/ezat-gateway serve$(if $(PORT), --port $(PORT))
+	$(BIN)/ezat-gateway serve$(if $(PORT), --port $(PORT))$(if $(PROVIDER), --mock-provider $(PROVIDER))
 
 # In parallel (pytest-xdist), one worker per core of a 2-core machine: more would wait less, but
 # crowd the tests that measure a deadline. `--dist loadfile` keeps each file's tests in one worker,

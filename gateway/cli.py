@@ -70,6 +70,12 @@ DEFAULT_MODEL = Model(
 )
 
 
+MOCK_PROVIDERS = ("anthropic", "bedrock", "vertex")
+# The embedded model's id on each cloud's mock: a cross-region inference profile on Bedrock, a
+# versioned id on Vertex AI, as those clouds name Claude.
+DEMO_CLOUD_MODELS = {"bedrock": "us.anthropic.claude-sonnet-5-5-v1:0", "vertex": "claude-sonnet-5-5@20261001"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ezat-gateway", description=__doc__)
     parser.add_argument("--version", action=_PrintVersion, help="print the version and exit")
@@ -88,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     serving.add_argument("--port", type=_port, help="override [server] port")
     serving.add_argument("--workers", type=_workers, help="override [server] workers (processes sharing the port)")
     serving.add_argument("--log-format", choices=LOG_FORMATS, help=f"override [logging] format and ${LOG_FORMAT_ENV}")
+    serving.add_argument(
+        "--mock-provider",
+        choices=MOCK_PROVIDERS,
+        help="without --config: answer with the built-in mock of this provider's API "
+        "(default: Anthropic's API with $ANTHROPIC_API_KEY, else its mock)",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file and list its problems")
     check.add_argument("file")
@@ -97,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     mock.add_argument("--port", type=_port, default=8081)
     mock.add_argument(
         "--provider",
-        choices=("anthropic", "bedrock", "vertex"),
+        choices=MOCK_PROVIDERS,
         default="anthropic",
         help="the API it speaks; bedrock and vertex print the credentials they accept",
     )
@@ -138,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 1
-        serve(args.config, Overrides(args.host, args.port, args.workers, log_format))
+        if args.command == "serve" and args.mock_provider and args.config:
+            parser.error("--mock-provider is for the embedded defaults: not with --config (or $EZAT_CONFIG)")
+        serve(args.config, Overrides(args.host, args.port, args.workers, log_format, args.mock_provider))
     except ConfigError as exc:
         print(f"{args.config}: invalid config", *exc.problems, sep="\n  ", file=sys.stderr)
         return 1
@@ -215,6 +229,7 @@ class Overrides:
     port: int | None = None
     workers: int | None = None
     log_format: str | None = None
+    mock_provider: str | None = None  # the embedded defaults' upstream: the built-in mock of this provider
 
     def applied(self, config: Config) -> Config:
         server = replace(
@@ -317,7 +332,7 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
         raise CannotListen(server.host, server.port, error) from None
     mock = demo_key = None
     if config is None:
-        embedded, demo_key, mock = await embedded_config()
+        embedded, demo_key, mock = await embedded_config(overrides.mock_provider)
         config = overrides.applied(embedded)
     configure_logging(config.logging)
 
@@ -351,28 +366,64 @@ async def serve_forever(config: Config | None, overrides: Overrides = Overrides(
         await mock.close()
 
 
-async def embedded_config():
+async def embedded_config(mock_provider: str | None = None):
     """No config file: one model, a real Anthropic deployment when ANTHROPIC_API_KEY is set and
-    the built-in mock upstream otherwise, its own SQLite file in the working directory, a local key,
-    and a reasoning key beside them."""
+    the built-in mock upstream otherwise (or, with `mock_provider`, that provider's built-in mock),
+    its own SQLite file in the working directory, a local key, and a reasoning key beside them."""
     mock = None
     demo_key = os.environ.get("EZAT_API_KEY") or _local_key()  # before the mock says it answers
     responses = ResponsesConfig(reasoning_key=_local_reasoning_key())
     api_key = os.environ.get("ANTHROPIC_API_KEY")
-    if api_key:
+    model = DEFAULT_MODEL
+    if mock_provider in ("bedrock", "vertex"):
+        mock, deployment = await _cloud_mock(mock_provider)
+        upstream_model = DEMO_CLOUD_MODELS[mock_provider]
+        model = replace(model, deployments=(deployment.name,), upstream_models={deployment.name: upstream_model})
+    elif api_key and mock_provider is None:
         deployment = Deployment(name="anthropic", base_url="https://api.anthropic.com", api_key=api_key)
     else:
         from gateway.mock.upstream import MockUpstream
 
         mock = MockUpstream()
         url = await mock.start()
-        log.info("no ANTHROPIC_API_KEY: answering with the built-in mock upstream at %s", url)
+        log.info("%s: answering with the built-in mock upstream at %s", _why_the_mock(mock_provider), url)
         deployment = Deployment(name="anthropic", base_url=url, api_key="mock")
     key = KeyConfig(name="local", key_sha256=hashlib.sha256(demo_key.encode()).hexdigest())
-    config = Config(
-        storage=DEMO_STORAGE, responses=responses, deployments=(deployment,), models=(DEFAULT_MODEL,), keys=(key,)
-    )
+    config = Config(storage=DEMO_STORAGE, responses=responses, deployments=(deployment,), models=(model,), keys=(key,))
     return config, demo_key, mock
+
+
+def _why_the_mock(mock_provider: str | None) -> str:
+    return "--mock-provider anthropic" if mock_provider else "no ANTHROPIC_API_KEY"
+
+
+async def _cloud_mock(provider: str):
+    """The built-in mock of Bedrock or Vertex AI, started, and a deployment that signs in to it
+    as one would to the cloud: Bedrock with an API key, Vertex AI with a service-account file."""
+    if provider == "bedrock":
+        from gateway.mock.bedrock import BedrockMock
+
+        bedrock = BedrockMock(region="us-east-1")
+        url = await bedrock.start()
+        log.info("--mock-provider bedrock: answering with the built-in mock Amazon Bedrock at %s", url)
+        deployment = Deployment(
+            name="bedrock", provider="bedrock", region=bedrock.region, base_url=url, api_key=bedrock.api_key_bearer
+        )
+        return bedrock, deployment
+    from gateway.mock.vertex import VertexMock
+
+    vertex = VertexMock()
+    url = await vertex.start()
+    log.info("--mock-provider vertex: answering with the built-in mock Google Vertex AI at %s", url)
+    deployment = Deployment(
+        name="vertex",
+        provider="vertex",
+        region="us-east5",
+        project=vertex.project,
+        base_url=url + "/v1",
+        credentials_file=str(vertex.key_file),
+    )
+    return vertex, deployment
 
 
 def _local_key() -> str:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 from yarl import URL
@@ -182,6 +183,45 @@ async def test_serve_on_embedded_defaults_answers_with_the_mock_upstream(tmp_pat
         await restarted.stop()
     assert restarted.process.returncode == 0
     assert (tmp_path / "ezat-gateway.key").read_text().strip() == key
+
+
+@pytest.mark.parametrize(
+    ("provider", "mock"), [("bedrock", "mock Amazon Bedrock"), ("vertex", "mock Google Vertex AI")]
+)
+async def test_serve_on_embedded_defaults_answers_with_a_clouds_mock(tmp_path, provider, mock):
+    # `make demo PROVIDER=bedrock`: the demo's one model on the cloud's mock, signed in to as to the cloud.
+    served = ServeProcess(tmp_path)  # no config file
+    try:
+        await served.start("--port", str(served.port), "--mock-provider", provider)
+        key = await printed_key(served)
+        async with served.client(api_key=key) as client:
+            completion = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hello!"}]
+            )
+        async with anthropic.AsyncAnthropic(base_url=served.url, api_key=key, max_retries=0) as claude:
+            async with claude.messages.stream(
+                model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Again"}]
+            ) as stream:
+                message = await stream.get_final_message()
+    finally:
+        await served.stop()
+    assert served.process.returncode == 0
+    assert completion.choices[0].message.content.endswith("You said: Hello!")
+    assert message.content[0].text.endswith("You said: Again") and message.model == MODEL
+    output = served.output()
+    assert f"--mock-provider {provider}: answering with the built-in {mock} at http://127.0.0.1:" in output
+    answered = re.findall(r" 200 request_id=\S+ .*?deployment=(\S+) provider=(\S+) ", output)
+    assert answered == [(provider, provider)] * 2  # the access lines: the cloud's deployment answered both
+
+
+async def test_serve_mock_provider_is_for_the_embedded_defaults_only(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(GOOD_CONFIG.format(port=free_port(), upstream_port=8081))
+    status, output = await run_command("serve", "--config", str(path), "--mock-provider", "bedrock")
+    assert status == 2
+    assert output.splitlines()[-1] == (
+        "ezat-gateway: error: --mock-provider is for the embedded defaults: not with --config (or $EZAT_CONFIG)"
+    )
 
 
 async def test_serve_with_a_config_file_and_the_mock_upstream_command(tmp_path):
