@@ -52,6 +52,7 @@ def test_the_optional_settings_the_example_shows_are_valid_too():
     )
     assert config.ratelimit.url and config.images.ports and config.keys[0].expires_at  # they were read
     assert config.metrics.token and config.tracing.endpoint
+    assert [deployment.provider for deployment in config.deployments] == ["anthropic", "bedrock", "vertex"]
 
 
 def config_keys(cls: type = Config, path: str = "") -> list[str]:
