@@ -4,8 +4,8 @@ stream. Failed requests are not billed; a stream the client closes early is, for
 produced, with the output estimated from the text seen. Every number billed is the upstream's,
 but an output count that is missing or cannot be true (middlewares/core/usage.py): the
 estimate stands in for it, and a warning names the deployment. What the usage reports that the
-model's pricing does not price (a new field, a tier without rates) is logged once per model, so
-that a new price is noticed. (Whether a request may run at all is
+pricing it is billed at does not price (a new field, a tier without rates) is logged once per model
+(and per deployment with prices of its own), so that a new price is noticed. (Whether a request may run at all is
 the limits stage's, on the way in.)"""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from middlewares.core.context import ANSWERED_MODEL, API_KEY, DEPLOYMENT, LEDGER
 from middlewares.core.protocols import RecordRow
 from middlewares.core.records import LedgerRow, Outcome
 from middlewares.core.reply import Batch, EventStream, EventStreamReply, MessageReply, ends_stream
-from middlewares.core.usage import StreamUsage, Usage
+from middlewares.core.usage import StreamUsage, Usage, pricing_at
 
 __all__ = ["billing_middleware"]
 
@@ -36,7 +36,8 @@ log = logging.getLogger("ezat.billing")
 def billing_middleware(*, record: RecordRow) -> Stage:
     """Records one `LedgerRow` for the key in `request[API_KEY]` with `record(row)`, which
     returns once the row is committed: priced at the model that answered
-    (`request[ANSWERED_MODEL]`, else `request[MODEL]`). Then `request[SETTLE](usage)`, when a
+    (`request[ANSWERED_MODEL]`, else `request[MODEL]`), at the deployment that answered
+    (`request[DEPLOYMENT]`) where the model is priced per deployment (`PricedPerDeployment`). Then `request[SETTLE](usage)`, when a
     stage before this one set it, or `SETTLE(None)` for a request that is not billed (failed,
     or its row could not be recorded, which fails the request)."""
     if not callable(record):
@@ -73,19 +74,21 @@ class Bill:
         request = self._request
         asked = request[MODEL]
         answered = request.get(ANSWERED_MODEL, asked)
+        deployment = request.get(DEPLOYMENT, "")
+        pricing = pricing_at(answered, deployment)  # where it answered: deployments may differ in price
         row = LedgerRow(
             request_id=request_id(request),
             key_id=request[API_KEY].id,
             model=asked.id,
             answered_model=answered.id,
-            deployment=request.get(DEPLOYMENT, ""),
+            deployment=deployment,
             input_tokens=usage.input_tokens,
             cache_write_tokens=usage.cache_write_tokens,
             cache_write_1h_tokens=usage.cache_write_1h_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             output_tokens=usage.output_tokens,
             reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=usage.cost(answered.pricing),  # priced as the model that answered
+            cost_usd=usage.cost(pricing),  # priced as the model that answered, where it answered
             outcome=outcome,
             started_at=self._started,
             finished_at=datetime.now(UTC),
@@ -98,12 +101,14 @@ class Bill:
                 usage.estimated,
                 usage.output_tokens,
             )
-        for unpriced in usage.unpriced(answered.pricing):
-            if (answered.id, unpriced) not in self._warned and len(self._warned) < WARNED_AT_MOST:
-                self._warned.add((answered.id, unpriced))
+        # A deployment's own pricing is its own to warn of: it may lack what the model's has.
+        whose = answered.id if pricing is answered.pricing else f"{answered.id} at deployment {deployment}"
+        for unpriced in usage.unpriced(pricing):
+            if (whose, unpriced) not in self._warned and len(self._warned) < WARNED_AT_MOST:
+                self._warned.add((whose, unpriced))
                 log.warning(
                     "model %s: the upstream's usage reports %s, which its pricing does not price: billed without it",
-                    answered.id,
+                    whose,
                     unpriced,
                 )
         try:

@@ -24,7 +24,7 @@ from middlewares.core.periods import EVERY, next_start
 from middlewares.core.protocols import FindModel, ModelSpec, RateLimiter, Spending, Wait
 from middlewares.core.records import KeyRecord, Shortfall
 from middlewares.core.sizes import DEFAULT_MAX_TOKENS
-from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens, possible_rates
+from middlewares.core.usage import PER_MILLION, Usage, estimate_tokens, every_pricing, possible_rates
 
 __all__ = ["limits_middleware"]
 
@@ -61,7 +61,7 @@ def limits_middleware(
       `rate_limit_exceeded`); it leaves when the request is settled;
     - `spending.reserve(...)` must hold the request's worst-case cost within the key's
       `spend_limit_usd` (402 `insufficient_quota`, saying what is left): that estimate's tokens
-      at the dearest prices of every model that may answer; and, in the same step, within its
+      at the dearest prices of every model that may answer, at any of its deployments; and, in the same step, within its
       organization's `organization_balance_usd`, which all the organization's keys share (402
       naming the organization). A key with a `budget_period` ("day", "week" or "month") has its
       limit for each such period (UTC calendar; `now()` says which it is): its 402 says what is
@@ -290,16 +290,18 @@ def _token_estimate(
 
 
 def _worst_cost(models: tuple[ModelSpec, ...], input_tokens: int, output_tokens: int) -> Decimal:
-    """USD at the dearest of any model that may answer, in any service tier it may answer in (at
-    its long-context rates for a long request): each input token at its dearest kind (a cache
-    write costs more than plain input); the asked model (the first) writing all of
-    `output_tokens`, a fallback at most its maximum (the handler lowers max_tokens for it)."""
+    """USD at the dearest of any model that may answer, at any deployment it may answer at (each
+    pricing it may be billed at: `every_pricing`), in any service tier it may answer in (at its
+    long-context rates for a long request): each input token at its dearest kind (a cache write
+    costs more than plain input); the asked model (the first) writing all of `output_tokens`, a
+    fallback at most its maximum (the handler lowers max_tokens for it)."""
     return (
         max(
             input_tokens * max(rates.input, rates.cache_write, rates.cache_write_1h, rates.cache_read)
             + (output_tokens if m is models[0] else min(output_tokens, m.max_output_tokens)) * rates.output
             for m in models
-            for rates in possible_rates(m.pricing, input_tokens)
+            for pricing in every_pricing(m)
+            for rates in possible_rates(pricing, input_tokens)
         )
         / PER_MILLION
     )

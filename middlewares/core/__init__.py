@@ -22,7 +22,16 @@ from middlewares.core.context import (
     request_id,
 )
 from middlewares.core.errors import GatewayError, anthropic_error_envelope, error_envelope, invalid_request
-from middlewares.core.protocols import FindKey, FindModel, ModelSpec, Pricing, RateLimiter, RecordRow, Spending
+from middlewares.core.protocols import (
+    FindKey,
+    FindModel,
+    ModelSpec,
+    PricedPerDeployment,
+    Pricing,
+    RateLimiter,
+    RecordRow,
+    Spending,
+)
 from middlewares.core.records import KeyRecord, LedgerRow, Shortfall
 from middlewares.core.reply import EventStreamReply, MessageReply
 from middlewares.core.usage import StreamUsage, Usage
@@ -50,6 +59,7 @@ __all__ = [
     "LedgerRow",
     "MessageReply",
     "ModelSpec",
+    "PricedPerDeployment",
     "Pricing",
     "RateLimiter",
     "RecordRow",

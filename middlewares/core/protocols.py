@@ -72,7 +72,19 @@ class ModelSpec(Protocol):
     @property
     def min_cache_tokens(self) -> int: ...  # 0: no prompt cache
     @property
-    def pricing(self) -> Pricing: ...
+    def pricing(self) -> Pricing: ...  # its price wherever it runs, unless it is a PricedPerDeployment
+
+
+class PricedPerDeployment(ModelSpec, Protocol):
+    """A model whose price depends on the deployment that answers it (the gateway's configured
+    model is one). Optional: billing and admission use these where a model has them
+    (`middlewares.core.usage.pricing_at` and `every_pricing`), and `pricing` alone elsewhere."""
+
+    def pricing_at(self, deployment: str | None) -> Pricing:
+        """What a request answered by `deployment` is billed at (None: no deployment said)."""
+
+    @property
+    def every_pricing(self) -> Sequence[Pricing]: ...  # each pricing_at may give: admission reserves the dearest
 
 
 class Wait(float):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from middlewares.core.protocols import Pricing, Rates, TierRates
+from middlewares.core.protocols import ModelSpec, Pricing, Rates, TierRates
 
 PER_MILLION = Decimal(1_000_000)
 PER_THOUSAND = Decimal(1_000)
@@ -267,6 +268,20 @@ def at_length(tier: TierRates, prompt_tokens: int) -> Rates:
     long-context ones above their threshold."""
     long = tier.long_context
     return long if long is not None and prompt_tokens > long.above_input_tokens else tier
+
+
+def pricing_at(model: ModelSpec, deployment: str | None) -> Pricing:
+    """What a request `model` answered at `deployment` is billed at: the model's own
+    `pricing_at` where it has one (a `PricedPerDeployment`), else its `pricing`."""
+    at: Callable[[str | None], Pricing] | None = getattr(model, "pricing_at", None)
+    return model.pricing if at is None else at(deployment)
+
+
+def every_pricing(model: ModelSpec) -> Sequence[Pricing]:
+    """Each pricing a request `model` answers may be billed at, whichever deployment answers:
+    the model's own `every_pricing` where it has one (a `PricedPerDeployment`), else its `pricing`."""
+    every: Sequence[Pricing] | None = getattr(model, "every_pricing", None)
+    return (model.pricing,) if every is None else every
 
 
 def possible_rates(pricing: Pricing, prompt_tokens: int) -> tuple[Rates, ...]:
