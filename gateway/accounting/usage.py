@@ -1,6 +1,6 @@
-"""The usage report: the ledger's rows added up by day, model, key, organization or session. One
-computation for the CLI (`ezat-gateway usage`), the admin API (`GET /admin/v1/usage`) and the
-console's figures, so that none can disagree with another on a number."""
+"""The usage report: the ledger's rows added up by day, model, deployment, key, organization or
+session. One computation for the CLI (`ezat-gateway usage`), the admin API (`GET
+/admin/v1/usage`) and the console's figures, so that none can disagree with another on a number."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ USAGE_COLUMNS = [
     "reasoning_tokens",
     "cost_usd",
 ]
-USAGE_GROUPS = ("day", "model", "key", "org", "organization", "session")
+USAGE_GROUPS = ("day", "model", "deployment", "key", "org", "organization", "session")
 NO_SESSION = "(no session)"  # the group of requests that named no conversation, in a table
 
 
@@ -39,6 +39,7 @@ def usage_groups(rows: list[LedgerRow], key_names: dict[int, str], *, by: str) -
         group = {
             "day": row.finished_at.date().isoformat(),
             "model": row.answered_model,
+            "deployment": row.deployment,  # the one that answered, whose price it was billed at
             "key": key_names.get(row.key_id, str(row.key_id)),
             "org": key_names.get(row.key_id, "default"),
             "organization": key_names.get(row.key_id, "default"),

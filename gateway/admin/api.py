@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from gateway.accounting.money import usd_exact
-from gateway.accounting.usage import usage_csv, usage_for
+from gateway.accounting.usage import USAGE_GROUPS, usage_csv, usage_for
 from gateway.admin import changes, parsing
 from gateway.admin.changes import AdminError
 from gateway.admin.openapi import OPENAPI
@@ -283,8 +283,8 @@ class AdminHandlers:
     async def usage(self, request: web.Request, caller: Holder) -> web.Response:
         query = request.query
         group_by = query.get("group_by", "day")
-        if group_by not in ("key", "organization", "org", "model", "day", "session"):
-            raise changes.Invalid("group_by: expected key, organization, model, day or session")
+        if group_by not in USAGE_GROUPS:
+            raise changes.Invalid("group_by: expected key, organization, model, deployment, day or session")
         output = query.get("format", "json")
         if output not in ("json", "csv"):
             raise changes.Invalid("format: expected json or csv")

@@ -82,8 +82,8 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
         "--by",
         choices=USAGE_GROUPS,
         default="day",
-        help="org (or organization): by each key's organization (as it is now); session: by conversation "
-        "(x-ezat-session, prompt_cache_key or Claude Code's session id)",
+        help="deployment: by the one that answered; org (or organization): by each key's organization (as it "
+        "is now); session: by conversation (x-ezat-session, prompt_cache_key or Claude Code's session id)",
     )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 

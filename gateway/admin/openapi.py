@@ -364,7 +364,7 @@ OPENAPI: dict[str, Any] = {
                         "group_by",
                         {
                             "type": "string",
-                            "enum": ["key", "organization", "model", "day", "session"],
+                            "enum": ["key", "organization", "model", "deployment", "day", "session"],
                             "default": "day",
                         },
                         "How to group the requests.",
