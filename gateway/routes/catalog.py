@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config import Config, Model
+from gateway.config import Config, Model, Pricing
 from middlewares.core.context import API_KEY
 from middlewares.core.errors import invalid_request, model_not_found
 
@@ -20,9 +20,15 @@ def _owner(model: Model) -> str:
     return model.id.partition("/")[0] if "/" in model.id else "ezat"
 
 
+_RATES = ("input", "output", "cache_write", "cache_read", "cache_write_1h")
+
+
+def _rates(pricing: Pricing) -> dict[str, str]:  # USD per million tokens, as strings: exact decimals
+    return {name: str(getattr(pricing, name)) for name in _RATES}
+
+
 def _catalog_entry(model: Model) -> dict[str, Any]:
-    pricing = model.pricing
-    return {
+    entry = {
         "id": model.id,
         "object": "model",
         "owned_by": _owner(model),
@@ -33,14 +39,15 @@ def _catalog_entry(model: Model) -> dict[str, Any]:
             "forced_tool_choice": model.forced_tool_choice,
         },
         "limits": {"max_output_tokens": model.max_output_tokens, "min_cache_tokens": model.min_cache_tokens},
-        "pricing": {  # USD per million tokens, as strings: exact decimals
-            "input": str(pricing.input),
-            "output": str(pricing.output),
-            "cache_write": str(pricing.cache_write),
-            "cache_read": str(pricing.cache_read),
-            "cache_write_1h": str(pricing.cache_write_1h),
-        },
+        "pricing": _rates(model.pricing),  # what a deployment without prices of its own bills
     }
+    if model.pricing_by_deployment:
+        # Some deployments have prices of their own: each rate's dearest among them all, beside
+        # the default. (Not by deployment: its names are the operator's, never shown to clients.)
+        entry["pricing_up_to"] = {
+            name: str(max(getattr(pricing, name) for pricing in model.every_pricing)) for name in _RATES
+        }
+    return entry
 
 
 def _openai_entry(model: Model) -> dict[str, Any]:
