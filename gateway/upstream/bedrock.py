@@ -20,14 +20,13 @@ from urllib.parse import quote
 
 import orjson
 import pybase64
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError
 from botocore.session import Session
 from multidict import CIMultiDictProxy
 from yarl import URL
 
 from gateway.config import Deployment
+from gateway.upstream import sigv4
 from gateway.upstream.errors import upstream_error
 from gateway.upstream.provider import (
     COUNT_TOKENS,
@@ -176,12 +175,12 @@ class _Signer:
         self._deployment = deployment
         self._credentials: Any = None
         self._lock = asyncio.Lock()
+        self._keys = sigv4.SigningKeys()
 
     async def signed(self, url: URL, data: bytes) -> dict[str, str]:
         frozen = await self._frozen()
-        request = AWSRequest(method="POST", url=str(url), data=data, headers=dict(_HEADERS))
-        SigV4Auth(frozen, SERVICE, self._deployment.region).add_auth(request)
-        return dict(request.headers.items())
+        credentials = sigv4.Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+        return sigv4.signed_headers(url, _HEADERS, data, credentials, self._deployment.region, SERVICE, self._keys)
 
     async def _frozen(self) -> Any:
         credentials = self._credentials
