@@ -368,7 +368,7 @@ class BedrockMock(MockUpstream):
         }
 
     def _frame(self, event: dict, message: dict) -> bytes:
-        """A `chunk` event whose payload is the Anthropic event's JSON, base64-encoded; the last
+        """A `chunk` event whose payload is the Anthropic event's JSON, base64-encoded, and padding; the last
         (message_stop) adds the invocation's metrics, as Bedrock does."""
         times = _TIMES.get({})
         times.setdefault("first_byte", time.monotonic())
@@ -384,7 +384,9 @@ class BedrockMock(MockUpstream):
                     "cacheWriteInputTokenCount": usage["cache_creation_input_tokens"],
                 }
             }
-        payload = orjson.dumps({"bytes": base64.b64encode(orjson.dumps(event)).decode()})
+        # "p": the padding Bedrock adds so that a frame's length does not give its event's away.
+        padding = "".join(secrets.choice(string.ascii_letters) for _ in range(secrets.randbelow(40) + 1))
+        payload = orjson.dumps({"bytes": base64.b64encode(orjson.dumps(event)).decode(), "p": padding})
         headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
         return event_frame(headers, payload)
 

@@ -337,12 +337,14 @@ class EventStreamDecoder:
 
 def _chunk_bytes(payload: bytes) -> bytes | None:
     """A `chunk` event's Anthropic event: its payload's `bytes`, base64-decoded. Bedrock writes
-    the payload as {"bytes":"…"}: then the base64 is taken from between the quotes, unparsed;
-    any other JSON (more fields, escapes) is parsed."""
+    the payload as {"bytes":"…"} or {"bytes":"…","p":"…"} (padding that hides the event's
+    length): then the base64 is taken from between its quotes, unparsed (the frame's checksum
+    has vouched for the bytes, and base64 holds no quote). Any other JSON is parsed."""
     try:
-        if payload.startswith(b'{"bytes":"') and payload.endswith(b'"}'):
-            encoded = payload[10:-2]
-            if b'"' not in encoded and b"\\" not in encoded:
+        if payload.startswith(b'{"bytes":"'):
+            end = payload.find(b'"', 10)
+            encoded = payload[10:end]
+            if end > 0 and payload[end + 1 : end + 2] in (b"}", b",") and b"\\" not in encoded:
                 return pybase64.b64decode(encoded, validate=True)
         return pybase64.b64decode(orjson.loads(payload)["bytes"], validate=True)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):  # binascii.Error is a ValueError
