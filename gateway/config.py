@@ -325,6 +325,10 @@ BEDROCK_MODEL_ID = re.compile(
     r"(?:[a-z]{2,6}\.)?[a-z0-9-]+\.[A-Za-z0-9._:-]+|arn:aws[a-z-]*:bedrock:[a-z0-9-]*:\d{0,12}:[A-Za-z0-9/._:+-]+"
 )
 _region = _rule(lambda v: re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", v) is not None, "expected a region such as us-east-1")
+# A Google Cloud project id, as Google makes them: 6 to 30 lowercase letters, digits and hyphens,
+# from a letter, not to a hyphen; an older one may have its domain before it (example.com:my-project).
+# Vertex AI's URLs take the project's number too (digits alone), in its place.
+VERTEX_PROJECT = re.compile(r"(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,30}")
 
 
 @dataclass(frozen=True)
@@ -340,8 +344,10 @@ class Deployment:
     base_url: str = _field("", check=_http_url, clean=lambda url: url.rstrip("/"))
     # Anthropic's x-api-key; on bedrock, a Bedrock API key (sent as a Bearer token, no SigV4).
     api_key: str = field(default="", repr=False)  # keep the secret out of logs and tracebacks
-    region: str = _field("", check=lambda v: v and _region(v))  # bedrock and vertex ("global" for vertex)
-    project: str = _field("", check=lambda v: v and _non_empty(v))  # vertex: the Google Cloud project
+    # bedrock and vertex ("global" for vertex). An empty one (the default) passes this check, for
+    # the providers that take none: deployment_problems refuses it where one is required.
+    region: str = _field("", check=lambda v: v and _region(v))
+    project: str = ""  # vertex: the Google Cloud project's id (or number); checked by deployment_problems
     aws_profile: str = ""  # bedrock: a named profile of AWS's shared files; "": the default chain
     # vertex: a service-account key file; "": Application Default Credentials
     credentials_file: str = ""
@@ -374,17 +380,34 @@ def deployment_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     if provider not in PROVIDERS:
         return []  # reported already
     found = []
+    name = raw.get("name")
+    deployment = f'deployment "{name}"' if isinstance(name, str) and name else "the deployment"
     if provider == "anthropic":
         if "base_url" not in raw:
             found.append(("base_url", "required"))
         found += [(key, f"only for bedrock or vertex, not {provider}") for key in ("region", "project") if key in raw]
     else:
+        example = "us-east-1" if provider == "bedrock" else 'europe-west1, or "global"'
         if "region" not in raw:
             found.append(("region", f"required for {provider}"))
+        elif raw["region"] == "":  # else its URLs would be https://bedrock-runtime..amazonaws.com and the like
+            found.append(("region", f"empty; {deployment} ({provider}) needs its region, such as {example}"))
         elif provider == "bedrock" and raw["region"] == "global":
             found.append(("region", 'expected an AWS region such as us-east-1 ("global" is Vertex\'s)'))
-    if provider == "vertex" and "project" not in raw:
-        found.append(("project", "required for vertex"))
+    if provider == "vertex":
+        project = raw.get("project")
+        if project is None:
+            found.append(("project", "required for vertex"))
+        elif project == "":
+            found.append(("project", f"empty; {deployment} (vertex) needs its Google Cloud project id"))
+        elif isinstance(project, str) and not VERTEX_PROJECT.fullmatch(project):  # (else reported already)
+            found.append(
+                (
+                    "project",
+                    f'"{project}" is not a Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens,'
+                    " starting with a letter and not ending with a hyphen (or the project's number)",
+                )
+            )
     if provider != "bedrock":
         found += [(key, "only for bedrock") for key in ("aws_profile",) if key in raw]
         if provider == "vertex" and "api_key" in raw:

@@ -173,3 +173,82 @@ name = "laptop"
     env = {"ANTHROPIC_UPSTREAM_KEY": "sk-ant", "AWS_BEARER_TOKEN_BEDROCK": "ABSK-test"}
     status, output = await run_command("check-config", str(path), env=env)
     assert (status, output) == (0, f"{path}: ok (5 deployments, 1 model, 1 key)\n")
+
+
+async def test_check_config_refuses_an_empty_region_or_project_and_a_malformed_project(tmp_path):
+    """An empty region or project (a variable unset with an empty default, say) names no endpoint:
+    the base URL would be https://bedrock-runtime..amazonaws.com. Each is a problem of its own,
+    naming the deployment; a project id must be one Google could have made, or a project number."""
+    path = tmp_path / "gateway.toml"
+    path.write_text("""
+[[deployments]]
+name = "bedrock-empty"
+provider = "bedrock"
+region = "${AWS_REGION:-}"
+
+[[deployments]]
+name = "vertex-empty-region"
+provider = "vertex"
+region = ""
+project = "my-project"
+
+[[deployments]]
+name = "vertex-empty-project"
+provider = "vertex"
+region = "us-east5"
+project = ""
+
+[[deployments]]
+name = "vertex-upper"
+provider = "vertex"
+region = "us-east5"
+project = "My_Project"
+
+[[deployments]]
+name = "vertex-short"
+provider = "vertex"
+region = "us-east5"
+project = "proj"
+
+[[deployments]]
+name = "vertex-trailing-hyphen"
+provider = "vertex"
+region = "us-east5"
+project = "my-project-"
+
+[[deployments]]
+name = "vertex-number"
+provider = "vertex"
+region = "global"
+project = "123456789012"
+
+[[deployments]]
+name = "vertex-domain"
+provider = "vertex"
+region = "europe-west1"
+project = "example.com:my-project"
+
+[[deployments]]
+name = "vertex-longest"
+provider = "vertex"
+region = "europe-west1"
+project = "a23456789-123456789-123456789z"
+""")
+    status, output = await run_command("check-config", str(path))
+    assert status == 1, output
+    rule = (
+        "is not a Google Cloud project id: 6 to 30 lowercase letters, digits and hyphens, starting with a letter"
+        " and not ending with a hyphen (or the project's number)"
+    )
+    assert sorted(output.splitlines()) == sorted(
+        [
+            'deployments[0].region: empty; deployment "bedrock-empty" (bedrock) needs its region, such as us-east-1',
+            'deployments[1].region: empty; deployment "vertex-empty-region" (vertex) needs its region,'
+            ' such as europe-west1, or "global"',
+            'deployments[2].project: empty; deployment "vertex-empty-project" (vertex) needs its Google Cloud'
+            " project id",
+            f'deployments[3].project: "My_Project" {rule}',
+            f'deployments[4].project: "proj" {rule}',
+            f'deployments[5].project: "my-project-" {rule}',
+        ]
+    )
