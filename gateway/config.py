@@ -948,25 +948,33 @@ def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bo
     else:
         caches = raw.get("min_cache_tokens", 1024)
         caching = type(caches) is int and caches > 0
-        found += _rates_problems(pricing, "pricing", caching)
+        found += _whole_pricing_problems(pricing, "pricing", caching)
         by_deployment = raw.get("pricing_by_deployment")
-        for name, rates in by_deployment.items() if isinstance(by_deployment, dict) else ():
-            if isinstance(rates, dict):  # (else reported already)
-                found += _rates_problems(rates, f"pricing_by_deployment.{name}", caching)
-        for tier in ("priority", "batch"):
-            rates = pricing.get(tier)
-            if not isinstance(rates, dict):
-                continue  # none, or reported already
-            found += _rates_problems(rates, f"pricing.{tier}", caching)
-            if "long_context" in pricing and "long_context" not in rates:
-                found.append(
-                    (
-                        f"pricing.{tier}.long_context",
-                        "required while pricing has long_context (its own long requests' rates)",
-                    )
-                )
+        for name, table in by_deployment.items() if isinstance(by_deployment, dict) else ():
+            if isinstance(table, dict):  # (else reported already)
+                found += _whole_pricing_problems(table, f"pricing_by_deployment.{name}", caching)
     problems.extend(f"{_join(path, key)}: {problem}" for key, problem in found)
     return not found
+
+
+def _whole_pricing_problems(pricing: dict[str, Any], path: str, caching: bool) -> list[tuple[str, str]]:
+    """(key path, problem) pairs for a whole pricing table, the model's own (`pricing`) or one
+    deployment's (`pricing_by_deployment.NAME`), under the same rules: its standard rates and each
+    tier's give their prices (_rates_problems), and while it has long_context, each tier has its own."""
+    found = _rates_problems(pricing, path, caching)
+    for tier in ("priority", "batch"):
+        rates = pricing.get(tier)
+        if not isinstance(rates, dict):
+            continue  # none, or reported already
+        found += _rates_problems(rates, f"{path}.{tier}", caching)
+        if "long_context" in pricing and "long_context" not in rates:
+            found.append(
+                (
+                    f"{path}.{tier}.long_context",
+                    f"required while {path} has long_context (its own long requests' rates)",
+                )
+            )
+    return found
 
 
 def _rates_problems(rates: dict[str, Any], path: str, caching: bool) -> list[tuple[str, str]]:

@@ -222,6 +222,72 @@ async def test_the_catalog_shows_the_dearest_price_beside_the_default(start_gate
     assert "pricing_up_to" not in entries["test/plain"]
 
 
+TIERS_CONFIG = """
+[[deployments]]
+name = "a"
+base_url = "https://a.example"
+
+[[deployments]]
+name = "b"
+base_url = "https://b.example"
+
+[[models]]
+id = "by-deployment"
+deployments = ["a", "b"]
+pricing = { input = 3, output = 15, cache_write = 3.75, cache_read = 0.30 }
+
+[models.pricing_by_deployment.a]
+input = 3.30
+output = 16.50
+cache_write = 4.125
+cache_read = 0.33
+priority = { input = 5, output = 25 }
+
+[models.pricing_by_deployment.b]
+input = 3.30
+output = 16.50
+cache_write = 4.125
+cache_read = 0.33
+long_context = { above_input_tokens = 200000, input = 6.6, output = 24.75, cache_write = 8.25, cache_read = 0.66 }
+priority = { input = 5, output = 25, cache_write = 6.25, cache_read = 0.5, long_context = { above_input_tokens = 200000, input = 10, output = 37.5, cache_write = 12.5 } }
+batch = { input = 1.65, output = 8.25, cache_write = 2.0625, cache_read = 0.165 }
+
+[[models]]
+id = "own-pricing"
+deployments = ["a"]
+
+[models.pricing]
+input = 3
+output = 15
+cache_write = 3.75
+cache_read = 0.30
+priority = { input = 5, output = 25 }
+"""
+
+
+async def test_check_config_holds_a_deployments_tiers_to_the_rules_of_the_models_own(tmp_path):
+    """A tier of a deployment's pricing is checked as the model's own pricing's tier is: a caching
+    model's priority rates without cache prices would bill its cache at 0, and a tier without its
+    own long_context would bill a long request at the short rates. Each problem names the
+    deployment by its key path; the same priority table under `pricing` is refused alike."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(TIERS_CONFIG)
+    status, output = await run_command("check-config", str(path))
+    assert status == 1, output
+    caches = "required while the model caches (min_cache_tokens > 0)"
+    assert sorted(output.splitlines()) == sorted(
+        [
+            f"models[0].pricing_by_deployment.a.priority.cache_write: {caches}",
+            f"models[0].pricing_by_deployment.a.priority.cache_read: {caches}",
+            f"models[0].pricing_by_deployment.b.priority.long_context.cache_read: {caches}",
+            "models[0].pricing_by_deployment.b.batch.long_context: required while pricing_by_deployment.b has"
+            " long_context (its own long requests' rates)",
+            f"models[1].pricing.priority.cache_write: {caches}",
+            f"models[1].pricing.priority.cache_read: {caches}",
+        ]
+    )
+
+
 # --- A foreign app's model, without prices per deployment
 
 
