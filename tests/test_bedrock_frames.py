@@ -9,6 +9,7 @@ import asyncio
 import base64
 import dataclasses
 import struct
+import zlib
 from collections.abc import Iterator
 
 import aiohttp
@@ -173,6 +174,40 @@ async def test_an_exception_frame_after_the_first_token_ends_the_stream(bedrock)
 async def test_bytes_that_are_not_frames_end_the_stream(bedrock):
     upstream, gateway = bedrock
     upstream.reads = [struct.pack("!III", 100, 0, 0) + b"x" * 100]
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await streamed(gateway)
+    assert raised.value.status_code == 500
+
+
+async def test_a_held_message_delta_is_sent_when_message_stop_has_no_metrics(bedrock):
+    """A message_delta without usage waits for the metrics; a message_stop without them still lets
+    it through, stop reason and all."""
+    upstream, gateway = bedrock
+    events = message_events(delta_usage=False)
+    events[-1] = {"type": "message_stop"}
+    upstream.reads = [frames(events)]
+    types, message = await streamed(gateway)
+    assert types[-2:] == ["message_delta", "message_stop"] and message.stop_reason == "end_turn"
+
+
+async def test_a_chunk_that_is_not_json_ends_the_stream_with_an_error(bedrock):
+    upstream, gateway = bedrock
+    events = message_events()
+    broken = event_frame(CHUNK, orjson.dumps({"bytes": base64.b64encode(b'{"type":"message_delta",').decode()}))
+    upstream.reads = [frames(events[:3]), broken]
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await streamed(gateway)
+    assert "cannot read" in str(raised.value)
+
+
+async def test_headers_longer_than_their_frame_end_the_stream(bedrock):
+    """A prelude whose checksum holds but whose headers' length runs past the frame's end."""
+    upstream, gateway = bedrock
+    frame = bytearray(chunk(message_events()[0]))
+    struct.pack_into("!I", frame, 4, len(frame))  # headers_length: the whole frame
+    struct.pack_into("!I", frame, 8, zlib.crc32(frame[:8]))
+    struct.pack_into("!I", frame, len(frame) - 4, zlib.crc32(frame[:-4]))
+    upstream.reads = [bytes(frame)]
     with pytest.raises(anthropic.APIStatusError) as raised:
         await streamed(gateway)
     assert raised.value.status_code == 500

@@ -254,7 +254,11 @@ class EventStreamDecoder:
         try:
             while size - start >= 12:
                 total, headers_length, prelude_crc = _PRELUDE.unpack_from(data, start)
-                if zlib.crc32(view[start : start + 8]) != prelude_crc or not 16 <= total <= MAX_FRAME_BYTES:
+                if (
+                    zlib.crc32(view[start : start + 8]) != prelude_crc
+                    or not 16 <= total <= MAX_FRAME_BYTES
+                    or headers_length > total - 16
+                ):
                     failure = "an event-stream prelude that does not check"
                     break
                 end = start + total
@@ -302,14 +306,19 @@ class EventStreamDecoder:
                 type_ = str(orjson.loads(data)["type"]).encode()
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 return None
-        if type_ == b"message_delta" and b'"usage"' not in data:
-            self._held = orjson.loads(data)
-            return b""
-        if type_ == b"message_stop" and _METRICS in data:
-            return self._stop(orjson.loads(data))
+        try:
+            if type_ == b"message_delta" and b'"usage"' not in data:
+                self._held = orjson.loads(data)
+                return b""
+            if type_ == b"message_stop" and (_METRICS in data or self._held is not None):
+                return self._stop(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            return None
         return b"event: " + type_ + b"\ndata: " + data + b"\n\n"
 
-    def _stop(self, stop: dict[str, Any]) -> bytes:
+    def _stop(self, stop: Any) -> bytes | None:
+        if not isinstance(stop, dict):
+            return None
         metrics = stop.pop("amazon-bedrock-invocationMetrics", None)
         before = b""
         if self._held is not None:
