@@ -5,6 +5,7 @@ clouds refuse a flag they do not know, as the real ones do, so an answer proves 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 
@@ -210,7 +211,7 @@ async def test_count_tokens_on_bedrock(bedrock, through):
 
     count = bedrock.requests[0]
     assert count.path == f"/model/{BEDROCK_MODEL}/count-tokens"
-    invoke = orjson.loads(count.body["input"]["invokeModel"]["body"])
+    invoke = orjson.loads(base64.b64decode(count.body["input"]["invokeModel"]["body"]))  # a blob: base64
     assert invoke["anthropic_beta"] == [
         "interleaved-thinking-2025-05-14",
         "fine-grained-tool-streaming-2025-05-14",

@@ -11,6 +11,7 @@ import re
 
 import aiohttp
 import anthropic
+import botocore.session
 import orjson
 import pytest
 from botocore import auth as botocore_auth
@@ -330,18 +331,26 @@ async def test_bedrock_invoke_headers_and_count_tokens(bedrock):
             message = await resp.json()
             assert resp.headers["x-amzn-bedrock-input-token-count"] == str(message["usage"]["input_tokens"])
             assert resp.headers["x-amzn-bedrock-output-token-count"] == str(message["usage"]["output_tokens"])
-        path = f"/model/{BEDROCK_MODEL}/count-tokens"
-        count = {"input": {"invokeModel": {"body": orjson.dumps(INVOKE_BODY).decode()}}}
-        data, headers = signed(bedrock, path, count)
-        async with http.post(f"{bedrock.url}{path}", data=data, headers=headers) as resp:
-            assert resp.status == 200
-            assert (await resp.json())["inputTokens"] == message["usage"]["input_tokens"]
+    # CountTokens as AWS's own SDK sends it (botocore's client: the body a base64 blob).
+    key = bedrock.temporary_key
+    client = botocore.session.get_session().create_client(
+        "bedrock-runtime",
+        region_name=bedrock.region,
+        endpoint_url=bedrock.url,
+        aws_access_key_id=key.access_key_id,
+        aws_secret_access_key=key.secret_access_key,
+        aws_session_token=key.session_token,
+    )
+    counted = await asyncio.to_thread(
+        client.count_tokens, modelId=BEDROCK_MODEL, input={"invokeModel": {"body": orjson.dumps(INVOKE_BODY)}}
+    )
+    assert counted["inputTokens"] == message["usage"]["input_tokens"]
 
 
 async def test_bedrock_count_tokens_on_a_model_it_cannot_count(bedrock):
     bedrock.counts_tokens = False
     path = f"/model/{BEDROCK_MODEL}/count-tokens"
-    count = {"input": {"invokeModel": {"body": orjson.dumps(INVOKE_BODY).decode()}}}
+    count = {"input": {"invokeModel": {"body": base64.b64encode(orjson.dumps(INVOKE_BODY)).decode()}}}
     data, headers = signed(bedrock, path, count)
     async with aiohttp.ClientSession() as http, http.post(f"{bedrock.url}{path}", data=data, headers=headers) as resp:
         assert resp.status == 400

@@ -264,16 +264,17 @@ class BedrockMock(MockUpstream):
         return await self._answer(request, anthropic, stream=stream)
 
     async def _count(self, request: web.Request) -> web.Response:
-        """CountTokens: the InvokeModel body, as a JSON string, in {"input": {"invokeModel": {"body"}}}."""
+        """CountTokens: the InvokeModel body, base64 (a blob, in AWS's JSON), in
+        {"input": {"invokeModel": {"body"}}}."""
         recorded, body = await self._record(request)
         try:
             self._authenticate(request, recorded)
             invoke = body.get("input", {}).get("invokeModel") if isinstance(body, dict) else None
             if not isinstance(invoke, dict) or not isinstance(invoke.get("body"), str):
-                raise BedrockRefusal(400, "ValidationException", "input.invokeModel.body: a JSON string is required")
+                raise BedrockRefusal(400, "ValidationException", "input.invokeModel.body: a blob is required")
             try:
-                inner = orjson.loads(invoke["body"])
-            except orjson.JSONDecodeError:
+                inner = orjson.loads(base64.b64decode(invoke["body"], validate=True))
+            except (ValueError, orjson.JSONDecodeError):  # binascii.Error is a ValueError
                 raise BedrockRefusal(400, "ValidationException", "Malformed input request") from None
             anthropic = self._anthropic_body(inner, request.match_info["model_id"])
         except BedrockRefusal as refusal:

@@ -99,7 +99,8 @@ class Bedrock(Provider):
         if path == COUNT_TOKENS:
             action = "count-tokens"
             invoke.setdefault("max_tokens", _count_max_tokens(invoke))
-            data = encoded({"input": {"invokeModel": {"body": encoded(invoke).decode()}}})
+            # The InvokeModel body is a blob: base64 in JSON, as AWS's SDKs send it.
+            data = encoded({"input": {"invokeModel": {"body": pybase64.b64encode(encoded(invoke)).decode()}}})
         else:
             action = "invoke-with-response-stream" if request.get("stream") else "invoke"
             data = encoded(invoke)
