@@ -931,8 +931,9 @@ def _field_problems(f: dataclasses.Field, value: Any) -> list[tuple[str, str]]:
 
 
 def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bool:
-    """A [[models]] entry is priced, or says it is free: no model costs nothing by omission.
-    Its pricing gives input and output, and the cache prices too while the model caches. Found
+    """A [[models]] entry is priced, or says it is free: no model costs nothing by omission, and a
+    free one has no prices (neither pricing nor pricing_by_deployment) to be ignored. Its pricing
+    gives input and output, and the cache prices too while the model caches. Found
     in the raw table; a value already reported as bad (`free`, `pricing`, `min_cache_tokens`)
     adds nothing here. False when there is a problem."""
     free = raw.get("free", False)
@@ -943,6 +944,11 @@ def _pricing_problems(raw: dict[str, Any], path: str, problems: list[str]) -> bo
     if free:
         if pricing is not None:
             found.append(("pricing", "not with free = true (a free model costs nothing)"))
+        by_deployment = raw.get("pricing_by_deployment")
+        if isinstance(by_deployment, dict) and by_deployment:  # (else none, or reported already)
+            found.append(
+                ("pricing_by_deployment", "not with free = true (a free model costs nothing at every deployment)")
+            )
     elif pricing is None:
         found.append(("pricing", "required (or free = true for a model that costs nothing)"))
     else:

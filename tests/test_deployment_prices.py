@@ -288,6 +288,35 @@ async def test_check_config_holds_a_deployments_tiers_to_the_rules_of_the_models
     )
 
 
+async def test_check_config_refuses_a_free_model_priced_per_deployment(tmp_path):
+    """A free model costs nothing anywhere, so prices for one of its deployments would be dropped
+    without a word: they are a problem, as `pricing` beside free = true is. An empty table prices
+    nothing, and passes."""
+    path = tmp_path / "gateway.toml"
+    path.write_text("""
+[[deployments]]
+name = "a"
+base_url = "https://a.example"
+
+[[models]]
+id = "free-but-priced"
+deployments = ["a"]
+free = true
+pricing_by_deployment = { a = { input = 3.30, output = 16.50, cache_write = 4.125, cache_read = 0.33 } }
+
+[[models]]
+id = "free-and-empty"
+deployments = ["a"]
+free = true
+pricing_by_deployment = {}
+""")
+    status, output = await run_command("check-config", str(path))
+    assert (status, output.splitlines()) == (
+        1,
+        ["models[0].pricing_by_deployment: not with free = true (a free model costs nothing at every deployment)"],
+    )
+
+
 # --- A foreign app's model, without prices per deployment
 
 
