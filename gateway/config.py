@@ -351,7 +351,9 @@ class Deployment:
     aws_profile: str = ""  # bedrock: a named profile of AWS's shared files; "": the default chain
     # vertex: a service-account key file; "": Application Default Credentials
     credentials_file: str = ""
-    # The beta flags sent on (others are dropped); None: the provider's own list (upstream/<provider>.py).
+    # The anthropic-beta flags sent on (others are dropped). None: the provider's default, which on
+    # bedrock and vertex is the list of flags they take (upstream/<provider>.py), and on anthropic
+    # is no list at all: every flag a client sends passes (Anthropic's API ignores unknown ones).
     betas: tuple[str, ...] | None = _field(None, check_each=_non_empty)
     connect_timeout_seconds: float = _field(10.0, check=_positive_number)
     first_token_timeout_seconds: float = _field(300.0, check=_positive_number)  # streams: then the next one
