@@ -544,6 +544,36 @@ async def test_a_bedrock_aws_profile_from_the_shared_files(start_clouds, bedrock
     assert bedrock.requests[-1].auth == Credential("sigv4", bedrock.key.access_key_id)
 
 
+async def test_bedrock_access_denied_is_the_clients_403_and_cools_nothing(start_clouds, bedrock, upstream):
+    """AccessDeniedException (a model the account may not use, cache_control on a model without
+    caching) is the request's: the client's 403 in each API's envelope, no other deployment tried,
+    and the next request still goes to Bedrock."""
+    denied = "You don't have access to the model with the specified model ID."
+    bedrock.enqueue(*(Scenario(status=403, error_message=denied) for _ in range(2)))
+    gateway = await start_clouds(BEDROCK, ANTHROPIC)
+    chat, claude = clients(gateway)
+    async with chat, claude:
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await chat.chat.completions.create(model=MODEL, messages=HELLO)
+        with pytest.raises(anthropic.PermissionDeniedError) as native:
+            await claude.messages.create(model=MODEL, max_tokens=10, messages=HELLO)
+        reply = await chat.chat.completions.create(model=MODEL, messages=HELLO)
+    assert refused.value.status_code == 403 and refused.value.body["message"] == denied
+    assert native.value.body["error"] == {"type": "permission_error", "message": denied}
+    assert reply.choices[0].message.content == ECHO
+    assert len(bedrock.requests) == 3 and upstream.requests == []
+
+
+async def test_a_refused_bedrock_api_key_is_a_500_and_fails_over(start_clouds, bedrock, upstream):
+    """A Bedrock API key the cloud does not know: AccessDeniedException about the key, which is the
+    gateway's own credential: Anthropic answers instead."""
+    gateway = await start_clouds(BEDROCK, ANTHROPIC, deployment={BEDROCK: {"api_key": "ABSKnot-a-key-it-knows"}})
+    async with gateway.client() as chat:
+        reply = await chat.chat.completions.create(model=MODEL, messages=HELLO)
+    assert reply.choices[0].message.content == ECHO
+    assert len(bedrock.requests) == 1 and len(upstream.requests) == 1
+
+
 async def test_vertex_fetches_one_token_for_many_concurrent_requests(start_clouds, vertex):
     gateway = await start_clouds(VERTEX)
     async with gateway.client() as chat:

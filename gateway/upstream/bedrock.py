@@ -66,9 +66,10 @@ BEDROCK_BETAS = frozenset(
     }
 )
 # An exception's name (x-amzn-ErrorType, or a stream's :exception-type, capitalised) as the
-# Anthropic error it is: (status, type). Authentication's are the gateway's own credential's (500).
+# Anthropic error it is: (status, type).
 ERRORS = {
     "ValidationException": (400, "invalid_request_error"),
+    "AccessDeniedException": (403, "permission_error"),
     "ResourceNotFoundException": (404, "not_found_error"),
     "ModelTimeoutException": (504, "timeout_error"),
     "ModelErrorException": (500, "api_error"),
@@ -79,7 +80,20 @@ ERRORS = {
     "InternalServerException": (500, "api_error"),
     "ServiceUnavailableException": (529, "overloaded_error"),
 }
-_CREDENTIAL_STATUSES = (401, 403)  # AccessDenied, UnrecognizedClient, InvalidSignature, ExpiredToken…
+# The exceptions that say the gateway's own AWS credentials failed (as a 401 does): its error,
+# another deployment tried. An AccessDeniedException is the request's or the model's (a model
+# the account may not use, cache_control where the model has no caching): the client's 403,
+# nothing cooled; but one that speaks of authentication is a Bedrock API key refused.
+_CREDENTIAL_ERRORS = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "IncompleteSignatureException",
+        "MissingAuthenticationTokenException",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+    }
+)
 _HEADERS = {"content-type": "application/json", "accept": "application/json"}
 
 
@@ -139,14 +153,26 @@ class Bedrock(Provider):
             message = str(answer.get("message") or answer.get("Message") or name or "upstream error")
         except (orjson.JSONDecodeError, AttributeError):
             message = body[:200].decode("utf-8", "replace").strip() or name or "upstream error"
-        if status in _CREDENTIAL_STATUSES:
+        if (
+            status == 401
+            or name in _CREDENTIAL_ERRORS
+            or (name == "AccessDeniedException" and _authentication(message))
+        ):
             log.error("Bedrock refused deployment %s's credentials: %s: %s", self.deployment.name, name, message[:200])
             return GatewayError(500, "The upstream rejected the gateway's credentials.", type="server_error")
         if path == COUNT_TOKENS and status == 400 and "support" in message and "count" in message.lower():
             return CountUnsupported(message)
+        if name == "AccessDeniedException":
+            log.warning("Bedrock refused deployment %s a request: %s", self.deployment.name, message[:200])
         status, kind = ERRORS.get(name, (status, None))
         anthropic = {"type": "error", "error": {"type": kind, "message": message} if kind else {"message": message}}
         return upstream_error(status, orjson.dumps(anthropic), headers)
+
+
+def _authentication(message: str) -> bool:
+    """An AccessDeniedException's message says a Bedrock API key was refused."""
+    lowered = message.lower()
+    return "api key" in lowered or "authenticat" in lowered
 
 
 def _count_max_tokens(invoke: dict[str, Any]) -> int:
