@@ -123,6 +123,16 @@ async def test_bedrock_gets_only_its_flags_in_the_body(bedrock, through, caplog)
     await client.beta.messages.create(model=MODEL, max_tokens=50, messages=MSGS, betas=["claude-code-20250219"])
     assert "anthropic_beta" not in bedrock.requests[-1].body
 
+    # Bedrock's own fields written into the body by a client: the gateway sets them, not the client.
+    await client.messages.create(
+        model=MODEL,
+        max_tokens=50,
+        messages=MSGS,
+        extra_body={"anthropic_beta": ["claude-code-20250219"], "anthropic_version": "bedrock-2099-01-01"},
+    )
+    sent = bedrock.requests[-1].body
+    assert "anthropic_beta" not in sent and sent["anthropic_version"] == "bedrock-2023-05-31"
+
 
 async def test_vertex_gets_only_its_flags_in_the_header(vertex, through, caplog):
     caplog.set_level(logging.INFO, logger="ezat.upstream")
@@ -140,8 +150,11 @@ async def test_vertex_gets_only_its_flags_in_the_header(vertex, through, caplog)
         assert request.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14,context-management-2025-06-27"
         assert "anthropic_beta" not in request.body
     assert sent[-1].path.endswith(f"/models/{VERTEX_MODEL}:streamRawPredict")
-    await client.beta.messages.create(model=MODEL, max_tokens=50, messages=MSGS, betas=["claude-code-20250219"])
+    await client.beta.messages.create(
+        model=MODEL, max_tokens=50, messages=MSGS, betas=["claude-code-20250219"], extra_body={"anthropic_beta": ["x"]}
+    )
     assert "anthropic-beta" not in vertex.requests[-1].headers  # none kept: no header
+    assert "anthropic_beta" not in vertex.requests[-1].body  # nor the client's own in the body
     assert sorted(dropped(caplog)) == [
         "deployment primary does not take the beta flag 'claude-code-20250219': dropped",
         "deployment primary does not take the beta flag 'fine-grained-tool-streaming-2025-05-14': dropped",

@@ -95,6 +95,9 @@ _CREDENTIAL_ERRORS = frozenset(
     }
 )
 _HEADERS = {"content-type": "application/json", "accept": "application/json"}
+# The body's fields the gateway sets (the path names the model, and whether it streams):
+# a client's own anthropic_beta would pass flags Bedrock refuses.
+_SET_HERE = frozenset({"model", "stream", "anthropic_version", "anthropic_beta"})
 
 
 class Bedrock(Provider):
@@ -105,7 +108,7 @@ class Bedrock(Provider):
 
     async def outgoing(self, body: UpstreamBody, path: str, headers: Lines, query: Mapping[str, str]) -> Outgoing:
         request = body.parsed if isinstance(body, ClientBytes) else body
-        invoke = {k: v for k, v in request.items() if k not in ("model", "stream")}
+        invoke = {k: v for k, v in request.items() if k not in _SET_HERE}
         invoke["anthropic_version"] = BEDROCK_VERSION
         if betas := self._betas(beta_flags(headers)):
             invoke["anthropic_beta"] = betas

@@ -55,6 +55,9 @@ VERTEX_BETAS = frozenset(
         "mid-conversation-system-2026-04-07",
     }
 )
+# The body's fields the gateway sets (the path names the model): a client's own anthropic_beta
+# would pass flags Vertex refuses.
+_SET_HERE = frozenset({"model", "anthropic_version", "anthropic_beta"})
 
 
 class Vertex(Provider):
@@ -66,7 +69,7 @@ class Vertex(Provider):
 
     async def outgoing(self, body: UpstreamBody, path: str, headers: Lines, query: Mapping[str, str]) -> Outgoing:
         request = body.parsed if isinstance(body, ClientBytes) else body
-        predict = {k: v for k, v in request.items() if k != "model"}
+        predict = {k: v for k, v in request.items() if k not in _SET_HERE}
         predict["anthropic_version"] = VERTEX_VERSION
         if path == COUNT_TOKENS:
             predict["model"] = request.get("model")
