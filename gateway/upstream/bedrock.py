@@ -30,7 +30,6 @@ from gateway.upstream import sigv4
 from gateway.upstream.errors import upstream_error
 from gateway.upstream.provider import (
     COUNT_TOKENS,
-    ClientBytes,
     CountUnsupported,
     KeptBetas,
     Lines,
@@ -39,6 +38,7 @@ from gateway.upstream.provider import (
     UpstreamBody,
     beta_flags,
     encoded,
+    parsed,
 )
 from middlewares.core.errors import GatewayError
 
@@ -107,7 +107,7 @@ class Bedrock(Provider):
         self._signer = None if deployment.api_key else _Signer(deployment)
 
     async def outgoing(self, body: UpstreamBody, path: str, headers: Lines, query: Mapping[str, str]) -> Outgoing:
-        request = body.parsed if isinstance(body, ClientBytes) else body
+        request = parsed(body)
         invoke = {k: v for k, v in request.items() if k not in _SET_HERE}
         invoke["anthropic_version"] = BEDROCK_VERSION
         if betas := self._betas(beta_flags(headers)):

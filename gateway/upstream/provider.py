@@ -37,6 +37,11 @@ class ClientBytes:
 UpstreamBody = dict[str, Any] | ClientBytes  # a request to encode, or the client's own
 
 
+def parsed(body: UpstreamBody) -> dict[str, Any]:
+    """The request `body` is, parsed."""
+    return body.parsed if isinstance(body, ClientBytes) else body
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """One HTTP request to a deployment."""

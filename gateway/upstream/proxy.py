@@ -32,7 +32,7 @@ from gateway.ops.tracing import Tracing
 from gateway.upstream.client import UpstreamClient, UpstreamEvents, UpstreamUnreachable
 from gateway.upstream.errors import retry_after_seconds
 from gateway.upstream.health import Health
-from gateway.upstream.provider import COUNT_TOKENS, MESSAGES, ClientBytes, CountUnsupported, UpstreamBody
+from gateway.upstream.provider import COUNT_TOKENS, MESSAGES, ClientBytes, CountUnsupported, UpstreamBody, parsed
 from gateway.upstream.routing import affinity, ranked
 from gateway.upstream.shape import readable_message
 from gateway.upstream.streams import OpenStreams
@@ -277,7 +277,7 @@ class Attempts:
         if self.tracing is None:
             return await attempt(deployment, body, forward)
         context: dict[str, str] = {}  # the trace's, for the upstream
-        # The body's `model` is the model's upstream id (`_for_model`), the client's bytes' too.
+        # The body's `model` is the deployment's id for the model (`_at_deployment`).
         with self.tracing.attempt(operation, model.upstream_model_at(deployment.name), deployment, context) as span:
             try:
                 headers = [*forward.get("headers", ()), *context.items()]
@@ -357,13 +357,13 @@ def _at_deployment(body: UpstreamBody, model: Model, deployment: str) -> Upstrea
     named = model.upstream_models.get(deployment)
     if named is None:
         return body
-    return {**(body.parsed if isinstance(body, ClientBytes) else body), "model": named}
+    return {**parsed(body), "model": named}
 
 
 def estimated_input_tokens(body: UpstreamBody) -> int:
     """A request's input tokens, where no upstream counts them: its text's characters, about 4 a
     token (JSON's syntax counted too, so an overestimate)."""
-    request = body.parsed if isinstance(body, ClientBytes) else body
+    request = parsed(body)
     return estimate_tokens(len(orjson.dumps([request.get(k) for k in ("system", "messages", "tools")])))
 
 

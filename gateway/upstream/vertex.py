@@ -26,7 +26,6 @@ from gateway.config import Deployment
 from gateway.upstream.errors import upstream_error
 from gateway.upstream.provider import (
     COUNT_TOKENS,
-    ClientBytes,
     KeptBetas,
     Lines,
     Outgoing,
@@ -34,6 +33,7 @@ from gateway.upstream.provider import (
     UpstreamBody,
     beta_flags,
     encoded,
+    parsed,
 )
 from middlewares.core.errors import GatewayError
 
@@ -68,7 +68,7 @@ class Vertex(Provider):
         self._tokens = _Tokens(deployment)
 
     async def outgoing(self, body: UpstreamBody, path: str, headers: Lines, query: Mapping[str, str]) -> Outgoing:
-        request = body.parsed if isinstance(body, ClientBytes) else body
+        request = parsed(body)
         predict = {k: v for k, v in request.items() if k not in _SET_HERE}
         predict["anthropic_version"] = VERTEX_VERSION
         if path == COUNT_TOKENS:
