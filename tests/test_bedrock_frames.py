@@ -57,6 +57,12 @@ class FrameUpstream:
     def __init__(self) -> None:
         self.reads: list[bytes] = []
         self.bodies: list[dict] = []
+        self.answer: tuple[dict, dict[str, str]] = ({}, {})  # a whole answer: its message, headers
+
+    async def invoke_whole(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        message, headers = self.answer
+        return web.json_response(message, headers=headers)
 
     async def invoke(self, request: web.Request) -> web.StreamResponse:
         self.bodies.append(await request.json())
@@ -74,6 +80,7 @@ async def bedrock() -> Iterator[tuple[FrameUpstream, Gateway]]:
     upstream = FrameUpstream()
     app = web.Application()
     app.router.add_post("/model/{model}/invoke-with-response-stream", upstream.invoke)
+    app.router.add_post("/model/{model}/invoke", upstream.invoke_whole)
     runner, url = await served(app)
     config = make_config("http://unused")
     deployment = Deployment(name="primary", provider="bedrock", region="us-east-1", base_url=url, api_key="ABSKtest")
@@ -211,3 +218,19 @@ async def test_headers_longer_than_their_frame_end_the_stream(bedrock):
     with pytest.raises(anthropic.APIStatusError) as raised:
         await streamed(gateway)
     assert raised.value.status_code == 500
+
+
+@pytest.mark.parametrize(
+    "count", ["\u00b2", "9" * 5000, "-3", ""], ids=["superscript", "5000 digits", "negative", "empty"]
+)
+async def test_a_whole_answers_usage_from_headers_only_where_they_count(bedrock, count):
+    """A message without usage takes it from Bedrock's token-count headers; a header that is not a
+    count is left out, never a 500."""
+    upstream, gateway = bedrock
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn"}
+    message |= {"stop_sequence": None, "content": [{"type": "text", "text": TEXT}]}
+    headers = {"x-amzn-bedrock-input-token-count": "12", "x-amzn-bedrock-output-token-count": count}
+    upstream.answer = (message, headers)
+    async with client(gateway) as claude:
+        answer = await claude.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
+    assert answer.content[0].text == TEXT and answer.usage.input_tokens == 12

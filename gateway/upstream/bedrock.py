@@ -142,8 +142,6 @@ class Bedrock(Provider):
             return raw
         if path == COUNT_TOKENS:
             return orjson.dumps({"input_tokens": answer.get("inputTokens")})
-        if "usage" in answer:
-            return raw
         answer["usage"] = _usage_from(headers)
         return orjson.dumps(answer)
 
@@ -193,7 +191,12 @@ def _usage_from(headers: Mapping[str, str]) -> dict[str, int]:
         "cache_read_input_tokens": "x-amzn-bedrock-cache-read-input-token-count",
         "cache_creation_input_tokens": "x-amzn-bedrock-cache-write-input-token-count",
     }
-    return {field: int(headers[name]) for field, name in names.items() if headers.get(name, "").isdigit()}
+    return {field: int(value) for field, name in names.items() if _count(value := headers.get(name, ""))}
+
+
+def _count(value: str) -> bool:
+    """A header's value is a token count (ASCII digits, few of them: int() takes them)."""
+    return 0 < len(value) <= 12 and value.isascii() and value.isdigit()
 
 
 class _Signer:
