@@ -319,10 +319,15 @@ class RateLimitConfig:
 
 
 PROVIDERS = ("anthropic", "bedrock", "vertex")
-# A Bedrock model id: a foundation model's (anthropic.claude-…-v1:0), an inference profile's
-# (a region or "global." before it), or an ARN (of a profile, a provisioned model, an import).
+# A Bedrock deployment's id for a model, checked by its shape (there is no list of models):
+# Anthropic's model id on Bedrock, "anthropic." and more (anthropic.claude-…-v1:0), alone (a
+# foundation model) or after an inference profile's geography and a dot (us., eu., apac., us-gov.,
+# global.: 2 to 6 letters, then maybe a hyphen and more, so that AWS's next one passes too); or any
+# Bedrock ARN, its resource unchecked (an inference profile, an application one, a provisioned,
+# custom or imported model). Only Anthropic's models take the Messages body sent, hence "anthropic.".
 BEDROCK_MODEL_ID = re.compile(
-    r"(?:[a-z]{2,6}\.)?[a-z0-9-]+\.[A-Za-z0-9._:-]+|arn:aws[a-z-]*:bedrock:[a-z0-9-]*:\d{0,12}:[A-Za-z0-9/._:+-]+"
+    r"(?:[a-z]{2,6}(?:-[a-z]{2,6})?\.)?anthropic\.[A-Za-z0-9._:-]+"
+    r"|arn:aws[a-z-]*:bedrock:[a-z0-9-]*:\d{0,12}:[A-Za-z0-9/._:+-]+"
 )
 _region = _rule(lambda v: re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", v) is not None, "expected a region such as us-east-1")
 # A Google Cloud project id, as Google makes them: 6 to 30 lowercase letters, digits and hyphens,
@@ -1074,7 +1079,7 @@ def _report_per_deployment(
         if isinstance(model_id, str) and not BEDROCK_MODEL_ID.fullmatch(model_id):
             where = f"{path}.upstream_models.{name}" if name in ids else f"{path}.upstream_model"
             problems.append(
-                f'{where}: "{model_id}" is not a Bedrock model id, inference profile or ARN '
+                f'{where}: "{model_id}" is not an Anthropic model\'s Bedrock id, inference profile or ARN '
                 f'(such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "{name}" its id in upstream_models'
             )
 

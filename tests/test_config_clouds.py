@@ -106,11 +106,12 @@ deployments = ["bedrock-eu"]
             f"deployments[7].credentials_file: {tmp_path}/key.pem is not JSON",
             'deployments[8].provider: expected "anthropic", "bedrock" or "vertex"',
             'models[0].upstream_models.vertex-eu: the model does not list deployment "vertex-eu"',
-            'models[0].upstream_models.bedrock-us: "claude-sonnet-5-5" is not a Bedrock model id, inference profile'
-            ' or ARN (such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "bedrock-us" its id in'
+            'models[0].upstream_models.bedrock-us: "claude-sonnet-5-5" is not an Anthropic model\'s Bedrock id,'
+            ' inference profile or ARN (such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "bedrock-us"'
+            " its id in upstream_models",
+            'models[1].upstream_model: "claude-haiku-5" is not an Anthropic model\'s Bedrock id, inference profile'
+            ' or ARN (such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "bedrock-eu" its id in'
             " upstream_models",
-            'models[1].upstream_model: "claude-haiku-5" is not a Bedrock model id, inference profile or ARN'
-            ' (such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "bedrock-eu" its id in upstream_models',
         ]
     )
 
@@ -252,3 +253,42 @@ project = "a23456789-123456789-123456789z"
             f'deployments[5].project: "my-project-" {rule}',
         ]
     )
+
+
+async def test_check_config_takes_anthropics_bedrock_ids_and_arns_and_nothing_else(tmp_path):
+    """A Bedrock deployment's id is Anthropic's model id there, alone or after any inference
+    profile's geography, or a Bedrock ARN; another provider's model id (it takes no Messages
+    body) or a dotted name that is no Bedrock id is refused."""
+    accepted = [
+        "anthropic.claude-sonnet-4-5-20250929-v1:0",
+        *(f"{geo}.anthropic.claude-sonnet-4-5-20250929-v1:0" for geo in ("us", "eu", "apac", "global", "us-gov", "jp")),
+        "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "arn:aws:bedrock:eu-west-1:123456789012:inference-profile/eu.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3d4e5f6",
+        "arn:aws-us-gov:bedrock:us-gov-west-1:123456789012:provisioned-model/abc123xyz",
+    ]
+    refused = ["meta.llama3-70b-instruct-v1:0", "claude.sonnet-5-5", "us.claude-sonnet-5-5", "Anthropic.claude-v2"]
+    deployments = [f"bedrock-{i}" for i in range(len(accepted) + len(refused))]
+    ids = ", ".join(f'"{name}" = "{id}"' for name, id in zip(deployments, accepted + refused, strict=True))
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        "".join(
+            f'[[deployments]]\nname = "{name}"\nprovider = "bedrock"\nregion = "us-east-1"\n\n' for name in deployments
+        )
+        + f"""
+[[models]]
+id = "anthropic/claude-sonnet-4-5"
+deployments = {json.dumps(deployments)}
+upstream_models = {{ {ids} }}
+{PRICING}
+"""
+    )
+    status, output = await run_command("check-config", str(path))
+    assert status == 1, output
+    first = len(accepted)
+    assert output.splitlines() == [
+        f'models[0].upstream_models.bedrock-{first + i}: "{id}" is not an Anthropic model\'s Bedrock id, inference'
+        f' profile or ARN (such as "us.anthropic.claude-sonnet-5-5-v1:0"); give deployment "bedrock-{first + i}"'
+        " its id in upstream_models"
+        for i, id in enumerate(refused)
+    ]
