@@ -11,6 +11,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
@@ -18,13 +19,14 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from aiohttp import web
 
 from gateway.app import STORE
 from gateway.config import Deployment
 from gateway.mock.bedrock import AwsKey, BedrockMock
 from gateway.mock.upstream import Credential, MockUpstream, RecordedRequest, Scenario
 from gateway.mock.vertex import VertexMock, service_account_key
-from tests.support import KEY, MODEL, Gateway, make_config, read_store
+from tests.support import KEY, MODEL, Gateway, make_config, read_store, served
 from tests.test_images import PNG
 
 BEDROCK = "bedrock-us"  # the deployments' names, as the ledger records them
@@ -542,6 +544,77 @@ async def test_a_bedrock_aws_profile_from_the_shared_files(start_clouds, bedrock
     async with gateway.client() as chat:
         await chat.chat.completions.create(model=MODEL, messages=HELLO)
     assert bedrock.requests[-1].auth == Credential("sigv4", bedrock.key.access_key_id)
+
+
+async def test_credentials_near_expiry_are_refreshed_once_in_the_background(
+    start_clouds, bedrock, monkeypatch, tmp_path
+):
+    """A credential_process whose keys expire in 12 minutes: inside botocore's advisory window
+    (15), outside its mandatory one (10). Requests keep signing with the current keys while one
+    refresh runs beside them, not one refresh a request."""
+    key, runs = bedrock.temporary_key, tmp_path / "runs"
+    process = tmp_path / "credentials.py"
+    process.write_text(
+        "import datetime, json\n"
+        f"open({str(runs)!r}, 'a').write('run\\n')\n"
+        "expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=12)\n"
+        f"print(json.dumps({{'Version': 1, 'AccessKeyId': {key.access_key_id!r}, "
+        f"'SecretAccessKey': {key.secret_access_key!r}, 'SessionToken': {key.session_token!r}, "
+        "'Expiration': expires.isoformat()}))\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(f"[profile rotating]\ncredential_process = {sys.executable} {process}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    gateway = await start_clouds(BEDROCK, deployment={BEDROCK: {"aws_profile": "rotating"}})
+    async with gateway.client() as chat:
+        for _ in range(6):
+            await chat.chat.completions.create(model=MODEL, messages=HELLO)
+    assert len(bedrock.requests) == 6 and all(r.auth.session_token == key.session_token for r in bedrock.requests)
+    # Found and refreshed once before the first request; then one refresh in the background.
+    assert runs.read_text().count("run") <= 3
+
+
+STS_REFUSAL = b"""<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <Error><Type>Sender</Type><Code>AccessDenied</Code><Message>not authorized to perform: sts:AssumeRole</Message></Error>
+  <RequestId>4d5a8a3e-0000-4000-8000-000000000000</RequestId>
+</ErrorResponse>"""
+
+
+async def test_a_role_sts_refuses_to_assume_fails_over(start_clouds, bedrock, upstream, monkeypatch, tmp_path):
+    """The profile's role: STS (a real HTTP server here) refuses AssumeRole, which botocore raises
+    as a ClientError. The client gets Anthropic's answer; a second request does not ask STS again
+    at once (the deployment cools)."""
+    assumed: list[str] = []
+
+    async def sts(request: web.Request) -> web.Response:
+        assumed.append((await request.post()).get("Action", ""))
+        return web.Response(status=403, body=STS_REFUSAL, content_type="text/xml")
+
+    app = web.Application()
+    app.router.add_post("/", sts)
+    runner, sts_url = await served(app)
+    credentials, config = tmp_path / "credentials", tmp_path / "config"
+    credentials.write_text(
+        f"[base]\naws_access_key_id = {bedrock.key.access_key_id}\n"
+        f"aws_secret_access_key = {bedrock.key.secret_access_key}\n"
+    )
+    config.write_text(
+        f"[profile team]\nrole_arn = arn:aws:iam::123456789012:role/claude\nsource_profile = base\n"
+        f"region = {BEDROCK_REGION}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts_url)
+    try:
+        gateway = await start_clouds(BEDROCK, ANTHROPIC, deployment={BEDROCK: {"aws_profile": "team"}})
+        async with gateway.client() as chat:
+            reply = await chat.chat.completions.create(model=MODEL, messages=HELLO)
+        assert reply.choices[0].message.content == ECHO
+        assert assumed == ["AssumeRole"] and bedrock.requests == [] and len(upstream.requests) == 1
+        [row] = await gateway.app[STORE].ledger()
+        assert row.deployment == ANTHROPIC
+    finally:
+        await runner.cleanup()
 
 
 async def test_bedrock_access_denied_is_the_clients_403_and_cools_nothing(start_clouds, bedrock, upstream):

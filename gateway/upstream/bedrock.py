@@ -10,9 +10,9 @@ application/vnd.amazon.eventstream frames become Anthropic's SSE events, read by
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
+import time
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,7 +20,6 @@ from urllib.parse import quote
 
 import orjson
 import pybase64
-from botocore.exceptions import BotoCoreError
 from botocore.session import Session
 from multidict import CIMultiDictProxy
 from yarl import URL
@@ -35,6 +34,7 @@ from gateway.upstream.provider import (
     Lines,
     Outgoing,
     Provider,
+    SingleFlight,
     UpstreamBody,
     beta_flags,
     encoded,
@@ -201,45 +201,64 @@ def _count(value: str) -> bool:
 
 class _Signer:
     """SigV4 for one deployment, from AWS's credential chain (or its aws_profile). Finding the
-    credentials and refreshing temporary ones do I/O: both run in a thread, one at a time, and a
-    refresh comes before they expire (botocore's advisory window), not when a request fails."""
+    credentials and refreshing temporary ones do I/O: both run in a thread, one run at a time.
+    In botocore's advisory window (15 minutes before they expire) one refresh runs in the
+    background while the current keys still sign; only in its mandatory window (10 minutes)
+    does a request wait for it. A refresh that failed is not tried again for a while."""
 
     def __init__(self, deployment: Deployment) -> None:
         self._deployment = deployment
         self._credentials: Any = None
-        self._lock = asyncio.Lock()
+        self._frozen: Any = None  # the keys the last run got
+        self._run = SingleFlight(self._refreshed)
+        self._next_background = 0.0  # monotonic time
         self._keys = sigv4.SigningKeys()
 
     async def signed(self, url: URL, data: bytes) -> dict[str, str]:
-        frozen = await self._frozen()
+        frozen = await self._current()
         credentials = sigv4.Credentials(frozen.access_key, frozen.secret_key, frozen.token)
         return sigv4.signed_headers(url, _HEADERS, data, credentials, self._deployment.region, SERVICE, self._keys)
 
-    async def _frozen(self) -> Any:
+    async def _current(self) -> Any:
         credentials = self._credentials
         if credentials is not None and not _refresh_needed(credentials):
             return credentials.get_frozen_credentials()  # no I/O while no refresh is due
-        async with self._lock:
-            try:
-                if self._credentials is None:
-                    self._credentials = await asyncio.to_thread(self._find)
-                return await asyncio.to_thread(self._credentials.get_frozen_credentials)
-            except (BotoCoreError, OSError, ValueError) as error:
-                log.error("deployment %s: no usable AWS credentials: %s", self._deployment.name, error)
-                raise GatewayError(
-                    500, "The gateway has no usable credentials for the upstream.", type="server_error"
-                ) from None
+        if self._frozen is not None and not _refresh_needed(credentials, MANDATORY_REFRESH_SECONDS):
+            if (now := time.monotonic()) >= self._next_background:
+                self._next_background = now + BACKGROUND_RETRY_SECONDS
+                self._run.start()
+            return self._frozen
+        try:
+            return await self._run()
+        except Exception as error:  # botocore's, STS's ClientError, the files' OSError: any
+            log.error("deployment %s: no usable AWS credentials: %s", self._deployment.name, error)
+            raise GatewayError(
+                500, "The gateway has no usable credentials for the upstream.", type="server_error"
+            ) from None
 
-    def _find(self) -> Any:
-        credentials = Session(profile=self._deployment.aws_profile or None).get_credentials()
-        if credentials is None:
-            raise ValueError("none found in the environment, the shared files, or a role")
-        return credentials
+    def _refreshed(self) -> Any:
+        """In a thread: the credentials found (once), their keys refreshed if due."""
+        if self._credentials is None:
+            credentials = Session(profile=self._deployment.aws_profile or None).get_credentials()
+            if credentials is None:
+                raise ValueError("none found in the environment, the shared files, or a role")
+            self._credentials = credentials
+        self._frozen = self._credentials.get_frozen_credentials()
+        return self._frozen
 
 
-def _refresh_needed(credentials: Any) -> bool:
+# botocore refreshes temporary credentials 15 minutes before they expire (advisory: a failure
+# keeps the old ones) and must within 10 (mandatory); a background refresh that failed waits this
+# long before another.
+MANDATORY_REFRESH_SECONDS = 600
+BACKGROUND_RETRY_SECONDS = 30.0
+
+
+def _refresh_needed(credentials: Any, within: int | None = None) -> bool:
+    """Temporary credentials are due a refresh (within botocore's advisory window, or `within`
+    seconds of expiring); static ones never are."""
     refresh_needed = getattr(credentials, "refresh_needed", None)  # temporary ones have it
-    return bool(refresh_needed is not None and refresh_needed())
+    return bool(refresh_needed is not None and refresh_needed(within))
 
 
 # --- Event-stream frames -------------------------------------------------------------------

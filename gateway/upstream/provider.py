@@ -4,10 +4,11 @@ which provider it is; each provider is a module of its own (anthropic, bedrock, 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import orjson
@@ -23,6 +24,7 @@ log = logging.getLogger("ezat.upstream")
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 Lines = Sequence[tuple[str, str]]  # header lines: (lower-cased name, value)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +118,29 @@ class KeptBetas:
                     self._dropped.add(flag)
                     log.info("deployment %s does not take the beta flag %r: dropped", self._deployment, flag[:100])
         return kept
+
+
+class SingleFlight(Generic[T]):
+    """A blocking call (finding or refreshing a credential) run in a thread, once at a time:
+    whoever needs it while it runs waits for that run. A waiter that gives up (its deadline)
+    does not cancel the run, so no second one starts beside it on the same credential."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._call = call
+        self._running: asyncio.Future[T] | None = None
+
+    def start(self) -> asyncio.Future[T]:
+        """The run under way, or a new one."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(asyncio.to_thread(self._call))
+            self._running.add_done_callback(_retrieved)
+        return self._running
+
+    async def __call__(self) -> T:
+        return await asyncio.shield(self.start())
+
+
+def _retrieved(run: asyncio.Future[Any]) -> None:
+    """A run's failure is its waiters' to report; one nobody waited for is not left unread."""
+    if not run.cancelled():
+        run.exception()

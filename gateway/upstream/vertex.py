@@ -9,14 +9,12 @@ once, refreshed before it expires, in a thread, one refresh at a time; never one
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import google.auth
 import urllib3
-from google.auth import exceptions as google_exceptions
 from google.auth.transport.urllib3 import Request
 from google.oauth2 import service_account
 from multidict import CIMultiDictProxy
@@ -30,6 +28,7 @@ from gateway.upstream.provider import (
     Lines,
     Outgoing,
     Provider,
+    SingleFlight,
     UpstreamBody,
     beta_flags,
     encoded,
@@ -58,6 +57,8 @@ VERTEX_BETAS = frozenset(
 # The body's fields the gateway sets (the path names the model): a client's own anthropic_beta
 # would pass flags Vertex refuses.
 _SET_HERE = frozenset({"model", "anthropic_version", "anthropic_beta"})
+# How long a token request may take: google-auth sets no timeout of its own.
+_TOKEN_TIMEOUT = urllib3.Timeout(connect=10, read=30)
 
 
 class Vertex(Provider):
@@ -92,33 +93,34 @@ class Vertex(Provider):
 
 class _Tokens:
     """A deployment's access tokens: its credentials found once, a token fetched when there is
-    none or it is within google-auth's refresh window of expiring."""
+    none or it is within google-auth's refresh window of expiring; one fetch at a time, which
+    every request that needs it waits for."""
 
     def __init__(self, deployment: Deployment) -> None:
         self._deployment = deployment
         self._credentials: Any = None
-        self._lock = asyncio.Lock()
-        self._http = Request(urllib3.PoolManager())
+        self._http = Request(urllib3.PoolManager(timeout=_TOKEN_TIMEOUT))
+        self._run = SingleFlight(self._refreshed)
 
     async def token(self) -> str:
         credentials = self._credentials
         if credentials is not None and credentials.valid:
             return str(credentials.token)
-        async with self._lock:  # the requests that found it invalid wait for one refresh
-            try:
-                if self._credentials is None:
-                    self._credentials = await asyncio.to_thread(self._find)
-                if not self._credentials.valid:
-                    await asyncio.to_thread(self._credentials.refresh, self._http)
-            except (google_exceptions.GoogleAuthError, OSError, ValueError) as error:
-                log.error("deployment %s: could not get a Google access token: %s", self._deployment.name, error)
-                raise GatewayError(500, "The gateway could not sign in to the upstream.", type="server_error") from None
-            return str(self._credentials.token)
+        try:
+            return await self._run()
+        except Exception as error:  # google-auth's, the key file's OSError, a malformed key: any
+            log.error("deployment %s: could not get a Google access token: %s", self._deployment.name, error)
+            raise GatewayError(500, "The gateway could not sign in to the upstream.", type="server_error") from None
 
-    def _find(self) -> Any:
-        if self._deployment.credentials_file:
-            return service_account.Credentials.from_service_account_file(
-                self._deployment.credentials_file, scopes=[CLOUD_PLATFORM]
-            )
-        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
-        return credentials
+    def _refreshed(self) -> str:
+        """In a thread: the credentials found (once), a token fetched if theirs is not valid."""
+        if self._credentials is None:
+            if self._deployment.credentials_file:
+                self._credentials = service_account.Credentials.from_service_account_file(
+                    self._deployment.credentials_file, scopes=[CLOUD_PLATFORM]
+                )
+            else:
+                self._credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
+        if not self._credentials.valid:
+            self._credentials.refresh(self._http)
+        return str(self._credentials.token)
