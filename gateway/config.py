@@ -9,6 +9,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -163,6 +164,31 @@ def _http_url(value: str) -> str | None:
     if not host or parts.scheme not in ("http", "https"):
         return "expected an http(s) URL with a host"
     return None
+
+
+def _issuer_url(value: str) -> str | None:
+    """An identity provider's issuer: https, or plain http on a loopback address only (a provider
+    on the same machine), with no query or fragment (OpenID Connect Discovery's rule)."""
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        _ = parts.port
+    except ValueError:
+        host = None
+    if not host or parts.query or parts.fragment:
+        return "expected an https URL with a host, and no query or fragment"
+    if parts.scheme == "https":
+        return None
+    if parts.scheme == "http" and (host == "localhost" or _is_loopback(host)):
+        return None
+    return "expected https (plain http only on a loopback address)"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 REASONING_KEY_BYTES = 32  # AES-256, which seals reasoning items (middlewares/responses/sealing.py)
@@ -612,6 +638,35 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class OidcRole:
+    """People in `group` (as the ID token's groups claim names it) have `role` on the console."""
+
+    group: str = _field(check=_non_empty)
+    role: str = _field(check=_rule(lambda v: v in ADMIN_ROLES, 'expected "admin" or "viewer"'))
+
+
+@dataclass(frozen=True)
+class OidcConfig:
+    """Sign-in through the company's identity provider (OpenID Connect's authorization-code flow
+    with PKCE): on when the file has an [oidc] table, beside the admin tokens."""
+
+    issuer: str = _field(check=_issuer_url)  # discovery at {issuer}/.well-known/openid-configuration
+    client_id: str = _field(check=_non_empty)
+    client_secret: str = _field(check=_non_empty, shown=False)
+    scopes: tuple[str, ...] = _field(
+        ("openid", "email", "profile"), check=_rule(lambda v: "openid" in v, 'expected "openid" among them')
+    )
+    groups_claim: str = _field("groups", check=_non_empty)
+    # Empty: any address the provider vouches for; else only these domains (lower-cased).
+    allowed_email_domains: tuple[str, ...] = _field(
+        (), check_each=_non_empty, clean=lambda v: tuple(d.lower() for d in v)
+    )
+    # First match in file order; a person in no such group is a member: their own page only.
+    roles: tuple[OidcRole, ...] = ()
+    recheck_minutes: int = _field(60, check=_positive)
+
+
+@dataclass(frozen=True)
 class AlertConfig:
     """A webhook told when a key has used a share of its spend limit (of its period's, with a
     budget_period) or an organization of its balance: one POST per threshold crossed, per period
@@ -643,6 +698,7 @@ class Config:
     organizations: tuple[OrganizationConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()
     admin: AdminConfig | None = None  # None: no [admin] table, no admin API
+    oidc: OidcConfig | None = None  # None: no [oidc] table, sign-in with admin tokens only
     alerts: tuple[AlertConfig, ...] = ()
 
     def model(self, model_id: str) -> Model | None:
@@ -1036,6 +1092,8 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
     admin = data.get("admin")
     if isinstance(admin, dict):
         _report_duplicates({"admin.tokens": admin.get("tokens", [])}, "admin.tokens", "name", "token name", problems)
+    if "oidc" in data and not isinstance(admin, dict):
+        problems.append("oidc: people sign in to the console, which needs an [admin] table")
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
     if deployment_names is None:
         return
