@@ -1,5 +1,5 @@
-"""Keys, the usage ledger, stored responses, admin tokens and the console's sessions, the audit
-log and alerts, in SQLite (one process or machine) or PostgreSQL (replicas)."""
+"""Keys, the usage ledger, stored responses, admin tokens, the people who sign in and the console's
+sessions, the audit log and alerts, in SQLite (one process or machine) or PostgreSQL (replicas)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from gateway.storage.records import (
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
+    PersonRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -39,6 +40,7 @@ __all__ = [
     "LedgerRow",
     "OrganizationRecord",
     "PastTheCap",
+    "PersonRecord",
     "SessionRecord",
     "Shortfall",
     "Store",
@@ -123,6 +125,25 @@ class Store(Protocol):
     async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
         """None when there is no such token; one revoked already is returned as it is. Its
         sessions are deleted in the same transaction."""
+
+    async def person_signed_in(self, subject: str, email: str, name: str, groups: Sequence[str]) -> PersonRecord:
+        """The person with that subject (the identity provider's `sub`) as of this sign-in: made,
+        or given these email, name and groups and last seen now, by the store's clock (first seen
+        and disabled kept), in one statement, so that replicas signing the same person in at once
+        both succeed, with one row."""
+
+    async def find_person(self, person_id: int) -> PersonRecord | None: ...
+
+    async def find_person_by_subject(self, subject: str) -> PersonRecord | None: ...
+
+    async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
+        """By id, `limit` at most; `after`: only people with a larger id."""
+
+    async def set_person_disabled(
+        self, person_id: int, disabled: bool, *, audit: AuditNote | None = None
+    ) -> PersonRecord | None:
+        """None when there is no such person; one disabled (or enabled) already is returned as it
+        is, and nothing audited."""
 
     async def create_session(self, session: SessionRecord) -> None:
         """Keep a console session; the expired ones are deleted in the same transaction."""

@@ -35,12 +35,15 @@ from gateway.storage.records import (
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
+    PersonRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
     admin_token_view,
+    groups_text,
     key_view,
     organization_view,
+    person_view,
     take,
 )
 from gateway.storage.schema import (
@@ -51,6 +54,7 @@ from gateway.storage.schema import (
     KEY_TABLES,
     LEDGER_FIELDS,
     ORGANIZATION_COLUMNS,
+    PERSON_COLUMNS,
     POSTGRES,
     RESPONSE_COLUMNS,
     SESSION_COLUMNS,
@@ -382,6 +386,57 @@ class PostgresStore:
             await _audit(db, audit, f"admin_token:{token_id}", before, admin_token_view(revoked))
             return revoked
 
+    # --- people
+
+    async def person_signed_in(self, subject: str, email: str, name: str, groups: Sequence[str]) -> PersonRecord:
+        # One statement: replicas signing the same person in at once meet at the row's unique
+        # subject, and the second updates what the first inserted. Last seen never goes back (a
+        # replica whose clock is behind signing them in after another).
+        row = await self._pool.fetchrow(
+            "INSERT INTO people (subject, email, name, groups, first_seen, last_seen) VALUES ($1, $2, $3, $4, $5, $5)"
+            " ON CONFLICT (subject) DO UPDATE SET email = excluded.email, name = excluded.name,"
+            " groups = excluded.groups, last_seen = GREATEST(people.last_seen, excluded.last_seen)"
+            f" RETURNING {PERSON_COLUMNS}",
+            subject,
+            email,
+            name,
+            groups_text(groups),
+            self._now(),
+        )
+        return _person(row)
+
+    async def find_person(self, person_id: int) -> PersonRecord | None:
+        row = await self._pool.fetchrow(f"SELECT {PERSON_COLUMNS} FROM people WHERE id = $1", person_id)
+        return None if row is None else _person(row)
+
+    async def find_person_by_subject(self, subject: str) -> PersonRecord | None:
+        row = await self._pool.fetchrow(f"SELECT {PERSON_COLUMNS} FROM people WHERE subject = $1", subject)
+        return None if row is None else _person(row)
+
+    async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
+        rows = await self._pool.fetch(
+            f"SELECT {PERSON_COLUMNS} FROM people WHERE id > $1 ORDER BY id LIMIT $2",
+            after if after is not None else 0,
+            limit,
+        )
+        return [_person(row) for row in rows]
+
+    async def set_person_disabled(
+        self, person_id: int, disabled: bool, *, audit: AuditNote | None = None
+    ) -> PersonRecord | None:
+        """One disabled (or enabled) already stays as it was (unaudited)."""
+        async with self._pool.acquire() as db, db.transaction():
+            row = await db.fetchrow(f"SELECT {PERSON_COLUMNS} FROM people WHERE id = $1 FOR UPDATE", person_id)
+            if row is None or row["disabled"] == disabled:
+                return None if row is None else _person(row)
+            changed = _person(
+                await db.fetchrow(
+                    f"UPDATE people SET disabled = $2 WHERE id = $1 RETURNING {PERSON_COLUMNS}", person_id, disabled
+                )
+            )
+            await _audit(db, audit, f"person:{person_id}", person_view(_person(row)), person_view(changed))
+            return changed
+
     # --- the console's sessions
 
     async def create_session(self, session: SessionRecord) -> None:
@@ -709,6 +764,19 @@ def _admin_token(row) -> AdminTokenRecord:
         row["token_sha256"],
         row["created_at"].astimezone(UTC),
         row["revoked_at"].astimezone(UTC) if row["revoked_at"] else None,
+    )
+
+
+def _person(row) -> PersonRecord:
+    return PersonRecord(
+        row["id"],
+        row["subject"],
+        row["email"],
+        row["name"],
+        tuple(orjson.loads(row["groups"])),
+        row["first_seen"].astimezone(UTC),
+        row["last_seen"].astimezone(UTC),
+        row["disabled"],
     )
 
 

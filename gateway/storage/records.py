@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -22,13 +22,16 @@ __all__ = [
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
+    "PersonRecord",
     "SessionRecord",
     "Shortfall",
     "StoredResponse",
     "admin_token_view",
     "cost_by_key",
+    "groups_text",
     "key_view",
     "organization_view",
+    "person_view",
 ]
 
 DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
@@ -76,6 +79,20 @@ class AdminTokenRecord(NamedTuple):
     token_sha256: str
     created_at: datetime
     revoked_at: datetime | None
+
+
+class PersonRecord(NamedTuple):
+    """Someone who signed in to the console through the company's identity provider, known by
+    the provider's `sub` (`subject`); email, name and groups are as of their last sign-in."""
+
+    id: int
+    subject: str
+    email: str
+    name: str
+    groups: tuple[str, ...]
+    first_seen: datetime
+    last_seen: datetime
+    disabled: bool
 
 
 # What a session is for: an admin token's holder, its subject the token's digest (a person signed
@@ -178,6 +195,28 @@ def organization_view(organization: OrganizationRecord) -> dict[str, Any]:
         "keys": organization.keys,
         "from_config": organization.from_config,
     }
+
+
+def person_view(person: PersonRecord) -> dict[str, Any]:
+    """A person as the admin API and the audit log show them."""
+    return {
+        "id": person.id,
+        "subject": person.subject,
+        "email": person.email,
+        "name": person.name,
+        "groups": list(person.groups),
+        "first_seen": person.first_seen.isoformat(),
+        "last_seen": person.last_seen.isoformat(),
+        "disabled": person.disabled,
+    }
+
+
+def groups_text(groups: Sequence[str]) -> str:
+    """A person's groups as the stores keep them, a JSON array. (One string would pass for a
+    sequence of its characters: refused.)"""
+    if isinstance(groups, str):
+        raise TypeError("groups: expected a sequence of group names, not one string")
+    return orjson.dumps(list(groups)).decode()
 
 
 def admin_token_view(token: AdminTokenRecord) -> dict[str, Any]:

@@ -172,6 +172,21 @@ SQLITE = [
     CREATE INDEX sessions_by_subject ON sessions (kind, subject);
     CREATE INDEX sessions_by_expiry ON sessions (expires_at)
     """,
+    # People who signed in to the console through the identity provider, one row per subject (its
+    # `sub`, which the sign-in's upsert finds them by): email, name and groups (a JSON array) as of
+    # their last sign-in. Listed by id; nothing is looked up by email.
+    """
+    CREATE TABLE people (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        subject    TEXT NOT NULL UNIQUE,
+        email      TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        groups     TEXT NOT NULL DEFAULT '[]',
+        first_seen TEXT NOT NULL,
+        last_seen  TEXT NOT NULL,
+        disabled   INTEGER NOT NULL DEFAULT 0
+    )
+    """,
 ]
 
 POSTGRES = [
@@ -319,6 +334,18 @@ POSTGRES = [
     CREATE INDEX sessions_by_subject ON sessions (kind, subject);
     CREATE INDEX sessions_by_expiry ON sessions (expires_at);
     """,
+    """
+    CREATE TABLE people (
+        id         BIGSERIAL PRIMARY KEY,
+        subject    TEXT NOT NULL UNIQUE,
+        email      TEXT NOT NULL,
+        name       TEXT NOT NULL,
+        groups     TEXT NOT NULL DEFAULT '[]',
+        first_seen TIMESTAMPTZ NOT NULL,
+        last_seen  TIMESTAMPTZ NOT NULL,
+        disabled   BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -348,10 +375,12 @@ ORGANIZATION_COLUMNS = (
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
-# The admin tokens', the audit log's, the sessions' and the responses' columns, in the order both stores read them.
+# The admin tokens', the audit log's, the sessions', the people's and the responses' columns, in the
+# order both stores read them.
 ADMIN_TOKEN_COLUMNS = "id, name, role, token_sha256, created_at, revoked_at"
 AUDIT_COLUMNS = "id, at, actor, action, target, before, after"
 SESSION_COLUMNS = "id_sha256, kind, subject, csrf, created_at, expires_at"
+PERSON_COLUMNS = "id, subject, email, name, groups, first_seen, last_seen, disabled"
 RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
 # Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
 # which other writers interleave with.

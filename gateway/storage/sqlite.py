@@ -58,13 +58,16 @@ from gateway.storage.records import (
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
+    PersonRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
     admin_token_view,
     cost_by_key,
+    groups_text,
     key_view,
     organization_view,
+    person_view,
 )
 from gateway.storage.schema import (
     ADMIN_TOKEN_COLUMNS,
@@ -75,6 +78,7 @@ from gateway.storage.schema import (
     LEDGER_COLUMNS,
     LEDGER_FIELDS,
     ORGANIZATION_COLUMNS,
+    PERSON_COLUMNS,
     RESPONSE_COLUMNS,
     SESSION_COLUMNS,
     SQLITE,
@@ -311,6 +315,31 @@ class SQLiteStore:
 
     async def revoke_admin_token(self, token_id: int, *, audit: AuditNote | None = None) -> AdminTokenRecord | None:
         return await self._writer.call(_transaction, _revoke_admin_token, token_id, _text(datetime.now(UTC)), audit)
+
+    # --- people
+
+    async def person_signed_in(self, subject: str, email: str, name: str, groups: Sequence[str]) -> PersonRecord:
+        values = (subject, email, name, groups_text(groups), _text(self._now()))
+        return await self._writer.call(_transaction, _upsert_person, values)
+
+    async def find_person(self, person_id: int) -> PersonRecord | None:
+        return await self._reader.call(_select_person, "id = ?", person_id)
+
+    async def find_person_by_subject(self, subject: str) -> PersonRecord | None:
+        return await self._reader.call(_select_person, "subject = ?", subject)
+
+    async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
+        rows = await self._reader.call(
+            _fetch_all,
+            f"SELECT {PERSON_COLUMNS} FROM people WHERE id > ? ORDER BY id LIMIT ?",
+            (after if after is not None else 0, limit),
+        )
+        return [_person(row) for row in rows]
+
+    async def set_person_disabled(
+        self, person_id: int, disabled: bool, *, audit: AuditNote | None = None
+    ) -> PersonRecord | None:
+        return await self._writer.call(_transaction, _set_person_disabled, person_id, disabled, audit)
 
     # --- the console's sessions
 
@@ -717,6 +746,40 @@ def _revoke_admin_token(
     return revoked
 
 
+def _select_person(db: sqlite3.Connection, condition: str, value: Any) -> PersonRecord | None:
+    row = db.execute(f"SELECT {PERSON_COLUMNS} FROM people WHERE {condition}", (value,)).fetchone()
+    return None if row is None else _person(row)
+
+
+def _upsert_person(db: sqlite3.Connection, values: tuple) -> PersonRecord:
+    """The person made, or given this sign-in's email, name and groups. Last seen never goes back
+    (a process whose clock is behind signing them in after another)."""
+    subject, email, name, groups, now = values
+    db.execute(
+        "INSERT INTO people (subject, email, name, groups, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (subject) DO UPDATE SET email = excluded.email, name = excluded.name,"
+        " groups = excluded.groups, last_seen = max(people.last_seen, excluded.last_seen)",
+        (subject, email, name, groups, now, now),
+    )
+    person = _select_person(db, "subject = ?", subject)
+    assert person is not None  # this transaction wrote it
+    return person
+
+
+def _set_person_disabled(
+    db: sqlite3.Connection, person_id: int, disabled: bool, audit: AuditNote | None
+) -> PersonRecord | None:
+    """One disabled (or enabled) already stays as it was (unaudited)."""
+    found = _select_person(db, "id = ?", person_id)
+    if found is None or found.disabled == disabled:
+        return found
+    db.execute("UPDATE people SET disabled = ? WHERE id = ?", (int(disabled), person_id))
+    changed = _select_person(db, "id = ?", person_id)
+    assert changed is not None  # this transaction wrote it
+    _audit(db, audit, f"person:{person_id}", person_view(found), person_view(changed))
+    return changed
+
+
 def _insert_session(db: sqlite3.Connection, values: tuple, now: str) -> None:
     db.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
     db.execute(f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", values)
@@ -1045,6 +1108,20 @@ def _document(value: dict | None) -> str | None:
 def _admin_token(row: tuple) -> AdminTokenRecord:
     token_id, name, role, digest, created_at, revoked_at = row
     return AdminTokenRecord(token_id, name, role, digest, _time(created_at), _time(revoked_at))
+
+
+def _person(row: tuple) -> PersonRecord:
+    person_id, subject, email, name, groups, first_seen, last_seen, disabled = row
+    return PersonRecord(
+        person_id,
+        subject,
+        email,
+        name,
+        tuple(orjson.loads(groups)),
+        _time(first_seen),
+        _time(last_seen),
+        bool(disabled),
+    )
 
 
 def _audit_entry(row: tuple) -> AuditEntry:
