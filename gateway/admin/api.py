@@ -1,5 +1,5 @@
-"""The admin API, `/admin/v1/…`: keys, organizations, usage, the ledger and the audit log, as JSON,
-for scripts, CI jobs and Terraform (docs/admin.md).
+"""The admin API, `/admin/v1/…`: keys, organizations, people, usage, the ledger and the audit log,
+as JSON, for scripts, CI jobs and Terraform (docs/admin.md).
 
 On only when the config has an `[admin]` table. Its routes are not the API's: no chain of stages,
 no billing. A request is authenticated by an admin token (`Authorization: Bearer …`), never by a
@@ -9,7 +9,8 @@ reads; an `admin` also writes. Failed attempts are counted per client address, w
 console's: past `failed_attempts_per_minute`, a wrong token from it gets 429 for the rest of the
 minute, and the right one is still accepted.
 
-Every change goes through gateway/admin/changes.py, as the CLI's do, which audits it. Tokens are
+Every change goes through gateway/admin/changes.py, as the CLI's do, which audits it; people, whom
+the CLI does not change, are disabled and enabled here, audited the same way. Tokens are
 looked up by gateway/admin/tokens.py (as the console's are), and bodies and query parameters read
 by gateway/admin/parsing.py."""
 
@@ -31,8 +32,8 @@ from gateway.admin.openapi import OPENAPI
 from gateway.admin.tokens import AdminTokens, Holder, Refused, admin_tokens
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig, is_id
-from gateway.storage import KeyRecord, OrganizationRecord, Store
-from gateway.storage.records import key_view, organization_view
+from gateway.storage import AuditNote, KeyRecord, OrganizationRecord, PersonRecord, Store
+from gateway.storage.records import key_view, organization_view, person_view
 from middlewares.core.credentials import bearer_token
 from middlewares.core.errors import GatewayError
 
@@ -128,6 +129,10 @@ class AdminHandlers:
             ("POST", "/organizations/{id}/top-up", self.top_up, True),
             ("POST", "/organizations/{id}/suspend", self.suspend, True),
             ("POST", "/organizations/{id}/resume", self.resume, True),
+            ("GET", "/people", self.list_people, False),
+            ("GET", "/people/{id}", self.get_person, False),
+            ("POST", "/people/{id}/disable", self.disable_person, True),
+            ("POST", "/people/{id}/enable", self.enable_person, True),
             ("GET", "/usage", self.usage, False),
             ("GET", "/ledger", self.ledger, False),
             ("GET", "/audit", self.audit, False),
@@ -276,6 +281,46 @@ class AdminHandlers:
         found = await self.store.find_organization(ref)
         if found is None:
             raise changes.NotFound(f"no organization named {ref!r}")
+        return found
+
+    # --- people
+
+    async def list_people(self, request: web.Request, caller: Holder) -> web.Response:
+        limit, after = parsing.page(request.query)
+        people = await self.store.list_people(limit=limit + 1, after=after)  # one more: whether there is a next page
+        page = people[:limit]
+        return _json(
+            {
+                "data": [person_view(person) for person in page],
+                "next": str(page[-1].id) if len(people) > limit else None,
+            }
+        )
+
+    async def get_person(self, request: web.Request, caller: Holder) -> web.Response:
+        return _json(person_view(await self._person(request)))
+
+    async def disable_person(self, request: web.Request, caller: Holder) -> web.Response:
+        return await self._set_disabled(request, caller, True)
+
+    async def enable_person(self, request: web.Request, caller: Holder) -> web.Response:
+        return await self._set_disabled(request, caller, False)
+
+    async def _set_disabled(self, request: web.Request, caller: Holder, disabled: bool) -> web.Response:
+        """The person disabled or enabled, audited in the change's transaction; one that is so
+        already is answered as it is, and nothing audited."""
+        found = await self._person(request)
+        action = "person.disable" if disabled else "person.enable"
+        changed = await self.store.set_person_disabled(found.id, disabled, audit=AuditNote(caller.name, action))
+        if changed is None:
+            raise changes.NotFound(f"no person numbered {found.id}")
+        return _json(person_view(changed))
+
+    async def _person(self, request: web.Request) -> PersonRecord:
+        ref = request.match_info["id"]
+        person_id = changes.row_id(ref)
+        found = await self.store.find_person(person_id) if person_id is not None else None
+        if found is None:
+            raise changes.NotFound(f"no person numbered {ref!r}")
         return found
 
     # --- usage, the ledger and the audit log

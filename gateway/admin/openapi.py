@@ -22,7 +22,7 @@ REASONS = {
     400: "A field or parameter is wrong (the message names it).",
     401: "No admin token, or one that is unknown or revoked (a gateway key is not one).",
     403: "A viewer's token, on a route that changes something.",
-    404: "No such key or organization.",
+    404: "No such key, organization or person.",
     409: "Declared in the config file (change it there), or in conflict with what exists.",
     429: (
         "A wrong token from an address past failed_attempts_per_minute: refused for the rest of that "
@@ -52,6 +52,7 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
 
 ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "The id."}
 ORG_ID = {**ID, "description": "The organization's id, or its name."}
+PERSON_ID = {**ID, "description": "The person's id."}
 PAGE = [
     _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}, "Rows per page."),
     _query("after", {"type": "string"}, "The previous page's `next`."),
@@ -190,6 +191,27 @@ SCHEMAS: dict[str, Any] = {
             "next": {"type": ["string", "null"]},
         },
     },
+    "Person": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "subject": {"type": "string", "description": "The identity provider's `sub`: who they are to it."},
+            "email": {"type": "string"},
+            "name": {"type": "string"},
+            "groups": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The identity provider's groups, as of their last sign-in.",
+            },
+            "first_seen": {"type": "string", "format": "date-time", "description": "Their first sign-in."},
+            "last_seen": {"type": "string", "format": "date-time", "description": "Their last sign-in."},
+            "disabled": {"type": "boolean"},
+        },
+    },
+    "PersonPage": {
+        "type": "object",
+        "properties": {"data": {"type": "array", "items": _ref("Person")}, "next": {"type": ["string", "null"]}},
+    },
     "Usage": {
         "type": "object",
         "properties": {
@@ -269,13 +291,14 @@ def _operation(summary: str, responses: dict[str, Any], *, parameters=(), body: 
 
 KEY_OK = _json(_ref("Key"))
 ORG_OK = _json(_ref("Organization"))
+PERSON_OK = _json(_ref("Person"))
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
         "title": "ezat-gateway admin API",
         "version": "1",
-        "description": "Keys, organizations, usage, the ledger and the audit log. Authenticate with "
+        "description": "Keys, organizations, people, usage, the ledger and the audit log. Authenticate with "
         "`Authorization: Bearer <admin token>`; a viewer reads, an admin also writes.",
     },
     "security": [{"adminToken": []}],
@@ -345,6 +368,24 @@ OPENAPI: dict[str, Any] = {
         },
         "/admin/v1/organizations/{id}/resume": {
             "post": _operation("Resume an organization", _responses(ORG_OK, 403, 404, 409), parameters=[ORG_ID]),
+        },
+        "/admin/v1/people": {
+            "get": _operation(
+                "List the people who signed in to the console",
+                _responses(_json(_ref("PersonPage")), 400),
+                parameters=PAGE,
+            ),
+        },
+        "/admin/v1/people/{id}": {
+            "get": _operation("Get a person", _responses(PERSON_OK, 404), parameters=[PERSON_ID]),
+        },
+        "/admin/v1/people/{id}/disable": {
+            "post": _operation("Disable a person", _responses(PERSON_OK, 403, 404), parameters=[PERSON_ID]),
+        },
+        "/admin/v1/people/{id}/enable": {
+            "post": _operation(
+                "Enable a disabled person again", _responses(PERSON_OK, 403, 404), parameters=[PERSON_ID]
+            ),
         },
         "/admin/v1/usage": {
             "get": _operation(
