@@ -49,7 +49,7 @@ roles = [{{ group = "platform", role = "admin" }}, {{ group = "finance", role = 
         allowed_email_domains=("example.com",),
         roles=(OidcRole("platform", "admin"), OidcRole("finance", "viewer")),
     )
-    assert (oidc.scopes, oidc.groups_claim, oidc.recheck_minutes) == (("openid", "email", "profile"), "groups", 60)
+    assert (oidc.scopes, oidc.groups_claim, oidc.redirect_url) == (("openid", "email", "profile"), "groups", "")
     assert SECRET not in repr(oidc)
 
 
@@ -73,7 +73,7 @@ client_secret = "{SECRET}"
 scopes = ["email", "profile"]
 allowed_email_domains = [""]
 roles = [{{ group = "platform", role = "owner" }}, {{ group = "", role = "viewer" }}]
-recheck_minutes = 0
+redirect_url = "not a url"
 """
     )
     status, output = await run_command("check-config", str(path))
@@ -86,7 +86,7 @@ recheck_minutes = 0
             "oidc.allowed_email_domains[0]: expected a non-empty string",
             'oidc.roles[0].role: expected "admin" or "viewer"',
             "oidc.roles[1].group: expected a non-empty string",
-            "oidc.recheck_minutes: expected a positive integer",
+            "oidc.redirect_url: expected an http(s) URL with a host",
         ]
     )
 
