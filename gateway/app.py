@@ -108,7 +108,9 @@ def build_app(
     add_stored_response_routes(app, services.kept, stages)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)
-        add_console_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)  # /console
+        add_console_routes(  # /console
+            app, config.admin, services.store, oidc=config.oidc, forget_key=stages.auth.forget, now=now
+        )
     return app
 
 

@@ -2,10 +2,13 @@
 
 Server-rendered HTML with inline SVG plots, no script and nothing loaded from elsewhere, served
 by the gateway itself when the config has an `[admin]` table. Signed in with an admin token (the
-admin API's: a `viewer` sees everything, an `admin` may also change keys); every POST carries the
-session's CSRF token. One concern per module: sessions.py (the cookie, who is signed in),
-headers.py (the CSP and the others), html.py and plots.py (the markup), numbers.py (the figures,
-the usage report's), pages.py (what is shown), actions.py (what the forms do)."""
+admin API's: a `viewer` sees everything, an `admin` may also change keys), or, with `[oidc]`,
+through the company's identity provider (a person's role comes from their groups; a person in
+none of [[oidc.roles]]' groups is a member, who sees their own page only); every POST carries
+the session's CSRF token. One concern per module: sessions.py (the cookie, who is signed in),
+identity.py (signing in through the identity provider), headers.py (the CSP and the others),
+html.py and plots.py (the markup), numbers.py (the figures, the usage report's), pages.py (what
+is shown), actions.py (what the forms do)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ from aiohttp import web
 from gateway.admin.console.actions import Actions, forbidden, read_form, see_other, unreadable_form
 from gateway.admin.console.headers import console_headers, is_console
 from gateway.admin.console.html import page, text
+from gateway.admin.console.identity import CALLBACK, IdentitySignIn
 from gateway.admin.console.pages import Pages, html
-from gateway.admin.console.sessions import Sessions, csrf_holds
+from gateway.admin.console.sessions import MEMBER, Sessions, csrf_holds
+from gateway.admin.oidc import OidcClient
 from gateway.admin.tokens import admin_tokens
 from gateway.clock import Clock, system
-from gateway.config import AdminConfig
+from gateway.config import AdminConfig, OidcConfig
 from gateway.storage import Store
 from middlewares.core.errors import GatewayError
 
@@ -32,21 +37,27 @@ def add_console_routes(
     config: AdminConfig,
     store: Store,
     *,
+    oidc: OidcConfig | None = None,
     forget_key: Callable[[str], None] | None = None,
     now: Clock = system,
 ) -> None:
-    """The console's routes on `app`, and its headers on every answer under /console.
-    `forget_key(digest)` drops a key revoked or rotated from the auth stage's cache; `now` is the
-    gateway's idea of now, for the plots' days."""
-    sessions = Sessions(admin_tokens(app, config, store), config, store)
-    pages = Pages(store, now)
-    actions = Actions(sessions, pages, forget_key or (lambda digest: None))
+    """The console's routes on `app`, and its headers on every answer under /console; with `oidc`,
+    sign-in through the identity provider and the people pages. `forget_key(digest)` drops a key
+    revoked or rotated from the auth stage's cache; `now` is the gateway's idea of now, for the
+    plots' days."""
+    sessions = Sessions(admin_tokens(app, config, store), config, store, oidc)
+    pages = Pages(store, now, people=oidc is not None)
+    actions = Actions(sessions, pages, forget_key or (lambda digest: None), single_sign_on=oidc is not None)
 
-    def reads(handler):
+    def reads(handler, *, members: bool = False):
+        """A page for a session; a member's only where `members` says so (else their own page)."""
+
         async def guard(request: web.Request) -> web.StreamResponse:
             admin = await sessions.admin(request)
             if admin is None:
                 return see_other("/console/sign-in")
+            if admin.role == MEMBER and not members:
+                return see_other("/console/me")
             return await handler(request, admin)
 
         return guard
@@ -82,6 +93,19 @@ def add_console_routes(
     router.add_post("/console/keys/{id}/rotate", posts(actions.rotate_key))
     router.add_get("/console/organizations", reads(pages.organizations))
     router.add_get("/console/audit", reads(pages.audit))
+    router.add_get("/console/me", reads(pages.me, members=True))
+    if oidc is not None:
+        identity = IdentitySignIn(oidc, sessions, OidcClient(oidc))
+        router.add_get("/console/oidc/start", identity.start)
+        router.add_get(CALLBACK, identity.callback)
+        router.add_get("/console/people", reads(pages.people_list))
+        router.add_post("/console/people/{id}/disable", posts(actions.disable_person))
+        router.add_post("/console/people/{id}/enable", posts(actions.enable_person))
+
+        async def close_client(app: web.Application) -> None:
+            await identity.client.close()
+
+        app.on_cleanup.append(close_client)
     router.add_route("*", "/console/{anything:.*}", not_found)  # an HTML 404 (or 405), not the API's JSON
 
 

@@ -12,12 +12,13 @@ from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
 from gateway.admin import changes
-from gateway.admin.changes import AdminError
+from gateway.admin.changes import AdminError, row_id
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Admin, Sessions
 from gateway.admin.tokens import Refused
 from gateway.config import usd
+from gateway.storage.records import AuditNote
 from middlewares.core.periods import PERIODS
 
 
@@ -27,11 +28,14 @@ def see_other(location: str) -> web.Response:
 
 
 class Actions:
-    def __init__(self, sessions: Sessions, pages: Pages, forget_key: Callable[[str], None]) -> None:
+    def __init__(
+        self, sessions: Sessions, pages: Pages, forget_key: Callable[[str], None], *, single_sign_on: bool = False
+    ) -> None:
         self.sessions = sessions
         self.pages = pages
         self.store = pages.store
         self.forget_key = forget_key
+        self.single_sign_on = single_sign_on  # [oidc]: the sign-in page offers the identity provider
 
     # --- signing in and out
 
@@ -44,11 +48,17 @@ class Actions:
         response = html("", status=status)
         csrf = self.sessions.sign_in_nonce(request, response)
         problem = f'<p class="error">{text(error)}</p>' if error else ""
+        provider = (
+            '<p><a class="button" href="/console/oidc/start">Sign in with your identity provider</a></p>'
+            '<p class="muted">Or with an admin token:</p>'
+            if self.single_sign_on
+            else ""
+        )
         response.text = page(
             "Sign in",
             '<form class="sign-in" method="post" action="/console/sign-in">'
             "<h1>ezat-gateway console</h1>"
-            f"{problem}"
+            f"{problem}{provider}"
             f'<input type="hidden" name="csrf" value="{text(csrf)}">'
             '<label>Admin token<input type="password" name="token" autocomplete="off" required autofocus></label>'
             "<button>Sign in</button>"
@@ -81,6 +91,23 @@ class Actions:
         response = see_other("/console/sign-in")
         await self.sessions.sign_out(request, response)
         return response
+
+    # --- people
+
+    async def disable_person(self, request: web.Request, admin: Admin, form) -> web.Response:
+        return await self._set_disabled(request, admin, True)
+
+    async def enable_person(self, request: web.Request, admin: Admin, form) -> web.Response:
+        return await self._set_disabled(request, admin, False)
+
+    async def _set_disabled(self, request: web.Request, admin: Admin, disabled: bool) -> web.Response:
+        """Audited as the admin API's are; a disabled person's sessions end on their next page."""
+        person_id = row_id(request.match_info["id"])
+        audit = AuditNote(admin.name, "person.disable" if disabled else "person.enable")
+        person = None if person_id is None else await self.store.set_person_disabled(person_id, disabled, audit=audit)
+        if person is None:
+            return await self.pages.people_list(request, admin, error="No such person.", status=404)
+        return see_other("/console/people")
 
     # --- keys
 

@@ -95,18 +95,30 @@ def table(header: Iterable[str], rows: Iterable[Iterable[str]], *, numeric: Iter
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def page(title: str, body: str, *, here: str = "", who: str = "", csrf: str = "") -> str:
-    """A whole page: the navigation (when signed in: `who` and the sign-out button), then `body`."""
+def page(
+    title: str,
+    body: str,
+    *,
+    here: str = "",
+    who: str = "",
+    csrf: str = "",
+    links: tuple[tuple[str, str], ...] = PAGES,
+    head: str = "",
+) -> str:
+    """A whole page: the navigation (when signed in: `links`, `who` and the sign-out button), then
+    `body`; `head` is markup for the page's head (HTML already)."""
     nav = ""
     if who:
-        links = "".join(f'<a href="{path}"{" class=here" if path == here else ""}>{name}</a>' for path, name in PAGES)
+        nav_links = "".join(
+            f'<a href="{path}"{" class=here" if path == here else ""}>{name}</a>' for path, name in links
+        )
         sign_out = button_form("/console/sign-out", "Sign out", csrf)
-        nav = f'<header><b>ezat-gateway</b>{links}<span class="who">{text(who)}</span>{sign_out}</header>'
+        nav = f'<header><b>ezat-gateway</b>{nav_links}<span class="who">{text(who)}</span>{sign_out}</header>'
     return (
         "<!doctype html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{text(title)} · ezat-gateway console</title>"
-        f"<style>{STYLE}</style></head>"
+        f"<style>{STYLE}</style>{head}</head>"
         f"<body>{nav}<main>{body}</main></body></html>\n"
     )

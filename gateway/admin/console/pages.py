@@ -12,14 +12,18 @@ from aiohttp import web
 from gateway.accounting.money import usd_text
 from gateway.admin.changes import find_key, row_id
 from gateway.admin.console import numbers
-from gateway.admin.console.html import button_form, csrf_field, page, table, text
+from gateway.admin.console.html import PAGES, button_form, csrf_field, page, table, text
 from gateway.admin.console.plots import budget_bar, requests_per_day, spend_per_day
-from gateway.admin.console.sessions import Admin
+from gateway.admin.console.sessions import MEMBER, Admin
 from gateway.storage import KeyRecord, Store
+from gateway.storage.records import PersonRecord
 from middlewares.core.periods import PERIODS
 
 RECENT_REQUESTS = 50  # a key's page lists its newest requests, up to this many
 AUDIT_PAGE = 100
+PEOPLE_PAGE = 100
+MY_PAGE = ("/console/me", "My page")
+PEOPLE = ("/console/people", "People")
 # A key's models and its requests count tokens alike: input, cache writes and cache reads apart
 # (as the ledger keeps them: each has its price), then output.
 TOKEN_FIELDS = ("input_tokens", "cache_write_tokens", "cache_read_tokens", "output_tokens")
@@ -31,13 +35,18 @@ def html(body: str, *, status: int = 200) -> web.Response:
 
 
 class Pages:
-    def __init__(self, store: Store, now: Callable[[], datetime]) -> None:
+    def __init__(self, store: Store, now: Callable[[], datetime], *, people: bool = False) -> None:
         self.store = store
         self.now = now
+        self.people = people  # people sign in through an identity provider: their pages are shown
 
     def _page(self, admin: Admin, title: str, body: str, *, here: str = "", status: int = 200) -> web.Response:
         who = f"{admin.name} ({admin.role})"
-        return html(page(title, body, here=here, who=who, csrf=admin.csrf), status=status)
+        if admin.role == MEMBER:
+            links: tuple[tuple[str, str], ...] = (MY_PAGE,)
+        else:
+            links = PAGES + ((PEOPLE,) if self.people else ()) + ((MY_PAGE,) if admin.person else ())
+        return html(page(title, body, here=here, who=who, csrf=admin.csrf, links=links), status=status)
 
     # --- the overview
 
@@ -250,6 +259,49 @@ class Pages:
         )
         return self._page(admin, "Organizations", body, here="/console/organizations")
 
+    # --- people (signed in through the identity provider)
+
+    async def people_list(
+        self, request: web.Request, admin: Admin, *, error: str = "", status: int = 200
+    ) -> web.Response:
+        after = row_id(request.query.get("after", ""))
+        people = await self.store.list_people(limit=PEOPLE_PAGE, after=after)
+        rows = (
+            (
+                text(person.id),
+                text(person.email),
+                text(person.name),
+                text(", ".join(person.groups)),
+                text(person.last_seen.strftime("%Y-%m-%d %H:%M")),
+                "disabled" if person.disabled else "active",
+                _person_button(person, admin.csrf) if admin.writes else "",
+            )
+            for person in people
+        )
+        body = ["<h1>People</h1>"]
+        if error:
+            body.append(f'<div class="error">{text(error)}</div>')
+        body.append(table(("id", "email", "name", "groups", "last seen (UTC)", "status", ""), rows))
+        if len(people) == PEOPLE_PAGE:
+            body.append(f'<p><a href="/console/people?after={people[-1].id}">More people</a></p>')
+        return self._page(admin, "People", "".join(body), here=PEOPLE[0], status=status)
+
+    async def me(self, request: web.Request, admin: Admin) -> web.Response:
+        """A person's own page: who the gateway takes them for, as of their last sign-in."""
+        person = admin.person
+        if person is None:  # an admin token's session: no person behind it
+            body = "<h1>My page</h1><p>Signed in with an admin token: there is no person behind it.</p>"
+            return self._page(admin, "My page", body, here=MY_PAGE[0])
+        facts = (
+            ("Email", person.email),
+            ("Name", person.name),
+            ("Groups (as of your last sign-in)", ", ".join(person.groups) or "none"),
+            ("Role on this console", admin.role),
+            ("First seen (UTC)", person.first_seen.strftime("%Y-%m-%d %H:%M")),
+        )
+        body = "<h1>My page</h1>" + table(("", ""), ((text(label), text(value)) for label, value in facts))
+        return self._page(admin, "My page", body, here=MY_PAGE[0])
+
     async def audit(self, request: web.Request, admin: Admin) -> web.Response:
         before = request.query.get("before", "")
         entries = await self.store.audit_log(limit=AUDIT_PAGE, before=row_id(before))
@@ -268,6 +320,12 @@ class Pages:
         if len(entries) == AUDIT_PAGE:
             body.append(f'<p><a href="/console/audit?before={entries[-1].id}">Older entries</a></p>')
         return self._page(admin, "Audit log", "".join(body), here="/console/audit")
+
+
+def _person_button(person: PersonRecord, csrf: str) -> str:
+    if person.disabled:
+        return button_form(f"/console/people/{person.id}/enable", "Enable", csrf)
+    return button_form(f"/console/people/{person.id}/disable", "Disable", csrf, danger=True)
 
 
 def _key_link(key: KeyRecord | None, label: str) -> str:
