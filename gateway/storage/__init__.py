@@ -69,9 +69,13 @@ class Store(Protocol):
     # show it) is written in the change's own transaction. (gateway/admin/changes.py makes them.)
 
     async def create_key(self, key_sha256: str, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord:
-        """`fields` are KeyRecord's; `organization_id` places it (default: the default organization)."""
+        """`fields` are KeyRecord's; `organization_id` places it (default: the default organization),
+        `person_id` gives it to a person (default: none, an admin's key), who must exist."""
 
     async def list_keys(self) -> list[KeyRecord]: ...
+
+    async def list_person_keys(self, person_id: int) -> list[KeyRecord]:
+        """The person's keys, newest first, revoked and expired ones included."""
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
         """The key with `fields` (KeyRecord's, and `organization_id`) changed; None if there is

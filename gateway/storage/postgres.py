@@ -205,11 +205,12 @@ class PostgresStore:
         async with self._pool.acquire() as db, db.transaction():
             key_id = await db.fetchval(
                 "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked,"
-                " max_concurrent, budget_period, organization_id)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+                " max_concurrent, budget_period, organization_id, person_id)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
                 key_sha256,
                 *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
                 record.organization_id,
+                record.person_id,
             )
             made = await _key_in(db, key_id)
             assert made is not None  # this transaction wrote it
@@ -218,6 +219,12 @@ class PostgresStore:
 
     async def list_keys(self) -> list[KeyRecord]:
         return [_key(row) for row in await self._pool.fetch(f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} ORDER BY k.id")]
+
+    async def list_person_keys(self, person_id: int) -> list[KeyRecord]:
+        rows = await self._pool.fetch(
+            f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.person_id = $1 ORDER BY k.id DESC", person_id
+        )
+        return [_key(row) for row in rows]
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
         now = self._now()
@@ -833,4 +840,9 @@ def _key(row) -> KeyRecord:
         budget_period=row["budget_period"],
         period_start=row["period_start"],
         period_spent_usd=row["period_spent_usd"],
+        # An admin's key joins no person: NULLs.
+        person_id=row["person_id"],
+        person_email=row["person_email"] or "",
+        person_groups=() if row["person_groups"] is None else tuple(orjson.loads(row["person_groups"])),
+        person_disabled=bool(row["person_disabled"]),
     )

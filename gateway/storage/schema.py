@@ -187,6 +187,13 @@ SQLITE = [
         disabled   INTEGER NOT NULL DEFAULT 0
     )
     """,
+    # The person a key belongs to (NULL: an admin's key, every key from before). A column whose
+    # default is NULL may have a REFERENCES clause while foreign keys are on. A person's keys are
+    # listed, by this index.
+    """
+    ALTER TABLE keys ADD COLUMN person_id INTEGER REFERENCES people (id);
+    CREATE INDEX keys_by_person ON keys (person_id)
+    """,
 ]
 
 POSTGRES = [
@@ -346,6 +353,12 @@ POSTGRES = [
         disabled   BOOLEAN NOT NULL DEFAULT FALSE
     );
     """,
+    # The person a key belongs to (NULL: an admin's key, every key from before); a person's keys
+    # are listed, by this index.
+    """
+    ALTER TABLE keys ADD COLUMN person_id BIGINT REFERENCES people (id);
+    CREATE INDEX keys_by_person ON keys (person_id);
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -360,14 +373,16 @@ KEY_FIELDS = (
     "max_concurrent",
     "budget_period",
 )
-# Read from keys (k) joined with their organizations (o): KEY_COLUMNS FROM KEY_TABLES.
+# Read from keys (k) joined with their organizations (o) and their people (p; none for an
+# admin's key, whose person columns are NULL): KEY_COLUMNS FROM KEY_TABLES.
 KEY_COLUMNS = (
     "k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
     " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
     " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended,"
-    " k.budget_period, k.period_start, k.period_spent_usd"
+    " k.budget_period, k.period_start, k.period_spent_usd,"
+    " k.person_id, p.email AS person_email, p.groups AS person_groups, p.disabled AS person_disabled"
 )
-KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id"
+KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id LEFT JOIN people p ON p.id = k.person_id"
 ORGANIZATION_COLUMNS = (
     "o.id, o.name, o.balance_usd, o.suspended, o.spent_usd, o.from_config,"
     " (SELECT count(*) FROM keys WHERE keys.organization_id = o.id) AS keys"

@@ -247,12 +247,19 @@ class SQLiteStore:
             key_sha256,
             *_key_values(*(getattr(record, f) for f in KEY_FIELDS)),
             record.organization_id,
+            record.person_id,
             _text(datetime.now(UTC)),
         )
         return await self._writer.call(_transaction, _create_key, values, audit, self._now())
 
     async def list_keys(self) -> list[KeyRecord]:
         return await self._reader.call(_select_keys)
+
+    async def list_person_keys(self, person_id: int) -> list[KeyRecord]:
+        rows = await self._reader.call(
+            _fetch_all, f"SELECT {KEY_COLUMNS} FROM {KEY_TABLES} WHERE k.person_id = ? ORDER BY k.id DESC", (person_id,)
+        )
+        return [_key(row) for row in rows]
 
     async def update_key(self, key_id: int, *, audit: AuditNote | None = None, **fields: Any) -> KeyRecord | None:
         return await self._writer.call(_transaction, _update_key, key_id, fields, audit, self._now())
@@ -836,7 +843,7 @@ def _upsert_config_keys(db: sqlite3.Connection, values: list[tuple], now: dateti
 def _create_key(db: sqlite3.Connection, values: tuple, audit: AuditNote | None, now: datetime) -> KeyRecord:
     db.execute(
         "INSERT INTO keys (key_sha256, name, models, spend_limit_usd, rpm, tpm, expires_at, revoked, max_concurrent,"
-        " budget_period, organization_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " budget_period, organization_id, person_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         values,
     )
     made = _select_key(db, "k.key_sha256 = ?", values[0])
@@ -1165,6 +1172,10 @@ def _key(row: tuple) -> KeyRecord:
         budget_period,
         started,
         period_spent,
+        person_id,
+        person_email,
+        person_groups,
+        person_disabled,
     ) = row
     return KeyRecord(
         id=key_id,
@@ -1186,6 +1197,11 @@ def _key(row: tuple) -> KeyRecord:
         budget_period=budget_period,
         period_start=None if started is None else date.fromisoformat(started),
         period_spent_usd=Decimal(period_spent),
+        # An admin's key joins no person: NULLs.
+        person_id=person_id,
+        person_email=person_email or "",
+        person_groups=() if person_groups is None else tuple(orjson.loads(person_groups)),
+        person_disabled=bool(person_disabled),
     )
 
 

@@ -48,6 +48,16 @@ class KeyRecord:
     budget_period: str | None = None
     period_start: date | None = None
     period_spent_usd: Decimal = Decimal(0)
+    # The person the key belongs to (None: an admin's key), and, as of when the record was read,
+    # their email, groups and whether they are disabled (a person's key follows their group's policy).
+    person_id: int | None = None
+    person_email: str = ""
+    person_groups: tuple[str, ...] = ()
+    person_disabled: bool = False
+    # Why every request with this key is refused (None: it is not). Set by the gateway, never by
+    # the stores: a person's key whose person is disabled or in no policy's group gets 401 with
+    # this message.
+    refusal: str | None = None
 
     def spent_in_period(self, now: datetime) -> Decimal:
         """What counts against the spend limit at `now`: the current period's spend, or the
