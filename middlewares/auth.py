@@ -33,8 +33,8 @@ class AuthStage(Stage):
 
 
 def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size: int = 10_000) -> AuthStage:
-    """A request without a key, with an unknown, revoked or expired one gets 401
-    `invalid_api_key`; otherwise its `KeyRecord` is `request[API_KEY]`. `find_key(digest)` finds
+    """A request without a key, with an unknown, revoked or expired one, or one whose record
+    carries a `refusal`, gets 401 `invalid_api_key`; otherwise its `KeyRecord` is `request[API_KEY]`. `find_key(digest)` finds
     a key by the SHA-256 hex digest of its secret (so the secret is never stored), or None.
 
     `cache_seconds` bounds how long a revoked or changed key keeps its old record here (0: no
@@ -86,6 +86,8 @@ def auth_middleware(*, find_key: FindKey, cache_seconds: float = 5.0, cache_size
             raise _unauthorized("This API key has been revoked.")
         if key.expired():
             raise _unauthorized("This API key has expired.")
+        if key.refusal:
+            raise _unauthorized(key.refusal)
         request[API_KEY] = key
         return await handler(request)
 
