@@ -17,6 +17,7 @@ from gateway.accounting.ratelimit import RateLimiter, rate_limiter
 from gateway.accounting.spending import SpendReservations
 from gateway.admin.api import add_admin_routes
 from gateway.admin.console import add_console_routes, is_console, refusal_page
+from gateway.admin.policies import governing
 from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
@@ -109,7 +110,13 @@ def build_app(
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)
         add_console_routes(  # /console
-            app, config.admin, services.store, oidc=config.oidc, forget_key=stages.auth.forget, now=now
+            app,
+            config.admin,
+            services.store,
+            oidc=config.oidc,
+            policies=config.policies,
+            forget_key=stages.auth.forget,
+            now=now,
         )
     return app
 
@@ -201,7 +208,10 @@ def make_stages(
         on_download=services.metrics.image_download,
     )
     return Stages(
-        auth=auth_middleware(find_key=services.store.find_key, cache_seconds=key_cache_seconds),
+        auth=auth_middleware(
+            find_key=governing(services.store.find_key, config.policies) if config.oidc else services.store.find_key,
+            cache_seconds=key_cache_seconds,
+        ),
         size_limit=size_limit_middleware(body_timeout=config.server.body_timeout_seconds),
         native_size_limit=size_limit_middleware(
             body_timeout=config.server.body_timeout_seconds, keep_client_bytes=True

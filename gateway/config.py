@@ -668,6 +668,26 @@ class OidcConfig:
     redirect_url: str = _field("", check=lambda v: v and _http_url(v))
 
 
+MAX_KEY_TTL_HOURS = 24 * 90  # a person's key lives at most a quarter; renewal is the point
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """What the people of `group` (as their identity provider names it) may do with the keys they
+    make for themselves; the first policy whose group a person is in is theirs. Applied to their
+    keys on every request (within the auth cache's seconds), so a changed policy takes effect at
+    once."""
+
+    group: str = _field(check=_non_empty)
+    models: tuple[str, ...] = ("*",)  # globs of model ids the person's keys may use
+    rpm: int | None = _field(None, check=_per_minute)  # requests per minute, per key
+    tpm: int | None = _field(None, check=_per_minute)  # tokens per minute, per key
+    # How long a key the person makes lives.
+    key_ttl_hours: int = _field(
+        12, check=_rule(lambda v: 0 < v <= MAX_KEY_TTL_HOURS, f"expected hours from 1 to {MAX_KEY_TTL_HOURS}")
+    )
+
+
 @dataclass(frozen=True)
 class AlertConfig:
     """A webhook told when a key has used a share of its spend limit (of its period's, with a
@@ -701,6 +721,7 @@ class Config:
     keys: tuple[KeyConfig, ...] = ()
     admin: AdminConfig | None = None  # None: no [admin] table, no admin API
     oidc: OidcConfig | None = None  # None: no [oidc] table, sign-in with admin tokens only
+    policies: tuple[PolicyConfig, ...] = ()  # [[policies]]: what people's own keys may do
     alerts: tuple[AlertConfig, ...] = ()
 
     def model(self, model_id: str) -> Model | None:
@@ -1096,6 +1117,8 @@ def _check_across_entries(data: dict[str, Any], problems: list[str]) -> None:
         _report_duplicates({"admin.tokens": admin.get("tokens", [])}, "admin.tokens", "name", "token name", problems)
     if "oidc" in data and not isinstance(admin, dict):
         problems.append("oidc: people sign in to the console, which needs an [admin] table")
+    if "policies" in data and "oidc" not in data:
+        problems.append("policies: they govern people's keys, and people sign in with [oidc]")
     # With a deployment name missing or bad (already reported), "no deployment named" would be noise.
     if deployment_names is None:
         return

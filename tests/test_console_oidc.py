@@ -8,18 +8,20 @@ another site, as the cookies' SameSite rules meet it in a browser."""
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
 
-from gateway.config import OidcConfig, OidcRole
+from gateway.config import OidcConfig, OidcRole, PolicyConfig
 from gateway.storage import open_store
 from tests.oidc_provider import add_user, authorize, running_provider
-from tests.support import make_config
-from tests.test_console import ADMIN, ROOT_TOKEN, Browserless, csrf
+from tests.support import MODEL, make_config
+from tests.test_console import ADMIN, ROOT_TOKEN, Browserless, csrf, secrets_in
 
 ANA = "ana"  # in the platform group: an admin
 BEN = "ben"  # in the finance group: a viewer
@@ -219,3 +221,137 @@ async def test_signing_in_through_the_provider_in_a_browser(start_gateway, upstr
                     assert ("People" in nav) == (sub == ANA)
             finally:
                 await browser.close()
+
+
+# --- A person's own keys, under their group's policy ------------------------------------------------
+
+POLICIES = (
+    PolicyConfig(group="eng", models=("anthropic/*",), rpm=100, key_ttl_hours=6),
+    PolicyConfig(group="platform", key_ttl_hours=12),
+)
+
+
+@pytest.fixture
+async def start_with_policies(start_gateway, upstream, storage_url):
+    async def start(issuer: str, models=None):
+        config = replace(
+            make_config(upstream.url, storage_url), admin=ADMIN, oidc=oidc_config(issuer), policies=POLICIES
+        )
+        if models is not None:
+            config = replace(config, models=models)
+        return await start_gateway(config, key_cache_seconds=0)
+
+    return start
+
+
+async def make_my_key(visitor: Browserless, name: str = "laptop") -> str:
+    mine = await visitor.page("/console/me")
+    status, body, _ = await visitor.call("POST", "/console/me/keys", {"name": name, "csrf": csrf(mine)})
+    assert status == 200, body
+    [secret] = secrets_in(body)
+    return secret
+
+
+async def chat(gateway, secret: str, model: str = MODEL) -> int:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/openai/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "Hello"}]},
+            headers={"Authorization": f"Bearer {secret}"},
+        ) as response:
+            return response.status
+
+
+async def test_a_person_makes_a_key_under_their_policy_and_uses_it(start_with_policies, issuer, people):
+    gateway = await start_with_policies(issuer)
+    cat = await signed_in_as(gateway, CAT)  # in "eng": models anthropic/*, 6 hours
+    mine = await cat.page("/console/me")
+    assert "eng" in mine and "6 hours" in mine and "100 requests a minute" in mine
+    secret = await make_my_key(cat)
+    assert secret not in await cat.page("/console/me")  # shown once
+    assert await chat(gateway, secret) == 200
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {ROOT_TOKEN}"}
+        async with http.get(gateway.url + "/admin/v1/keys", headers=headers) as response:
+            [key] = [k for k in (await response.json())["data"] if k["name"] == "laptop"]
+        async with http.get(gateway.url + "/admin/v1/audit", headers=headers) as response:
+            entries = (await response.json())["data"]
+    lives = datetime.fromisoformat(key["expires_at"]) - datetime.now(UTC)
+    assert timedelta(hours=6) - timedelta(minutes=1) < lives <= timedelta(hours=6)
+    assert key["person_id"] is not None
+    assert any(e["action"] == "key.create" and e["actor"] == "cat@example.com" for e in entries)
+
+
+async def test_the_policy_chooses_the_models(start_with_policies, issuer, people, upstream, storage_url):
+    config = make_config(upstream.url, storage_url)
+    other = replace(config.models[0], id="other/model", aliases=())
+    gateway = await start_with_policies(issuer, models=(config.models[0], other))
+    cat = await signed_in_as(gateway, CAT)  # "eng": anthropic/* only
+    secret = await make_my_key(cat)
+    assert MODEL.startswith("anthropic/") and await chat(gateway, secret) == 200
+    assert await chat(gateway, secret, "other/model") == 403
+
+
+async def test_no_policy_no_key(start_with_policies, issuer, people):
+    gateway = await start_with_policies(issuer)
+    ben = await signed_in_as(gateway, BEN)  # "finance": no policy
+    mine = await ben.page("/console/me")
+    assert "cannot make a key" in mine and 'action="/console/me/keys"' not in mine
+    status, body, _ = await ben.call("POST", "/console/me/keys", {"name": "x", "csrf": csrf(mine)})
+    assert status == 403 and secrets_in(body) == []
+
+
+async def test_a_disabled_person_or_one_who_left_the_group_has_no_working_key(start_with_policies, issuer, people):
+    gateway = await start_with_policies(issuer)
+    cat = await signed_in_as(gateway, CAT)
+    secret = await make_my_key(cat)
+    assert await chat(gateway, secret) == 200
+    # Cat leaves "eng": at their next sign-in the provider says so, and their key stops.
+    await add_user(issuer, CAT, email="cat@example.com", name="Cat", groups=["finance"])
+    await signed_in_as(gateway, CAT)
+    assert await chat(gateway, secret) == 401
+    await add_user(issuer, CAT, email="cat@example.com", name="Cat", groups=["eng"])
+    await signed_in_as(gateway, CAT)
+    assert await chat(gateway, secret) == 200
+    # An admin disables Cat: the key is refused, saying why.
+    admin = Browserless(gateway.url)
+    await admin.sign_in(ROOT_TOKEN)
+    people_page = await admin.page("/console/people")
+    cat_id = re.search(r'action="/console/people/(\d+)/disable"', people_page.split("cat@example.com")[1]).group(1)
+    await admin.call("POST", f"/console/people/{cat_id}/disable", {"csrf": csrf(people_page)})
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/openai/v1/models", headers={"Authorization": f"Bearer {secret}"}) as r:
+            assert r.status == 401
+            assert (await r.json())["error"]["message"] == "This API key's owner has been disabled by an administrator."
+
+
+async def test_a_person_revokes_their_own_key_and_no_one_elses(start_with_policies, issuer, people):
+    gateway = await start_with_policies(issuer)
+    cat = await signed_in_as(gateway, CAT)
+    ana = await signed_in_as(gateway, ANA)
+    cats = await make_my_key(cat)
+    anas = await make_my_key(ana, "ana-laptop")
+    mine = await cat.page("/console/me")
+    [cat_key] = re.findall(r'action="/console/me/keys/(\d+)/revoke"', mine)
+    ana_key = re.findall(r'action="/console/me/keys/(\d+)/revoke"', await ana.page("/console/me"))[0]
+    status, _, _ = await cat.call("POST", f"/console/me/keys/{ana_key}/revoke", {"csrf": csrf(mine)})
+    assert status == 404 and await chat(gateway, anas) == 200
+    status, _, headers = await cat.call("POST", f"/console/me/keys/{cat_key}/revoke", {"csrf": csrf(mine)})
+    assert (status, headers["Location"]) == (303, "/console/me")
+    assert await chat(gateway, cats) == 401 and "revoked" in await cat.page("/console/me")
+
+
+async def test_disabling_through_the_api_stops_the_keys_at_once(start_gateway, upstream, storage_url, issuer, people):
+    """With the auth stage's usual 5-second cache: the gateway that disables forgets the keys."""
+    config = replace(make_config(upstream.url, storage_url), admin=ADMIN, oidc=oidc_config(issuer), policies=POLICIES)
+    gateway = await start_gateway(config)
+    cat = await signed_in_as(gateway, CAT)
+    secret = await make_my_key(cat)
+    assert await chat(gateway, secret) == 200  # its record now cached
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {ROOT_TOKEN}"}
+        async with http.get(gateway.url + "/admin/v1/people", headers=headers) as response:
+            [cat_id] = [p["id"] for p in (await response.json())["data"] if p["subject"] == CAT]
+        async with http.post(gateway.url + f"/admin/v1/people/{cat_id}/disable", headers=headers) as response:
+            assert response.status == 200 and (await response.json())["disabled"] is True
+    assert await chat(gateway, secret) == 401

@@ -32,7 +32,7 @@ from gateway.admin.openapi import OPENAPI
 from gateway.admin.tokens import AdminTokens, Holder, Refused, admin_tokens
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig, is_id
-from gateway.storage import AuditNote, KeyRecord, OrganizationRecord, PersonRecord, Store
+from gateway.storage import KeyRecord, OrganizationRecord, PersonRecord, Store
 from gateway.storage.records import key_view, organization_view, person_view
 from middlewares.core.credentials import bearer_token
 from middlewares.core.errors import GatewayError
@@ -309,8 +309,7 @@ class AdminHandlers:
         """The person disabled or enabled, audited in the change's transaction; one that is so
         already is answered as it is, and nothing audited."""
         found = await self._person(request)
-        action = "person.disable" if disabled else "person.enable"
-        changed = await self.store.set_person_disabled(found.id, disabled, audit=AuditNote(caller.name, action))
+        changed = await changes.set_person_disabled(self.store, caller.name, found.id, disabled, self.forget_key)
         if changed is None:
             raise changes.NotFound(f"no person numbered {found.id}")
         return _json(person_view(changed))

@@ -11,11 +11,13 @@ from __future__ import annotations
 import getpass
 import hashlib
 import secrets
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from gateway.config import MAX_USD, budget_problem, is_id, name_problem
 from gateway.storage import AdminTokenRecord, AuditNote, KeyRecord, OrganizationRecord, PastTheCap, Store
+from gateway.storage.records import PersonRecord
 
 KEY_PREFIX = "sk-ezat-"
 ADMIN_TOKEN_PREFIX = "ezat-admin-"
@@ -275,3 +277,17 @@ async def find_key(store: Store, ref: str) -> KeyRecord | None:
     key_id = row_id(ref)
     found = await store.keys_by_id([key_id]) if key_id is not None else []
     return found[0] if found else None
+
+
+async def set_person_disabled(
+    store: Store, actor: str, person_id: int, disabled: bool, forget_key: Callable[[str], None]
+) -> PersonRecord | None:
+    """The person disabled (their keys refused, their console sessions ended) or enabled again,
+    audited; None: no such person. This process's auth stage forgets their keys at once; other
+    processes within their key cache's seconds."""
+    action = "person.disable" if disabled else "person.enable"
+    changed = await store.set_person_disabled(person_id, disabled, audit=AuditNote(actor, action))
+    if changed is not None:
+        for key in await store.list_person_keys(person_id):
+            forget_key(key.key_sha256)
+    return changed

@@ -125,6 +125,10 @@ SCHEMAS: dict[str, Any] = {
             "expires_at": {"type": ["string", "null"], "format": "date-time"},
             "revoked": {"type": "boolean"},
             "organization": {"type": "string"},
+            "person_id": {
+                "type": ["integer", "null"],
+                "description": "The person who made it for themselves; null for an admin's key.",
+            },
             "spent_usd": {"type": "string"},
             "period_spent_usd": {
                 "type": ["string", "null"],

@@ -177,6 +177,7 @@ def key_view(key: KeyRecord, now: datetime) -> dict[str, Any]:
         "expires_at": key.expires_at.isoformat() if key.expires_at else None,
         "revoked": key.revoked,
         "organization": key.organization,
+        "person_id": key.person_id,  # None: an admin's key
         "spent_usd": _money(key.spent_usd),
         # What counts against a period's budget now (None without a period).
         "period_spent_usd": _money(key.spent_in_period(now)) if key.budget_period else None,

@@ -25,7 +25,7 @@ from gateway.admin.console.sessions import MEMBER, Sessions, csrf_holds
 from gateway.admin.oidc import OidcClient
 from gateway.admin.tokens import admin_tokens
 from gateway.clock import Clock, system
-from gateway.config import AdminConfig, OidcConfig
+from gateway.config import AdminConfig, OidcConfig, PolicyConfig
 from gateway.storage import Store
 from middlewares.core.errors import GatewayError
 
@@ -38,6 +38,7 @@ def add_console_routes(
     store: Store,
     *,
     oidc: OidcConfig | None = None,
+    policies: tuple[PolicyConfig, ...] = (),
     forget_key: Callable[[str], None] | None = None,
     now: Clock = system,
 ) -> None:
@@ -46,7 +47,7 @@ def add_console_routes(
     revoked or rotated from the auth stage's cache; `now` is the gateway's idea of now, for the
     plots' days."""
     sessions = Sessions(admin_tokens(app, config, store), config, store, oidc)
-    pages = Pages(store, now, people=oidc is not None)
+    pages = Pages(store, now, people=oidc is not None, policies=policies)
     actions = Actions(sessions, pages, forget_key or (lambda digest: None), single_sign_on=oidc is not None)
 
     def reads(handler, *, members: bool = False):
@@ -63,6 +64,9 @@ def add_console_routes(
         return guard
 
     def posts(handler, *, writes: bool = True):
+        """A form's POST for a session, with its CSRF token; `writes`: an admin's only (else any
+        session's, a member's too: signing out, their own keys)."""
+
         async def guard(request: web.Request) -> web.StreamResponse:
             admin = await sessions.admin(request)
             if admin is None:
@@ -101,6 +105,8 @@ def add_console_routes(
         router.add_get("/console/people", reads(pages.people_list))
         router.add_post("/console/people/{id}/disable", posts(actions.disable_person))
         router.add_post("/console/people/{id}/enable", posts(actions.enable_person))
+        router.add_post("/console/me/keys", posts(actions.make_my_key, writes=False))
+        router.add_post("/console/me/keys/{id}/revoke", posts(actions.revoke_my_key, writes=False))
 
         async def close_client(app: web.Application) -> None:
             await identity.client.close()

@@ -6,6 +6,7 @@ that answers the POST: it is kept nowhere but in that answer."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 from aiohttp import web
 from aiohttp.web_request import FileField
@@ -16,9 +17,9 @@ from gateway.admin.changes import AdminError, row_id
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Admin, Sessions
+from gateway.admin.policies import policy_for
 from gateway.admin.tokens import Refused
 from gateway.config import usd
-from gateway.storage.records import AuditNote
 from middlewares.core.periods import PERIODS
 
 
@@ -103,11 +104,42 @@ class Actions:
     async def _set_disabled(self, request: web.Request, admin: Admin, disabled: bool) -> web.Response:
         """Audited as the admin API's are; a disabled person's sessions end on their next page."""
         person_id = row_id(request.match_info["id"])
-        audit = AuditNote(admin.name, "person.disable" if disabled else "person.enable")
-        person = None if person_id is None else await self.store.set_person_disabled(person_id, disabled, audit=audit)
+        person = None
+        if person_id is not None:
+            person = await changes.set_person_disabled(self.store, admin.name, person_id, disabled, self.forget_key)
         if person is None:
             return await self.pages.people_list(request, admin, error="No such person.", status=404)
         return see_other("/console/people")
+
+    # --- a person's own keys
+
+    async def make_my_key(self, request: web.Request, admin: Admin, form) -> web.Response:
+        """A key for the signed-in person, living their policy's key_ttl_hours; its secret shown once."""
+        person = admin.person
+        if person is None:
+            return forbidden("Only a person who signed in through the identity provider has keys of their own.")
+        policy = policy_for(person.groups, self.pages.policies)
+        if policy is None:
+            return await self.pages.me(request, admin, error="None of your groups has a policy: no key.", status=403)
+        expires = self.pages.now() + timedelta(hours=policy.key_ttl_hours)
+        name = str(form.get("name", ""))
+        try:
+            key, secret = await changes.create_key(
+                self.store, admin.name, name=name, person_id=person.id, models=policy.models, expires_at=expires
+            )
+        except AdminError as refused:
+            return await self.pages.me(request, admin, error=refused.message, status=refused.status)
+        said = f"Key {key.id} ({key.name or 'no name'}) was made; it expires {expires:%Y-%m-%d %H:%M} UTC."
+        return await self.pages.me(request, admin, notice=_secret_notice(said, secret))
+
+    async def revoke_my_key(self, request: web.Request, admin: Admin, form) -> web.Response:
+        person = admin.person
+        key = await changes.find_key(self.store, request.match_info["id"])
+        if person is None or key is None or key.person_id != person.id:  # only one's own: others' are not found
+            return await self.pages.me(request, admin, error="You have no such key.", status=404)
+        await changes.revoke_key(self.store, admin.name, key)
+        self.forget_key(key.key_sha256)
+        return see_other("/console/me")
 
     # --- keys
 

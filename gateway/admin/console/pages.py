@@ -15,6 +15,8 @@ from gateway.admin.console import numbers
 from gateway.admin.console.html import PAGES, button_form, csrf_field, page, table, text
 from gateway.admin.console.plots import budget_bar, requests_per_day, spend_per_day
 from gateway.admin.console.sessions import MEMBER, Admin
+from gateway.admin.policies import policy_for
+from gateway.config import PolicyConfig
 from gateway.storage import KeyRecord, Store
 from gateway.storage.records import PersonRecord
 from middlewares.core.periods import PERIODS
@@ -35,10 +37,18 @@ def html(body: str, *, status: int = 200) -> web.Response:
 
 
 class Pages:
-    def __init__(self, store: Store, now: Callable[[], datetime], *, people: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        now: Callable[[], datetime],
+        *,
+        people: bool = False,
+        policies: tuple[PolicyConfig, ...] = (),
+    ) -> None:
         self.store = store
         self.now = now
         self.people = people  # people sign in through an identity provider: their pages are shown
+        self.policies = policies  # [[policies]]: what a person's own keys may do
 
     def _page(self, admin: Admin, title: str, body: str, *, here: str = "", status: int = 200) -> web.Response:
         who = f"{admin.name} ({admin.role})"
@@ -286,12 +296,16 @@ class Pages:
             body.append(f'<p><a href="/console/people?after={people[-1].id}">More people</a></p>')
         return self._page(admin, "People", "".join(body), here=PEOPLE[0], status=status)
 
-    async def me(self, request: web.Request, admin: Admin) -> web.Response:
-        """A person's own page: who the gateway takes them for, as of their last sign-in."""
+    async def me(
+        self, request: web.Request, admin: Admin, *, notice: str = "", error: str = "", status: int = 200
+    ) -> web.Response:
+        """A person's own page: who the gateway takes them for, as of their last sign-in, their
+        group's policy, and their keys, with the form that makes one. `notice`: HTML shown above
+        (a new secret, once); `error`: why a change was refused."""
         person = admin.person
         if person is None:  # an admin token's session: no person behind it
-            body = "<h1>My page</h1><p>Signed in with an admin token: there is no person behind it.</p>"
-            return self._page(admin, "My page", body, here=MY_PAGE[0])
+            alone = "<h1>My page</h1><p>Signed in with an admin token: there is no person behind it.</p>"
+            return self._page(admin, "My page", alone, here=MY_PAGE[0])
         facts = (
             ("Email", person.email),
             ("Name", person.name),
@@ -299,8 +313,42 @@ class Pages:
             ("Role on this console", admin.role),
             ("First seen (UTC)", person.first_seen.strftime("%Y-%m-%d %H:%M")),
         )
-        body = "<h1>My page</h1>" + table(("", ""), ((text(label), text(value)) for label, value in facts))
-        return self._page(admin, "My page", body, here=MY_PAGE[0])
+        body = ["<h1>My page</h1>"]
+        if error:
+            body.append(f'<div class="error">{text(error)}</div>')
+        if notice:
+            body.append(notice)
+        body.append(table(("", ""), ((text(label), text(value)) for label, value in facts)))
+        body.append("<h2>My keys</h2>")
+        policy = policy_for(person.groups, self.policies)
+        if policy is None:
+            body.append("<p>None of your groups has a policy on this gateway: you cannot make a key.</p>")
+        else:
+            rates = ", ".join(f"{n} {unit}" for n, unit in ((policy.rpm, "requests"), (policy.tpm, "tokens")) if n)
+            body.append(
+                f"<p>Your group <b>{text(policy.group)}</b>'s policy: models {text(', '.join(policy.models))}; "
+                f"{text(rates + ' a minute' if rates else 'no rate limit')}; a key lives "
+                f"{policy.key_ttl_hours} hours.</p>"
+                '<form class="inline" method="post" action="/console/me/keys">'
+                + csrf_field(admin.csrf)
+                + '<label>Name <input name="name" maxlength="200" placeholder="laptop"></label> '
+                + "<button>Make a key</button></form>"
+            )
+        now = self.now()
+        rows = (
+            (
+                text(key.id),
+                text(key.name or "(no name)"),
+                text(key.expires_at.strftime("%Y-%m-%d %H:%M") if key.expires_at else "never"),
+                text(_status(key, now)),
+                ""
+                if key.revoked or key.expired(now)
+                else button_form(f"/console/me/keys/{key.id}/revoke", "Revoke", admin.csrf, danger=True),
+            )
+            for key in await self.store.list_person_keys(person.id)
+        )
+        body.append(table(("id", "name", "expires (UTC)", "status", ""), rows))
+        return self._page(admin, "My page", "".join(body), here=MY_PAGE[0], status=status)
 
     async def audit(self, request: web.Request, admin: Admin) -> web.Response:
         before = request.query.get("before", "")

@@ -1,0 +1,46 @@
+"""People's keys under their group's policy (`[[policies]]`): the first policy whose group the
+person is in says which models their keys may use, at what rates, and how long a key they make
+lives. The policy is applied to a key each time the auth stage reads it (so within its cache's
+seconds a changed policy, a person's new groups or their being disabled reach every key of
+theirs), not copied into the key when it is made."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+
+from gateway.config import PolicyConfig
+from middlewares.core.records import KeyRecord
+
+FindKey = Callable[[str], Awaitable[KeyRecord | None]]
+DISABLED = "This API key's owner has been disabled by an administrator."
+NO_POLICY = "This API key's owner is in no group a policy of this gateway covers."
+
+
+def policy_for(groups: Sequence[str], policies: Sequence[PolicyConfig]) -> PolicyConfig | None:
+    """The first policy whose group is among `groups`; None: the person gets no key."""
+    return next((policy for policy in policies if policy.group in groups), None)
+
+
+def governed(key: KeyRecord, policies: Sequence[PolicyConfig]) -> KeyRecord:
+    """`key` as its person's policy has it now: an admin's key as it is; a person's with the
+    policy's models and rates, or refused (KeyRecord.refusal) when the person is disabled or
+    in no policy's group."""
+    if key.person_id is None:
+        return key
+    if key.person_disabled:
+        return dataclasses.replace(key, refusal=DISABLED)
+    policy = policy_for(key.person_groups, policies)
+    if policy is None:
+        return dataclasses.replace(key, refusal=NO_POLICY)
+    return dataclasses.replace(key, models=policy.models, rpm=policy.rpm, tpm=policy.tpm)
+
+
+def governing(find_key: FindKey, policies: Sequence[PolicyConfig]) -> FindKey:
+    """`find_key`, each key it finds governed by its person's policy."""
+
+    async def find(digest: str) -> KeyRecord | None:
+        key = await find_key(digest)
+        return None if key is None else governed(key, policies)
+
+    return find
