@@ -375,7 +375,7 @@ async def make_ledger(admin) -> dict[str, str]:
 
 async def test_usage_by_the_api_is_the_clis(admin, storage_url, tmp_path):
     await make_ledger(admin)
-    for group_by in ("key", "organization", "model", "deployment", "day", "session"):
+    for group_by in ("key", "organization", "person", "model", "deployment", "day", "session"):
         api = await admin.ok("GET", f"/usage?group_by={group_by}")
         status, cli = await run_command(
             "usage", "--by", group_by, "--format", "json", "--storage", storage_url, cwd=tmp_path

@@ -20,7 +20,7 @@ import pytest
 from gateway.config import OidcConfig, OidcRole, PolicyConfig
 from gateway.storage import open_store
 from tests.oidc_provider import add_user, authorize, running_provider
-from tests.support import MODEL, make_config
+from tests.support import MODEL, make_config, run_command
 from tests.test_console import ADMIN, ROOT_TOKEN, Browserless, csrf, secrets_in
 
 ANA = "ana"  # in the platform group: an admin
@@ -355,3 +355,37 @@ async def test_disabling_through_the_api_stops_the_keys_at_once(start_gateway, u
         async with http.post(gateway.url + f"/admin/v1/people/{cat_id}/disable", headers=headers) as response:
             assert response.status == 200 and (await response.json())["disabled"] is True
     assert await chat(gateway, secret) == 401
+
+
+async def test_spend_per_person_in_the_api_the_cli_and_the_overview(
+    start_with_policies, issuer, people, storage_url, tmp_path
+):
+    gateway = await start_with_policies(issuer)
+    ana, cat = await signed_in_as(gateway, ANA), await signed_in_as(gateway, CAT)
+    anas, cats = await make_my_key(ana), await make_my_key(cat)
+    for secret, times in ((anas, 1), (cats, 2)):
+        for _ in range(times):
+            assert await chat(gateway, secret) == 200
+    async with gateway.client() as admins_key:  # the test config's own key: nobody's
+        await admins_key.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(
+            gateway.url + "/admin/v1/usage?group_by=person", headers={"Authorization": f"Bearer {ROOT_TOKEN}"}
+        ) as response:
+            report = await response.json()
+    assert {row["person"]: row["requests"] for row in report["data"]} == {
+        "ana@example.com": 1,
+        "cat@example.com": 2,
+        None: 1,
+    }
+    status, output = await run_command("usage", "--by", "person", "--storage", storage_url, cwd=tmp_path)
+    assert status == 0, output
+    lines = [line.split() for line in output.splitlines()]
+    assert [line[:2] for line in lines if line and line[0].endswith("@example.com")] == [
+        ["ana@example.com", "1"],
+        ["cat@example.com", "2"],
+    ]
+    assert any(line[:3] == ["(no", "person)", "1"] for line in lines)
+    overview = await ana.page("/console")
+    assert "Top people" in overview and "cat@example.com" in overview

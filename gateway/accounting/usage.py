@@ -1,5 +1,5 @@
-"""The usage report: the ledger's rows added up by day, model, deployment, key, organization or
-session. One computation for the CLI (`ezat-gateway usage`), the admin API (`GET
+"""The usage report: the ledger's rows added up by day, model, deployment, key, organization,
+person or session. One computation for the CLI (`ezat-gateway usage`), the admin API (`GET
 /admin/v1/usage`) and the console's figures, so that none can disagree with another on a number."""
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ USAGE_COLUMNS = [
     "reasoning_tokens",
     "cost_usd",
 ]
-USAGE_GROUPS = ("day", "model", "deployment", "key", "org", "organization", "session")
+USAGE_GROUPS = ("day", "model", "deployment", "key", "org", "organization", "person", "session")
 NO_SESSION = "(no session)"  # the group of requests that named no conversation, in a table
+NO_PERSON = "(no person)"  # the group of requests made with an admin's keys, which belong to nobody
 
 
 def usage_groups(rows: list[LedgerRow], key_names: dict[int, str], *, by: str) -> list[dict[str, Any]]:
     """The rows added up by `by` (its name the group's column: "org" and "organization" group
     alike), in the group's order, each a dict of the group and USAGE_COLUMNS (cost_usd a
-    Decimal). By session, requests that named no conversation are one group, None, last."""
+    Decimal). By session, requests that named no conversation are one group, None, last; by
+    person, those with keys of no person (not in `key_names`) likewise."""
     groups: dict[str | None, list[Any]] = defaultdict(lambda: [0] * len(USAGE_COLUMNS))
     for row in rows:
         group = {
@@ -43,6 +45,7 @@ def usage_groups(rows: list[LedgerRow], key_names: dict[int, str], *, by: str) -
             "key": key_names.get(row.key_id, str(row.key_id)),
             "org": key_names.get(row.key_id, "default"),
             "organization": key_names.get(row.key_id, "default"),
+            "person": key_names.get(row.key_id),
             "session": row.session,
         }[by]
         totals = groups[group]
@@ -62,11 +65,14 @@ async def usage_for(
     until: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The store's ledger (of one key, within [since, until)) grouped `by`; a key's group is its
-    name (with its id where two keys share one), an organization's its name."""
+    name (with its id where two keys share one), an organization's its name, a person's their
+    address as the store has it now."""
     keys = await store.list_keys()
     rows = await store.ledger(key_id=key_id, since=since, until=until)
     if by in ("org", "organization"):
         names = {key.id: key.organization for key in keys}
+    elif by == "person":
+        names = {key.id: key.person_email or f"person {key.person_id}" for key in keys if key.person_id is not None}
     else:
         shared = {name for name, count in Counter(key.name for key in keys).items() if count > 1}
         names = {key.id: f"{key.name} ({key.id})" if key.name in shared else key.name or str(key.id) for key in keys}
@@ -74,11 +80,13 @@ async def usage_for(
 
 
 def usage_table(groups: list[dict[str, Any]], by: str) -> list[list[Any]]:
-    """The groups as a table's lines, for people: the requests that named no session labelled
-    as such, and the cost at the precision people read (gateway/accounting/money.py)."""
+    """The groups as a table's lines, for people: the requests that named no session (or had no
+    person's key) labelled as such, and the cost at the precision people read
+    (gateway/accounting/money.py)."""
+    unnamed = NO_PERSON if by == "person" else NO_SESSION
     return [
         [
-            NO_SESSION if group[by] is None else group[by],
+            unnamed if group[by] is None else group[by],
             *(group[column] for column in USAGE_COLUMNS[:-1]),
             usd_text(group["cost_usd"], symbol=False),
         ]

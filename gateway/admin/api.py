@@ -328,7 +328,7 @@ class AdminHandlers:
         query = request.query
         group_by = query.get("group_by", "day")
         if group_by not in USAGE_GROUPS:
-            raise changes.Invalid("group_by: expected key, organization, model, deployment, day or session")
+            raise changes.Invalid("group_by: expected key, organization, person, model, deployment, day or session")
         output = query.get("format", "json")
         if output not in ("json", "csv"):
             raise changes.Invalid("format: expected json or csv")

@@ -83,7 +83,7 @@ def add_commands(commands: argparse._SubParsersAction, storage_options: argparse
         choices=USAGE_GROUPS,
         default="day",
         help="deployment: by the one that answered; org (or organization): by each key's organization (as it "
-        "is now); session: by conversation (x-ezat-session, prompt_cache_key or Claude Code's session id)",
+        "is now); person: by the person whose key it was (an admin's keys: '(no person)'); session: by conversation (x-ezat-session, prompt_cache_key or Claude Code's session id)",
     )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 

@@ -409,7 +409,7 @@ OPENAPI: dict[str, Any] = {
                         "group_by",
                         {
                             "type": "string",
-                            "enum": ["key", "organization", "model", "deployment", "day", "session"],
+                            "enum": ["key", "organization", "person", "model", "deployment", "day", "session"],
                             "default": "day",
                         },
                         "How to group the requests.",

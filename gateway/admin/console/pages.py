@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.accounting.money import usd_text
+from gateway.accounting.usage import NO_PERSON, usage_groups
 from gateway.admin.changes import find_key, row_id
 from gateway.admin.console import numbers
 from gateway.admin.console.html import PAGES, button_form, csrf_field, page, table, text
@@ -117,6 +118,20 @@ class Pages:
                 numeric=(1, 2, 3),
             ),
         ]
+        if self.people:  # who spent it, by the keys people made for themselves
+            owners = {k.id: k.person_email or f"person {k.person_id}" for k in keys.values() if k.person_id is not None}
+            by_person = numbers.top(usage_groups(recent, owners, by="person"))
+            body.append(f"<h2>Top people, last {numbers.DAYS} days</h2>")
+            body.append(
+                table(
+                    ("person", "requests", "cost"),
+                    (
+                        (text(group["person"] or NO_PERSON), str(group["requests"]), text(usd_text(group["cost_usd"])))
+                        for group in by_person
+                    ),
+                    numeric=(1, 2),
+                )
+            )
         return self._page(admin, "Overview", "".join(body), here="/console")
 
     # --- keys
