@@ -1,5 +1,6 @@
-"""Keys, the usage ledger, stored responses, admin tokens, the people who sign in and the console's
-sessions, the audit log and alerts, in SQLite (one process or machine) or PostgreSQL (replicas)."""
+"""Keys, the usage ledger, stored responses, admin tokens, the people who sign in, the console's
+sessions, `ezat-gateway login`'s device grants and renewal tokens, the audit log and alerts, in
+SQLite (one process or machine) or PostgreSQL (replicas)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from gateway.storage.records import (
     AlertDelivery,
     AuditEntry,
     AuditNote,
+    DeviceGrant,
     Hold,
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
     PersonRecord,
+    RenewalRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -35,12 +38,14 @@ __all__ = [
     "AlertDelivery",
     "AuditEntry",
     "AuditNote",
+    "DeviceGrant",
     "Hold",
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
     "PastTheCap",
     "PersonRecord",
+    "RenewalRecord",
     "SessionRecord",
     "Shortfall",
     "Store",
@@ -147,7 +152,7 @@ class Store(Protocol):
         self, person_id: int, disabled: bool, *, audit: AuditNote | None = None
     ) -> PersonRecord | None:
         """None when there is no such person; one disabled (or enabled) already is returned as it
-        is, and nothing audited."""
+        is, and nothing audited. Disabling revokes their renewal tokens in the same transaction."""
 
     async def create_session(self, session: SessionRecord) -> None:
         """Keep a console session; the expired ones are deleted in the same transaction."""
@@ -156,6 +161,38 @@ class Store(Protocol):
         """The session whose id has that digest, unless it has expired."""
 
     async def delete_session(self, id_sha256: str) -> None: ...
+
+    # `ezat-gateway login`: RFC 8628's device grants, and the renewal tokens a person's command line
+    # gets a new key with (gateway/admin/device.py). Times are the store's clock's, as sessions'.
+
+    async def create_device_grant(self, grant: DeviceGrant) -> bool:
+        """Keep a new grant; False, with nothing kept, when an unexpired grant has its user code
+        (the caller draws another). Grants that expired EXPIRED_GRANTS_KEPT ago are deleted in
+        the same transaction."""
+
+    async def find_device_grant(self, user_code: str) -> DeviceGrant | None:
+        """The grant with that user code (normalised), whatever became of it."""
+
+    async def decide_device_grant(self, user_code: str, person_id: int, approved: bool) -> DeviceGrant | None:
+        """The pending, unexpired grant with that user code, approved (or denied) by the person;
+        None, with nothing changed, when there is no such grant."""
+
+    async def poll_device_grant(self, device_sha256: str) -> tuple[DeviceGrant, str] | None:
+        """A client's poll of the grant whose device code has that digest, applied as
+        records.polled says, in one transaction with its read (so two polls at once cannot both
+        find it approved): the grant as the poll left it, and what the poll found. None: no such
+        grant (or one deleted since it expired)."""
+
+    async def create_renewal(self, renewal: RenewalRecord) -> None:
+        """Keep a renewal token; the expired ones are deleted in the same transaction."""
+
+    async def find_renewal(self, token_sha256: str) -> RenewalRecord | None:
+        """The renewal token with that digest, expired or revoked too, until it is deleted."""
+
+    async def rotate_renewal(self, token_sha256: str, replacement: RenewalRecord) -> bool:
+        """The renewal token, if it is unexpired and not revoked, replaced by `replacement` in one
+        transaction: True. False, with nothing changed, when it is not (a renewal at the same
+        time used it first, or it was revoked)."""
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         """The newest `limit` entries, newest first; `before`: only entries with a smaller id."""

@@ -25,17 +25,23 @@ from gateway.clock import Clock, system
 from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage.records import (
     ADMIN_TOKEN_SESSION,
+    DEVICE_APPROVED,
+    DEVICE_DENIED,
+    DEVICE_PENDING,
+    EXPIRED_GRANTS_KEPT,
     AdminTokenRecord,
     Alert,
     AlertDelivery,
     AuditEntry,
     AuditNote,
+    DeviceGrant,
     Hold,
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
     PersonRecord,
+    RenewalRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -44,11 +50,13 @@ from gateway.storage.records import (
     key_view,
     organization_view,
     person_view,
+    polled,
     take,
 )
 from gateway.storage.schema import (
     ADMIN_TOKEN_COLUMNS,
     AUDIT_COLUMNS,
+    DEVICE_GRANT_COLUMNS,
     KEY_COLUMNS,
     KEY_FIELDS,
     KEY_TABLES,
@@ -56,6 +64,7 @@ from gateway.storage.schema import (
     ORGANIZATION_COLUMNS,
     PERSON_COLUMNS,
     POSTGRES,
+    RENEWAL_COLUMNS,
     RESPONSE_COLUMNS,
     SESSION_COLUMNS,
     SWEEP_BATCH,
@@ -441,6 +450,11 @@ class PostgresStore:
                     f"UPDATE people SET disabled = $2 WHERE id = $1 RETURNING {PERSON_COLUMNS}", person_id, disabled
                 )
             )
+            if disabled:  # their command line's renewals end with their access
+                await db.execute(
+                    "UPDATE renewal_tokens SET revoked_at = now() WHERE person_id = $1 AND revoked_at IS NULL",
+                    person_id,
+                )
             await _audit(db, audit, f"person:{person_id}", person_view(_person(row)), person_view(changed))
             return changed
 
@@ -459,6 +473,94 @@ class PostgresStore:
 
     async def delete_session(self, id_sha256: str) -> None:
         await self._pool.execute("DELETE FROM sessions WHERE id_sha256 = $1", id_sha256)
+
+    # --- `ezat-gateway login`: device grants and renewal tokens
+
+    async def create_device_grant(self, grant: DeviceGrant) -> bool:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.execute(
+                "DELETE FROM device_grants WHERE expires_at <= now() - $1::interval"
+                " OR (user_code = $2 AND expires_at <= now())",
+                EXPIRED_GRANTS_KEPT,
+                grant.user_code,
+            )
+            inserted = await db.fetchval(
+                f"INSERT INTO device_grants ({DEVICE_GRANT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                " ON CONFLICT DO NOTHING RETURNING 1",
+                *grant,
+            )
+            return inserted is not None
+
+    async def find_device_grant(self, user_code: str) -> DeviceGrant | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {DEVICE_GRANT_COLUMNS} FROM device_grants WHERE user_code = $1", user_code
+        )
+        return None if row is None else _device_grant(row)
+
+    async def decide_device_grant(self, user_code: str, person_id: int, approved: bool) -> DeviceGrant | None:
+        row = await self._pool.fetchrow(
+            "UPDATE device_grants SET status = $3, person_id = $2 WHERE user_code = $1 AND status = $4"
+            f" AND expires_at > now() RETURNING {DEVICE_GRANT_COLUMNS}",
+            user_code,
+            person_id,
+            DEVICE_APPROVED if approved else DEVICE_DENIED,
+            DEVICE_PENDING,
+        )
+        return None if row is None else _device_grant(row)
+
+    async def poll_device_grant(self, device_sha256: str) -> tuple[DeviceGrant, str] | None:
+        async with self._pool.acquire() as db, db.transaction():
+            # The row locked: of two polls at once, the second reads what the first wrote.
+            row = await db.fetchrow(
+                f"SELECT {DEVICE_GRANT_COLUMNS}, now() AS now FROM device_grants WHERE device_sha256 = $1 FOR UPDATE",
+                device_sha256,
+            )
+            if row is None:
+                return None
+            after, found = polled(_device_grant(row), row["now"].astimezone(UTC))
+            await db.execute(
+                "UPDATE device_grants SET status = $2, interval_seconds = $3, last_polled_at = $4"
+                " WHERE device_sha256 = $1",
+                device_sha256,
+                after.status,
+                after.interval,
+                after.last_polled_at,
+            )
+            return after, found
+
+    async def create_renewal(self, renewal: RenewalRecord) -> None:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.execute("DELETE FROM renewal_tokens WHERE expires_at <= now()")
+            await db.execute(f"INSERT INTO renewal_tokens ({RENEWAL_COLUMNS}) VALUES ($1, $2, $3, $4, $5)", *renewal)
+
+    async def find_renewal(self, token_sha256: str) -> RenewalRecord | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {RENEWAL_COLUMNS} FROM renewal_tokens WHERE token_sha256 = $1", token_sha256
+        )
+        if row is None:
+            return None
+        revoked = row["revoked_at"]
+        return RenewalRecord(
+            row["token_sha256"],
+            row["person_id"],
+            row["created_at"].astimezone(UTC),
+            row["expires_at"].astimezone(UTC),
+            None if revoked is None else revoked.astimezone(UTC),
+        )
+
+    async def rotate_renewal(self, token_sha256: str, replacement: RenewalRecord) -> bool:
+        async with self._pool.acquire() as db, db.transaction():
+            used = await db.execute(
+                "DELETE FROM renewal_tokens WHERE token_sha256 = $1 AND revoked_at IS NULL AND expires_at > now()",
+                token_sha256,
+            )
+            if used == "DELETE 0":  # a renewal at the same time used it first, or it was revoked
+                return False
+            await db.execute("DELETE FROM renewal_tokens WHERE expires_at <= now()")
+            await db.execute(
+                f"INSERT INTO renewal_tokens ({RENEWAL_COLUMNS}) VALUES ($1, $2, $3, $4, $5)", *replacement
+            )
+            return True
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         rows = await self._pool.fetch(
@@ -784,6 +886,21 @@ def _person(row) -> PersonRecord:
         row["first_seen"].astimezone(UTC),
         row["last_seen"].astimezone(UTC),
         row["disabled"],
+    )
+
+
+def _device_grant(row) -> DeviceGrant:
+    polled_at = row["last_polled_at"]
+    return DeviceGrant(
+        row["device_sha256"],
+        row["user_code"],
+        row["client_id"],
+        row["created_at"].astimezone(UTC),
+        row["expires_at"].astimezone(UTC),
+        row["interval_seconds"],
+        row["status"],
+        row["person_id"],
+        None if polled_at is None else polled_at.astimezone(UTC),
     )
 
 

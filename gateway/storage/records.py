@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -18,11 +18,13 @@ __all__ = [
     "AlertDelivery",
     "AuditEntry",
     "AuditNote",
+    "DeviceGrant",
     "Hold",
     "KeyRecord",
     "LedgerRow",
     "OrganizationRecord",
     "PersonRecord",
+    "RenewalRecord",
     "SessionRecord",
     "Shortfall",
     "StoredResponse",
@@ -32,6 +34,7 @@ __all__ = [
     "key_view",
     "organization_view",
     "person_view",
+    "polled",
 ]
 
 DEFAULT_ORGANIZATION_ID = 1  # the "default" organization, made by the migration that made the table
@@ -110,6 +113,69 @@ class SessionRecord(NamedTuple):
     csrf: str
     created_at: datetime
     expires_at: datetime
+
+
+# A device grant's states (RFC 8628's device authorization grant, `ezat-gateway login`): waiting
+# for a person, approved or denied by one, and used (the poll that found it approved got its key).
+DEVICE_PENDING = "pending"
+DEVICE_APPROVED = "approved"
+DEVICE_DENIED = "denied"
+DEVICE_USED = "used"
+# What a poll finds, beside those states: the grant expired, or it was polled sooner than its
+# interval after the poll before (RFC 8628 §3.5's slow_down).
+DEVICE_EXPIRED = "expired"
+DEVICE_TOO_SOON = "too_soon"
+SLOW_DOWN_SECONDS = 5  # what a poll too soon adds to its grant's interval (RFC 8628 §3.5)
+# An expired grant is kept this long (a client still polling hears that it expired, not that it
+# is unknown), then deleted as a new grant is made.
+EXPIRED_GRANTS_KEPT = timedelta(hours=1)
+
+
+class DeviceGrant(NamedTuple):
+    """A device's request for a key (RFC 8628): the device code it polls with (only its SHA-256
+    digest is kept), the user code a person types on the console (normalised: upper case, no
+    hyphen), and what became of it."""
+
+    device_sha256: str
+    user_code: str
+    client_id: str
+    created_at: datetime
+    expires_at: datetime
+    interval: int  # seconds the client waits between polls; a poll too soon adds SLOW_DOWN_SECONDS
+    status: str  # DEVICE_PENDING, DEVICE_APPROVED, DEVICE_DENIED or DEVICE_USED
+    person_id: int | None = None  # who approved or denied it
+    last_polled_at: datetime | None = None
+
+
+def polled(grant: DeviceGrant, now: datetime) -> tuple[DeviceGrant, str]:
+    """A client's poll of `grant` at `now`: the grant as the poll leaves it (its time recorded; an
+    approved grant used, so that only one poll ever gets its key; a pending one polled too soon
+    given a longer interval), and what the poll found: DEVICE_USED (before this poll), DEVICE_EXPIRED,
+    DEVICE_DENIED, DEVICE_APPROVED (this poll uses it), DEVICE_TOO_SOON or DEVICE_PENDING. Both
+    stores apply it in one transaction with the read."""
+    after = grant._replace(last_polled_at=now)
+    if grant.status == DEVICE_USED:
+        return after, DEVICE_USED
+    if now >= grant.expires_at:
+        return after, DEVICE_EXPIRED
+    if grant.status == DEVICE_DENIED:
+        return after, DEVICE_DENIED
+    if grant.status == DEVICE_APPROVED:
+        return after._replace(status=DEVICE_USED), DEVICE_APPROVED
+    if grant.last_polled_at is not None and now < grant.last_polled_at + timedelta(seconds=grant.interval):
+        return after._replace(interval=grant.interval + SLOW_DOWN_SECONDS), DEVICE_TOO_SOON
+    return after, DEVICE_PENDING
+
+
+class RenewalRecord(NamedTuple):
+    """A renewal token (OAuth's refresh token), which gets a person's command line a new key
+    without a browser: only its SHA-256 digest is kept. Revoked when its person is disabled."""
+
+    token_sha256: str
+    person_id: int
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None = None
 
 
 class AuditNote(NamedTuple):

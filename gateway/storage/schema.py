@@ -194,6 +194,34 @@ SQLITE = [
     ALTER TABLE keys ADD COLUMN person_id INTEGER REFERENCES people (id);
     CREATE INDEX keys_by_person ON keys (person_id)
     """,
+    # `ezat-gateway login` (RFC 8628's device authorization grant): each device's request for a
+    # key (DeviceGrant), found by its device code's digest as the client polls and by its user
+    # code as a person approves it; and the renewal tokens (RenewalRecord) that get a person's
+    # command line a new key later, by their digest, revoked by person when one is disabled. Both
+    # deleted by expiry as new ones are made.
+    """
+    CREATE TABLE device_grants (
+        device_sha256    TEXT NOT NULL PRIMARY KEY,
+        user_code        TEXT NOT NULL UNIQUE,
+        client_id        TEXT NOT NULL,
+        created_at       TEXT NOT NULL,
+        expires_at       TEXT NOT NULL,
+        interval_seconds INTEGER NOT NULL,
+        status           TEXT NOT NULL,
+        person_id        INTEGER REFERENCES people (id),
+        last_polled_at   TEXT
+    ) WITHOUT ROWID;
+    CREATE INDEX device_grants_by_expiry ON device_grants (expires_at);
+    CREATE TABLE renewal_tokens (
+        token_sha256 TEXT NOT NULL PRIMARY KEY,
+        person_id    INTEGER NOT NULL REFERENCES people (id),
+        created_at   TEXT NOT NULL,
+        expires_at   TEXT NOT NULL,
+        revoked_at   TEXT
+    ) WITHOUT ROWID;
+    CREATE INDEX renewal_tokens_by_person ON renewal_tokens (person_id);
+    CREATE INDEX renewal_tokens_by_expiry ON renewal_tokens (expires_at)
+    """,
 ]
 
 POSTGRES = [
@@ -359,6 +387,30 @@ POSTGRES = [
     ALTER TABLE keys ADD COLUMN person_id BIGINT REFERENCES people (id);
     CREATE INDEX keys_by_person ON keys (person_id);
     """,
+    # `ezat-gateway login`'s device grants and renewal tokens (SQLite's migration says more).
+    """
+    CREATE TABLE device_grants (
+        device_sha256    TEXT PRIMARY KEY,
+        user_code        TEXT NOT NULL UNIQUE,
+        client_id        TEXT NOT NULL,
+        created_at       TIMESTAMPTZ NOT NULL,
+        expires_at       TIMESTAMPTZ NOT NULL,
+        interval_seconds INTEGER NOT NULL,
+        status           TEXT NOT NULL,
+        person_id        BIGINT REFERENCES people (id),
+        last_polled_at   TIMESTAMPTZ
+    );
+    CREATE INDEX device_grants_by_expiry ON device_grants (expires_at);
+    CREATE TABLE renewal_tokens (
+        token_sha256 TEXT PRIMARY KEY,
+        person_id    BIGINT NOT NULL REFERENCES people (id),
+        created_at   TIMESTAMPTZ NOT NULL,
+        expires_at   TIMESTAMPTZ NOT NULL,
+        revoked_at   TIMESTAMPTZ
+    );
+    CREATE INDEX renewal_tokens_by_person ON renewal_tokens (person_id);
+    CREATE INDEX renewal_tokens_by_expiry ON renewal_tokens (expires_at);
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -390,13 +442,17 @@ ORGANIZATION_COLUMNS = (
 LEDGER_FIELDS = LedgerRow._fields  # the ledger's columns, in the order a row holds them
 LEDGER_COLUMNS = ", ".join(LEDGER_FIELDS)
 LEDGER_SELECT = ", ".join("ledger." + column for column in LEDGER_FIELDS)
-# The admin tokens', the audit log's, the sessions', the people's and the responses' columns, in the
-# order both stores read them.
+# The admin tokens', the audit log's, the sessions', the people's, the responses', the device
+# grants' and the renewal tokens' columns, in the order both stores read them.
 ADMIN_TOKEN_COLUMNS = "id, name, role, token_sha256, created_at, revoked_at"
 AUDIT_COLUMNS = "id, at, actor, action, target, before, after"
 SESSION_COLUMNS = "id_sha256, kind, subject, csrf, created_at, expires_at"
 PERSON_COLUMNS = "id, subject, email, name, groups, first_seen, last_seen, disabled"
 RESPONSE_COLUMNS = "response_id, key_id, created_at, expires_at, response, input_items, conversation"
+DEVICE_GRANT_COLUMNS = (
+    "device_sha256, user_code, client_id, created_at, expires_at, interval_seconds, status, person_id, last_polled_at"
+)
+RENEWAL_COLUMNS = "token_sha256, person_id, created_at, expires_at, revoked_at"
 # Expired responses deleted per transaction by a sweep: a backlog goes in several short ones,
 # which other writers interleave with.
 SWEEP_BATCH = 500

@@ -48,17 +48,23 @@ from gateway.config import KeyConfig, OrganizationConfig
 from gateway.storage import sqlite_reservations as reservations
 from gateway.storage.records import (
     ADMIN_TOKEN_SESSION,
+    DEVICE_APPROVED,
+    DEVICE_DENIED,
+    DEVICE_PENDING,
+    EXPIRED_GRANTS_KEPT,
     AdminTokenRecord,
     Alert,
     AlertDelivery,
     AuditEntry,
     AuditNote,
+    DeviceGrant,
     Hold,
     KeyRecord,
     LedgerRow,
     OrganizationRecord,
     PastTheCap,
     PersonRecord,
+    RenewalRecord,
     SessionRecord,
     Shortfall,
     StoredResponse,
@@ -68,10 +74,12 @@ from gateway.storage.records import (
     key_view,
     organization_view,
     person_view,
+    polled,
 )
 from gateway.storage.schema import (
     ADMIN_TOKEN_COLUMNS,
     AUDIT_COLUMNS,
+    DEVICE_GRANT_COLUMNS,
     KEY_COLUMNS,
     KEY_FIELDS,
     KEY_TABLES,
@@ -79,6 +87,7 @@ from gateway.storage.schema import (
     LEDGER_FIELDS,
     ORGANIZATION_COLUMNS,
     PERSON_COLUMNS,
+    RENEWAL_COLUMNS,
     RESPONSE_COLUMNS,
     SESSION_COLUMNS,
     SQLITE,
@@ -364,6 +373,42 @@ class SQLiteStore:
 
     async def delete_session(self, id_sha256: str) -> None:
         await self._writer.call(_transaction, _execute, "DELETE FROM sessions WHERE id_sha256 = ?", (id_sha256,))
+
+    # --- `ezat-gateway login`: device grants and renewal tokens
+
+    async def create_device_grant(self, grant: DeviceGrant) -> bool:
+        return await self._writer.call(
+            _transaction, _insert_device_grant, _device_grant_values(grant), datetime.now(UTC)
+        )
+
+    async def find_device_grant(self, user_code: str) -> DeviceGrant | None:
+        rows = await self._reader.call(
+            _fetch_all, f"SELECT {DEVICE_GRANT_COLUMNS} FROM device_grants WHERE user_code = ?", (user_code,)
+        )
+        return _device_grant(rows[0]) if rows else None
+
+    async def decide_device_grant(self, user_code: str, person_id: int, approved: bool) -> DeviceGrant | None:
+        status = DEVICE_APPROVED if approved else DEVICE_DENIED
+        return await self._writer.call(
+            _transaction, _decide_device_grant, user_code, person_id, status, _text(datetime.now(UTC))
+        )
+
+    async def poll_device_grant(self, device_sha256: str) -> tuple[DeviceGrant, str] | None:
+        return await self._writer.call(_transaction, _poll_device_grant, device_sha256, datetime.now(UTC))
+
+    async def create_renewal(self, renewal: RenewalRecord) -> None:
+        await self._writer.call(_transaction, _insert_renewal, _renewal_values(renewal), _text(datetime.now(UTC)))
+
+    async def find_renewal(self, token_sha256: str) -> RenewalRecord | None:
+        rows = await self._reader.call(
+            _fetch_all, f"SELECT {RENEWAL_COLUMNS} FROM renewal_tokens WHERE token_sha256 = ?", (token_sha256,)
+        )
+        return _renewal(rows[0]) if rows else None
+
+    async def rotate_renewal(self, token_sha256: str, replacement: RenewalRecord) -> bool:
+        return await self._writer.call(
+            _transaction, _rotate_renewal, token_sha256, _renewal_values(replacement), _text(datetime.now(UTC))
+        )
 
     async def audit_log(self, *, limit: int = 100, before: int | None = None) -> list[AuditEntry]:
         rows = await self._reader.call(
@@ -781,10 +826,72 @@ def _set_person_disabled(
     if found is None or found.disabled == disabled:
         return found
     db.execute("UPDATE people SET disabled = ? WHERE id = ?", (int(disabled), person_id))
+    if disabled:  # their command line's renewals end with their access
+        db.execute(
+            "UPDATE renewal_tokens SET revoked_at = ? WHERE person_id = ? AND revoked_at IS NULL",
+            (_text(datetime.now(UTC)), person_id),
+        )
     changed = _select_person(db, "id = ?", person_id)
     assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"person:{person_id}", person_view(found), person_view(changed))
     return changed
+
+
+def _insert_device_grant(db: sqlite3.Connection, values: tuple, now: datetime) -> bool:
+    """False when an unexpired grant has the user code. An expired one with it is deleted, as are
+    those expired EXPIRED_GRANTS_KEPT ago."""
+    db.execute(
+        "DELETE FROM device_grants WHERE expires_at <= ? OR (user_code = ? AND expires_at <= ?)",
+        (_text(now - EXPIRED_GRANTS_KEPT), values[1], _text(now)),
+    )
+    marks = ", ".join("?" * len(values))
+    inserted = db.execute(
+        f"INSERT INTO device_grants ({DEVICE_GRANT_COLUMNS}) VALUES ({marks}) ON CONFLICT DO NOTHING", values
+    ).rowcount
+    return inserted > 0
+
+
+def _decide_device_grant(
+    db: sqlite3.Connection, user_code: str, person_id: int, status: str, now: str
+) -> DeviceGrant | None:
+    changed = db.execute(
+        "UPDATE device_grants SET status = ?, person_id = ? WHERE user_code = ? AND status = ? AND expires_at > ?",
+        (status, person_id, user_code, DEVICE_PENDING, now),
+    ).rowcount
+    if not changed:
+        return None
+    row = db.execute(f"SELECT {DEVICE_GRANT_COLUMNS} FROM device_grants WHERE user_code = ?", (user_code,)).fetchone()
+    return _device_grant(row)
+
+
+def _poll_device_grant(db: sqlite3.Connection, device_sha256: str, now: datetime) -> tuple[DeviceGrant, str] | None:
+    row = db.execute(
+        f"SELECT {DEVICE_GRANT_COLUMNS} FROM device_grants WHERE device_sha256 = ?", (device_sha256,)
+    ).fetchone()
+    if row is None:
+        return None
+    after, found = polled(_device_grant(row), now)
+    db.execute(
+        "UPDATE device_grants SET status = ?, interval_seconds = ?, last_polled_at = ? WHERE device_sha256 = ?",
+        (after.status, after.interval, _text(after.last_polled_at), device_sha256),
+    )
+    return after, found
+
+
+def _insert_renewal(db: sqlite3.Connection, values: tuple, now: str) -> None:
+    db.execute("DELETE FROM renewal_tokens WHERE expires_at <= ?", (now,))
+    db.execute(f"INSERT INTO renewal_tokens ({RENEWAL_COLUMNS}) VALUES (?, ?, ?, ?, ?)", values)
+
+
+def _rotate_renewal(db: sqlite3.Connection, token_sha256: str, replacement: tuple, now: str) -> bool:
+    used = db.execute(
+        "DELETE FROM renewal_tokens WHERE token_sha256 = ? AND revoked_at IS NULL AND expires_at > ?",
+        (token_sha256, now),
+    ).rowcount
+    if not used:
+        return False
+    _insert_renewal(db, replacement, now)
+    return True
 
 
 def _insert_session(db: sqlite3.Connection, values: tuple, now: str) -> None:
@@ -1129,6 +1236,36 @@ def _person(row: tuple) -> PersonRecord:
         _time(last_seen),
         bool(disabled),
     )
+
+
+def _device_grant_values(grant: DeviceGrant) -> tuple:
+    times = (_text(grant.created_at), _text(grant.expires_at))
+    return (*grant[:3], *times, grant.interval, grant.status, grant.person_id, _text(grant.last_polled_at))
+
+
+def _device_grant(row: tuple) -> DeviceGrant:
+    digest, user_code, client_id, created_at, expires_at, interval, status, person_id, last_polled_at = row
+    return DeviceGrant(
+        digest,
+        user_code,
+        client_id,
+        _time(created_at),
+        _time(expires_at),
+        interval,
+        status,
+        person_id,
+        _time(last_polled_at),
+    )
+
+
+def _renewal_values(renewal: RenewalRecord) -> tuple:
+    created, expires, revoked = (_text(renewal.created_at), _text(renewal.expires_at), _text(renewal.revoked_at))
+    return (renewal.token_sha256, renewal.person_id, created, expires, revoked)
+
+
+def _renewal(row: tuple) -> RenewalRecord:
+    digest, person_id, created_at, expires_at, revoked_at = row
+    return RenewalRecord(digest, person_id, _time(created_at), _time(expires_at), _time(revoked_at))
 
 
 def _audit_entry(row: tuple) -> AuditEntry:
