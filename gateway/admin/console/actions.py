@@ -6,7 +6,6 @@ that answers the POST: it is kept nowhere but in that answer."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 
 from aiohttp import web
 from aiohttp.web_request import FileField
@@ -17,7 +16,7 @@ from gateway.admin.changes import AdminError, row_id
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Admin, Sessions
-from gateway.admin.policies import policy_for
+from gateway.admin.policies import make_person_key
 from gateway.admin.tokens import Refused
 from gateway.config import usd
 from middlewares.core.periods import PERIODS
@@ -114,22 +113,18 @@ class Actions:
     # --- a person's own keys
 
     async def make_my_key(self, request: web.Request, admin: Admin, form) -> web.Response:
-        """A key for the signed-in person, living their policy's key_ttl_hours; its secret shown once."""
+        """A key for the signed-in person, living their policy's key_ttl_hours (as `ezat-gateway
+        login`'s keys are: policies.make_person_key); its secret shown once. The name is optional."""
         person = admin.person
         if person is None:
             return forbidden("Only a person who signed in through the identity provider has keys of their own.")
-        policy = policy_for(person.groups, self.pages.policies)
-        if policy is None:
-            return await self.pages.me(request, admin, error="None of your groups has a policy: no key.", status=403)
-        expires = self.pages.now() + timedelta(hours=policy.key_ttl_hours)
         name = str(form.get("name", ""))
         try:
-            key, secret = await changes.create_key(
-                self.store, admin.name, name=name, person_id=person.id, models=policy.models, expires_at=expires
-            )
+            key, secret = await make_person_key(self.store, person, self.pages.policies, self.pages.now(), name=name)
         except AdminError as refused:
             return await self.pages.me(request, admin, error=refused.message, status=refused.status)
-        said = f"Key {key.id} ({key.name or 'no name'}) was made; it expires {expires:%Y-%m-%d %H:%M} UTC."
+        expires = f"{key.expires_at:%Y-%m-%d %H:%M} UTC" if key.expires_at else "never"
+        said = f"Key {key.id} ({key.name or 'no name'}) was made; it expires {expires}."
         return await self.pages.me(request, admin, notice=_secret_notice(said, secret))
 
     async def revoke_my_key(self, request: web.Request, admin: Admin, form) -> web.Response:
