@@ -17,6 +17,7 @@ from gateway.accounting.ratelimit import RateLimiter, rate_limiter
 from gateway.accounting.spending import SpendReservations
 from gateway.admin.api import add_admin_routes
 from gateway.admin.console import add_console_routes, is_console, refusal_page
+from gateway.admin.device import add_device_routes
 from gateway.admin.policies import governing
 from gateway.clock import Clock, system
 from gateway.config import Config
@@ -118,6 +119,8 @@ def build_app(
             forget_key=stages.auth.forget,
             now=now,
         )
+    # `ezat-gateway login`'s /oauth routes: with [oidc], else answering 404 in OAuth's own envelope.
+    add_device_routes(app, services.store, oidc=config.oidc, policies=config.policies, now=now)
     return app
 
 

@@ -6,7 +6,8 @@ admin API's: a `viewer` sees everything, an `admin` may also change keys), or, w
 through the company's identity provider (a person's role comes from their groups; a person in
 none of [[oidc.roles]]' groups is a member, who sees their own page only); every POST carries
 the session's CSRF token. One concern per module: sessions.py (the cookie, who is signed in),
-identity.py (signing in through the identity provider), headers.py (the CSP and the others),
+identity.py (signing in through the identity provider), device.py (a person approving
+`ezat-gateway login`'s sign-in), headers.py (the CSP and the others),
 html.py and plots.py (the markup), numbers.py (the figures, the usage report's), pages.py (what
 is shown), actions.py (what the forms do)."""
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.admin.console.actions import Actions, forbidden, read_form, see_other, unreadable_form
+from gateway.admin.console.device import DevicePage
 from gateway.admin.console.headers import console_headers, is_console
 from gateway.admin.console.html import page, text
 from gateway.admin.console.identity import CALLBACK, IdentitySignIn
@@ -107,6 +109,9 @@ def add_console_routes(
         router.add_post("/console/people/{id}/enable", posts(actions.enable_person))
         router.add_post("/console/me/keys", posts(actions.make_my_key, writes=False))
         router.add_post("/console/me/keys/{id}/revoke", posts(actions.revoke_my_key, writes=False))
+        device = DevicePage(sessions, store, policies)  # its GET sends visitors to sign in, and back
+        router.add_get("/console/device", device.show)
+        router.add_post("/console/device", posts(device.decide, writes=False))
 
         async def close_client(app: web.Application) -> None:
             await identity.client.close()

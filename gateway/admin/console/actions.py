@@ -6,6 +6,7 @@ that answers the POST: it is kept nowhere but in that answer."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 from aiohttp import web
 from aiohttp.web_request import FileField
@@ -14,6 +15,7 @@ from multidict import MultiDictProxy
 from gateway.admin import changes
 from gateway.admin.changes import AdminError, row_id
 from gateway.admin.console.html import page, text
+from gateway.admin.console.identity import local_next
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import Admin, Sessions
 from gateway.admin.policies import make_person_key
@@ -40,26 +42,33 @@ class Actions:
     # --- signing in and out
 
     async def sign_in_form(self, request: web.Request) -> web.Response:
+        """The sign-in page; `?next=` (a console path: identity.local_next) is where signing in
+        moves on to, through the identity provider or with a token."""
+        after = local_next(request.query.get("next", ""))
         if await self.sessions.admin(request) is not None:
-            return see_other("/console")
-        return self._sign_in_page(request)
+            return see_other(after or "/console")
+        return self._sign_in_page(request, after=after)
 
-    def _sign_in_page(self, request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+    def _sign_in_page(
+        self, request: web.Request, *, error: str = "", status: int = 200, after: str | None = None
+    ) -> web.Response:
         response = html("", status=status)
         csrf = self.sessions.sign_in_nonce(request, response)
         problem = f'<p class="error">{text(error)}</p>' if error else ""
+        start = "/console/oidc/start" + (f"?{urlencode({'next': after})}" if after else "")
         provider = (
-            '<p><a class="button" href="/console/oidc/start">Sign in with your identity provider</a></p>'
+            f'<p><a class="button" href="{text(start)}">Sign in with your identity provider</a></p>'
             '<p class="muted">Or with an admin token:</p>'
             if self.single_sign_on
             else ""
         )
+        moves_on = f'<input type="hidden" name="next" value="{text(after)}">' if after else ""
         response.text = page(
             "Sign in",
             '<form class="sign-in" method="post" action="/console/sign-in">'
             "<h1>ezat-gateway console</h1>"
             f"{problem}{provider}"
-            f'<input type="hidden" name="csrf" value="{text(csrf)}">'
+            f'<input type="hidden" name="csrf" value="{text(csrf)}">{moves_on}'
             '<label>Admin token<input type="password" name="token" autocomplete="off" required autofocus></label>'
             "<button>Sign in</button>"
             '<p class="muted">An admin token from the config file\'s [[admin.tokens]], or from '
@@ -74,16 +83,20 @@ class Actions:
         if not self.sessions.sign_in_csrf_holds(request, str(form.get("csrf", ""))):
             return forbidden("The form has expired or did not come from this console: open the sign-in page again.")
         token = str(form.get("token", "")).strip()
+        after = local_next(form.get("next", ""))
         found = await self.sessions.tokens.check(token, request.remote or "")
         if isinstance(found, Refused) and found.wait:
             response = self._sign_in_page(
-                request, error=f"Too many failed sign-ins from this address: try again in {found.wait} s.", status=429
+                request,
+                error=f"Too many failed sign-ins from this address: try again in {found.wait} s.",
+                status=429,
+                after=after,
             )
             response.headers["Retry-After"] = str(found.wait)
             return response
         if isinstance(found, Refused):
-            return self._sign_in_page(request, error="That is not a valid admin token.", status=401)
-        response = see_other("/console")
+            return self._sign_in_page(request, error="That is not a valid admin token.", status=401, after=after)
+        response = see_other(after or "/console")
         await self.sessions.sign_in(request, response, token)
         return response
 

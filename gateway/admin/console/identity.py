@@ -7,12 +7,15 @@ on the server, so any replica takes the callback). The cookie is SameSite=Lax: t
 redirect back is a cross-site navigation, which a Strict cookie would not come with. The callback
 checks them, records the person in the store (groups as of this sign-in) and opens their session;
 it answers with a page that moves on to the console itself, so that the Strict session cookie
-goes with that next, same-site, request."""
+goes with that next, same-site, request. A sign-in started with `?next=` (a page that sent a
+visitor to sign in: the device page, with its code) moves on there instead, sealed in the same
+cookie; only a path of the console is taken (local_next), never another site's address."""
 
 from __future__ import annotations
 
 import logging
 import time
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -42,6 +45,7 @@ class IdentitySignIn:
         return self.config.redirect_url or str(request.url.origin().with_path(CALLBACK))
 
     async def start(self, request: web.Request) -> web.Response:
+        """To the provider; `?next=`, a console path, is where the callback's page moves on to."""
         try:
             started = await self.client.start(self.redirect_uri(request))
         except ProviderUnavailable as down:
@@ -54,6 +58,9 @@ class IdentitySignIn:
             "nonce": started.nonce,
             "verifier": started.code_verifier,
         }
+        after = local_next(request.query.get("next", ""))
+        if after is not None:
+            flow["next"] = after
         set_cookie(
             request, response, FLOW_COOKIE, self.sessions.seal(flow), FLOW_SECONDS, path=FLOW_PATH, samesite="Lax"
         )
@@ -85,12 +92,13 @@ class IdentitySignIn:
         person = await store.person_signed_in(identity.subject, identity.email, identity.name, identity.groups)
         if person.disabled:
             return failed("Your access to this gateway has been disabled by an administrator.", 403)
+        after = local_next(flow.get("next")) or "/console"
         response = html(
             page(
                 "Signed in",
                 f"<h1>Signed in</h1><p>Welcome, {text(person.name or person.email)}. "
-                '<a href="/console">Continue to the console</a></p>',
-                head='<meta http-equiv="refresh" content="0;url=/console">',
+                f'<a href="{text(after)}">Continue to the console</a></p>',
+                head=f'<meta http-equiv="refresh" content="0;url={text(after)}">',
             )
         )
         response.del_cookie(FLOW_COOKIE, path=FLOW_PATH)
@@ -106,3 +114,20 @@ def failed(message: str, status: int) -> web.Response:
         ),
         status=status,
     )
+
+
+def local_next(value: object) -> str | None:
+    """`value` if it is a path of this console (/console, or under /console/, with a query
+    perhaps), the only place a sign-in moves on to; else None. Nothing with a scheme, a host
+    (`//elsewhere`), a backslash (which browsers read as a slash), a `..` segment, a fragment, or
+    any character outside printable ASCII: never another site."""
+    if not isinstance(value, str) or not value or len(value) > 2000:
+        return None
+    if not (value.isascii() and value.isprintable()) or " " in value or "\\" in value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or parts.fragment or "//" in parts.path or ".." in parts.path.split("/"):
+        return None
+    if parts.path != "/console" and not parts.path.startswith("/console/"):
+        return None
+    return value
