@@ -53,6 +53,7 @@ class IdentitySignIn:
             return failed("The identity provider cannot be reached just now. An admin token still signs in.", 503)
         response = web.Response(status=303, headers={"Location": started.url})
         flow = {
+            "for": FLOW_COOKIE,  # sealed with the sign-in form's key: this says which cookie it is
             "exp": int(time.time()) + FLOW_SECONDS,
             "state": started.state,
             "nonce": started.nonce,
@@ -70,6 +71,7 @@ class IdentitySignIn:
         flow = self.sessions.open(request.cookies.get(FLOW_COOKIE, ""))
         if (
             flow is None
+            or flow.get("for") != FLOW_COOKIE
             or flow.get("exp", 0) <= time.time()
             or not all(isinstance(flow.get(name), str) for name in ("state", "nonce", "verifier"))
         ):
