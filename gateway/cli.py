@@ -1,4 +1,4 @@
-"""`ezat-gateway`: serve, check-config, keys, orgs, usage, admin-tokens, audit, mock-upstream."""
+"""`ezat-gateway`: serve, check-config, keys, orgs, usage, admin-tokens, audit, mock-upstream, login, key."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import asyncpg
 from aiohttp import web
 
-from gateway import clock, version
+from gateway import clock, login, version
 from gateway.admin import commands as admin_commands
 from gateway.app import READINESS, build_app
 from gateway.config import (
@@ -116,12 +116,33 @@ def main(argv: list[str] | None = None) -> int:
 
     admin_commands.add_commands(commands, storage_options)
 
+    gateway_option = argparse.ArgumentParser(add_help=False)
+    gateway_option.add_argument(
+        "--gateway",
+        metavar="URL",
+        help=f"the gateway's URL, e.g. https://gateway.example.com (default: ${login.GATEWAY_ENV})",
+    )
+    signing_in: dict[str, argparse.ArgumentParser] = {}  # their parsers, for their usage errors
+    signing_in["login"] = commands.add_parser(
+        "login",
+        parents=[gateway_option],
+        help="sign in through the gateway's console (your identity provider) and save a key of your own",
+    )
+    signing_in["key"] = commands.add_parser(
+        "key",
+        parents=[gateway_option],
+        help="print the key `login` saved, renewed first when it is about to expire (Claude Code's apiKeyHelper)",
+    )
+
     args = parser.parse_args(argv)
     # The environment's format is every command's, over the config's: an image can set it once.
     log_format = getattr(args, "log_format", None) or os.environ.get(LOG_FORMAT_ENV) or None
     if log_format not in (None, *LOG_FORMATS):
         parser.error(f"{LOG_FORMAT_ENV}: expected text or json, not {log_format!r}")
     configure_logging(LoggingConfig(format=log_format or "text"))  # serve's config may say otherwise
+    if args.command in signing_in:
+        gateway = _gateway(signing_in[args.command], args.gateway)
+        return login.login_command(gateway) if args.command == "login" else login.key_command(gateway)
     try:
         if args.command == "check-config":
             return check_config(args.file)
@@ -175,6 +196,17 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return str(exc)
+
+
+def _gateway(parser: argparse.ArgumentParser, given: str | None) -> str:
+    """`login`'s and `key`'s gateway: --gateway's URL, else $EZAT_GATEWAY's, normalised."""
+    text, source = (given, "--gateway") if given else (os.environ.get(login.GATEWAY_ENV), f"${login.GATEWAY_ENV}")
+    if not text:
+        parser.error(f"--gateway URL (or ${login.GATEWAY_ENV}) is needed: the gateway to sign in to")
+    try:
+        return login.normalised_gateway(text)
+    except ValueError as exc:
+        parser.error(f"{source}: {exc}")
 
 
 class _PrintVersion(argparse.Action):
