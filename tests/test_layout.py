@@ -14,7 +14,7 @@ GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
 ROWS = [
     ("__main__",),
     ("cli",),
-    ("app",),
+    ("app", "login"),
     ("admin", "routes"),
     ("accounting", "upstream", "mock"),
     ("storage",),
