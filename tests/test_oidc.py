@@ -561,14 +561,14 @@ async def test_an_id_token_that_is_not_right_is_refused(fake, clients, forge, re
 @pytest.mark.parametrize(
     "change",
     [
-        {"exp": int(time.time()) - 30},  # within the minute of clock skew allowed
-        {"aud": [CLIENT_ID, "another-app"], "azp": CLIENT_ID},
-        {"aud": [CLIENT_ID]},
+        lambda: {"exp": int(time.time()) - 30},  # within the minute of clock skew allowed (now, not at collection)
+        lambda: {"aud": [CLIENT_ID, "another-app"], "azp": CLIENT_ID},
+        lambda: {"aud": [CLIENT_ID]},
     ],
     ids=["expired within the leeway", "several audiences, azp this client", "one audience in a list"],
 )
 async def test_an_id_token_within_the_rules_is_accepted(fake, clients, change):
-    fake.claims.update(change)
+    fake.claims.update(change())
     assert (await fake_sign_in(clients(fake.issuer), fake)).subject == "u-1"
 
 
