@@ -71,7 +71,8 @@ from gateway.storage.schema import (
     ledger_page_query,
 )
 from gateway.storage.unavailable import raises_unavailable
-from middlewares.core.periods import current_starts, still_current
+from middlewares.core.periods import PERIODS, current_starts, still_current
+from middlewares.core.records import PersonSpend
 
 log = logging.getLogger("ezat.storage")
 
@@ -599,20 +600,29 @@ class PostgresStore:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
                 return []
             keys = sorted({hold.key_id for hold in holds if hold.limit is not None})
+            people = sorted({hold.person for hold in holds if hold.person is not None})
             organizations = sorted({hold.organization_id for hold in holds if hold.balance is not None})
-            # The row locks of the keys with limits, then of the organizations with balances, then
-            # reservations: each in the order the ledger's writes take them (and keys and
-            # organizations in id order), so no two replicas wait on each other in a cycle. They
-            # serialise reservations and ledger writes across replicas; the statements after them
-            # see what committed before they were granted. NO KEY UPDATE: the ledger's foreign
-            # keys take KEY SHARE locks on keys, which FOR UPDATE would conflict with.
-            starts = current_starts(self._now())
+            # The row locks of the keys with limits, then of the people with budgets, then of the
+            # organizations with balances, then reservations: each in the order the ledger's
+            # writes take them (and each table's rows in id order), so no two replicas wait on
+            # each other in a cycle. They serialise reservations and ledger writes across
+            # replicas; the statements after them see what committed before they were granted.
+            # NO KEY UPDATE: foreign keys (the ledger's to keys, keys' to people) take KEY SHARE
+            # locks, which FOR UPDATE would conflict with.
+            now = self._now()
+            starts = current_starts(now)
             spent = {
                 key_id: _counted(spent, period, started, period_spent, starts)
                 for key_id, spent, period, started, period_spent in await db.fetch(
                     "SELECT id, spent_usd, budget_period, period_start, period_spent_usd FROM keys"
                     " WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
                     keys,
+                )
+            }
+            person_spent = {
+                row["id"]: _person_spend(row)
+                for row in await db.fetch(
+                    f"SELECT id, {_PERSON_SPEND} FROM people WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", people
                 )
             }
             org_spent = dict(
@@ -624,13 +634,21 @@ class PostgresStore:
             if releases:
                 await db.execute("DELETE FROM reservations WHERE request_id = ANY($1::text[])", list(releases))
             await db.execute(
-                "DELETE FROM reservations WHERE (key_id = ANY($1) OR organization_id = ANY($2)) AND expires_at <= now()",
+                "DELETE FROM reservations WHERE (key_id = ANY($1) OR organization_id = ANY($2) OR person_id = ANY($3))"
+                " AND expires_at <= now()",
                 keys,
                 organizations,
+                people,
             )
             held = dict(
                 await db.fetch(
                     "SELECT key_id, sum(amount_usd) FROM reservations WHERE key_id = ANY($1) GROUP BY key_id", keys
+                )
+            )
+            person_held = dict(
+                await db.fetch(
+                    "SELECT person_id, sum(amount_usd) FROM reservations WHERE person_id = ANY($1) GROUP BY person_id",
+                    people,
                 )
             )
             org_held = dict(
@@ -644,20 +662,26 @@ class PostgresStore:
             results = take(
                 holds,
                 lambda h: h.limit - spent.get(h.key_id, zero) - held.get(h.key_id, zero),
+                lambda h: (
+                    h.person_budget
+                    - person_spent.get(h.person_id, PersonSpend()).in_period(h.person_period, now)
+                    - person_held.get(h.person_id, zero)
+                ),
                 lambda h: h.balance - org_spent.get(h.organization_id, zero) - org_held.get(h.organization_id, zero),
             )
             taken = [hold for hold, refused in zip(holds, results) if refused is None]
             if taken:
+                # A reservation names its person only where their budget counts it.
                 await db.execute(
-                    "INSERT INTO reservations (request_id, key_id, amount_usd, expires_at, organization_id)"
-                    " SELECT r, k, a, now() + make_interval(secs => t), o "
-                    "FROM unnest($1::text[], $2::bigint[], $3::numeric[], $4::float8[], $5::bigint[]) AS h(r, k, a, t, o) "
+                    "INSERT INTO reservations (request_id, key_id, amount_usd, expires_at, organization_id, person_id)"
+                    " SELECT r, k, a, now() + make_interval(secs => t), o, p FROM unnest($1::text[], $2::bigint[],"
+                    " $3::numeric[], $4::float8[], $5::bigint[], $6::bigint[]) AS h(r, k, a, t, o, p) "
                     "ON CONFLICT (request_id) DO UPDATE SET amount_usd = excluded.amount_usd, expires_at = excluded.expires_at,"
-                    " organization_id = excluded.organization_id",
+                    " organization_id = excluded.organization_id, person_id = excluded.person_id",
                     *(
                         list(column)
                         for column in zip(
-                            *((h.request_id, h.key_id, h.amount, h.ttl, h.organization_id) for h in taken)
+                            *((h.request_id, h.key_id, h.amount, h.ttl, h.organization_id, h.person) for h in taken)
                         )
                     ),
                 )
@@ -695,11 +719,30 @@ class PostgresStore:
                 ],
             )
             if spend:
+                by_person: dict[int, Decimal] = {}
                 by_organization: dict[int, Decimal] = {}
-                for key_id, organization_id in await db.fetch(
-                    "SELECT id, organization_id FROM keys WHERE id = ANY($1)", list(spend)
+                for key_id, organization_id, person_id in await db.fetch(
+                    "SELECT id, organization_id, person_id FROM keys WHERE id = ANY($1)", list(spend)
                 ):
+                    if person_id is not None:
+                        by_person[person_id] = by_person.get(person_id, Decimal(0)) + spend[key_id]
                     by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + spend[key_id]
+                # Each person's spend in the current day, week and month (whatever their policy's
+                # period, which may change), from 0 in a period of a kind begun since they last
+                # spent in one; after keys, before organizations, as hold() locks them.
+                await db.executemany(
+                    "UPDATE people SET "
+                    + ", ".join(
+                        f"{period}_spent_usd = CASE WHEN {period}_start >= ${n}::date"
+                        f" THEN {period}_spent_usd + $2 ELSE $2 END, {period}_start = GREATEST({period}_start, ${n}::date)"
+                        for n, period in enumerate(PERIODS, start=3)
+                    )
+                    + " WHERE id = $1",
+                    [
+                        (person_id, cost, starts["day"], starts["week"], starts["month"])
+                        for person_id, cost in sorted(by_person.items())
+                    ],
+                )
                 await db.executemany(
                     "UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(by_organization.items())
                 )
@@ -924,6 +967,27 @@ async def _restart_period(db, key_id: int, period: str | None, now: datetime) ->
     )
 
 
+# A person's spend per kind of period, in PERIODS' order: each one's first day, then its spend.
+_PERSON_SPEND = ", ".join(f"{period}_start, {period}_spent_usd" for period in PERIODS)
+
+
+def _person_spend(row, prefix: str = "") -> PersonSpend:
+    """A person's spend per kind of period, from a row with their _PERSON_SPEND columns, each
+    named with `prefix` (KEY_COLUMNS' are "person_"; NULLs for an admin's key)."""
+
+    def spent(period: str) -> Decimal:
+        return row[f"{prefix}{period}_spent_usd"] or Decimal(0)
+
+    return PersonSpend(
+        day_start=row[f"{prefix}day_start"],
+        day_usd=spent("day"),
+        week_start=row[f"{prefix}week_start"],
+        week_usd=spent("week"),
+        month_start=row[f"{prefix}month_start"],
+        month_usd=spent("month"),
+    )
+
+
 def _counted(spent: Decimal, period: str | None, started: date | None, period_spent: Decimal, starts) -> Decimal:
     """What counts against a key's spend limit: its whole spend, or its current period's."""
     if period is None:
@@ -962,4 +1026,5 @@ def _key(row) -> KeyRecord:
         person_email=row["person_email"] or "",
         person_groups=() if row["person_groups"] is None else tuple(orjson.loads(row["person_groups"])),
         person_disabled=bool(row["person_disabled"]),
+        person_spend=_person_spend(row, "person_"),
     )

@@ -51,8 +51,11 @@ class PastTheCap(Exception):
 
 class Hold(NamedTuple):
     """A request's spend reservation: `amount` held for it, if the key's spend and holds leave
-    that much of `limit` and its organization's spend and holds that much of `balance` (None:
-    no such limit), for `ttl` seconds at most (its ledger row or its release ends it)."""
+    that much of `limit`, its person's spend in the current `person_period` and holds (over all
+    their keys) that much of `person_budget`, and its organization's spend and holds that much
+    of `balance` (None: no such limit), for `ttl` seconds at most (its ledger row or its
+    release ends it). A reservation names its person (`person`) only where their budget counts
+    it."""
 
     request_id: str
     key_id: int
@@ -61,6 +64,14 @@ class Hold(NamedTuple):
     ttl: float
     organization_id: int = DEFAULT_ORGANIZATION_ID
     balance: Decimal | None = None
+    person_id: int | None = None
+    person_budget: Decimal | None = None
+    person_period: str = "month"
+
+    @property
+    def person(self) -> int | None:
+        """The person whose budget counts this hold (None: none does)."""
+        return self.person_id if self.person_budget is not None else None
 
 
 class OrganizationRecord(NamedTuple):
@@ -337,26 +348,37 @@ class StoredResponse(NamedTuple):
         )
 
 
-def take(holds, key_left, org_left) -> list[Shortfall | None]:
+def take(holds, key_left, person_left, org_left) -> list[Shortfall | None]:
     """Each hold taken in turn where what is left allows it. `key_left(hold)` gives what is left
-    of `hold.limit` for its key before these holds, and `org_left(hold)` what is left of
-    `hold.balance` for its organization; each is called once per key (or organization), with
-    its first hold that has a limit (or a balance). A refused hold takes nothing from either."""
+    of `hold.limit` for its key before these holds, `person_left(hold)` what is left of
+    `hold.person_budget` for its person, and `org_left(hold)` what is left of `hold.balance` for
+    its organization; each is called once per key (or person, or organization), with its first
+    hold that has a limit (or a person budget, or a balance). A refused hold takes nothing from
+    any; the narrowest that falls short is named: the key, then the person, then the
+    organization."""
     keys: dict[int, Decimal] = {}
+    people: dict[int, Decimal] = {}
     orgs: dict[int, Decimal] = {}
     results: list[Shortfall | None] = []
     for hold in holds:
+        person = hold.person
         if hold.limit is not None and hold.key_id not in keys:
             keys[hold.key_id] = key_left(hold)
+        if person is not None and person not in people:
+            people[person] = person_left(hold)
         if hold.balance is not None and hold.organization_id not in orgs:
             orgs[hold.organization_id] = org_left(hold)
         if hold.limit is not None and hold.amount > keys[hold.key_id]:
             results.append(Shortfall("key", keys[hold.key_id]))
+        elif person is not None and hold.amount > people[person]:
+            results.append(Shortfall("person", people[person]))
         elif hold.balance is not None and hold.amount > orgs[hold.organization_id]:
             results.append(Shortfall("organization", orgs[hold.organization_id]))
         else:
             if hold.limit is not None:
                 keys[hold.key_id] -= hold.amount
+            if person is not None:
+                people[person] -= hold.amount
             if hold.balance is not None:
                 orgs[hold.organization_id] -= hold.amount
             results.append(None)

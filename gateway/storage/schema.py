@@ -222,6 +222,21 @@ SQLITE = [
     CREATE INDEX renewal_tokens_by_person ON renewal_tokens (person_id);
     CREATE INDEX renewal_tokens_by_expiry ON renewal_tokens (expires_at)
     """,
+    # A person's budget over all their keys (a policy's budget_usd), held as a key's period
+    # budget is: what their keys spent in the last day, week and month they spent in (each by its
+    # first day; all three, since the period is the policy's, which may change, not the store's),
+    # and what their requests under way hold, in billionths of a dollar as keys'. A reservation
+    # names its person only where their budget counts it. Spend counts from this migration.
+    """
+    ALTER TABLE people ADD COLUMN day_start TEXT;
+    ALTER TABLE people ADD COLUMN day_spent_usd TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE people ADD COLUMN week_start TEXT;
+    ALTER TABLE people ADD COLUMN week_spent_usd TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE people ADD COLUMN month_start TEXT;
+    ALTER TABLE people ADD COLUMN month_spent_usd TEXT NOT NULL DEFAULT '0';
+    ALTER TABLE people ADD COLUMN reserved_nano_usd INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE reservations ADD COLUMN person_id INTEGER
+    """,
 ]
 
 POSTGRES = [
@@ -411,6 +426,16 @@ POSTGRES = [
     CREATE INDEX renewal_tokens_by_person ON renewal_tokens (person_id);
     CREATE INDEX renewal_tokens_by_expiry ON renewal_tokens (expires_at);
     """,
+    # A person's budget over all their keys (SQLite's migration says more); their requests' holds
+    # are summed from the reservations that name them, by this index.
+    """
+    ALTER TABLE people
+        ADD COLUMN day_start DATE, ADD COLUMN day_spent_usd NUMERIC NOT NULL DEFAULT 0,
+        ADD COLUMN week_start DATE, ADD COLUMN week_spent_usd NUMERIC NOT NULL DEFAULT 0,
+        ADD COLUMN month_start DATE, ADD COLUMN month_spent_usd NUMERIC NOT NULL DEFAULT 0;
+    ALTER TABLE reservations ADD COLUMN person_id BIGINT;
+    CREATE INDEX reservations_by_person ON reservations (person_id, expires_at) WHERE person_id IS NOT NULL;
+    """,
 ]
 
 # Key columns a caller may set, in the order both stores read them back.
@@ -426,13 +451,17 @@ KEY_FIELDS = (
     "budget_period",
 )
 # Read from keys (k) joined with their organizations (o) and their people (p; none for an
-# admin's key, whose person columns are NULL): KEY_COLUMNS FROM KEY_TABLES.
+# admin's key, whose person columns are NULL): KEY_COLUMNS FROM KEY_TABLES. Last, the person's
+# spend in the last day, week and month they spent in (KeyRecord.person_spend).
 KEY_COLUMNS = (
     "k.id, k.name, k.key_sha256, k.models, k.spend_limit_usd, k.rpm, k.tpm, k.expires_at, k.revoked,"
     " k.spent_usd, k.from_config, k.max_concurrent, o.name AS organization, k.organization_id,"
     " o.balance_usd AS organization_balance_usd, o.suspended AS organization_suspended,"
     " k.budget_period, k.period_start, k.period_spent_usd,"
-    " k.person_id, p.email AS person_email, p.groups AS person_groups, p.disabled AS person_disabled"
+    " k.person_id, p.email AS person_email, p.groups AS person_groups, p.disabled AS person_disabled,"
+    " p.day_start AS person_day_start, p.day_spent_usd AS person_day_spent_usd,"
+    " p.week_start AS person_week_start, p.week_spent_usd AS person_week_spent_usd,"
+    " p.month_start AS person_month_start, p.month_spent_usd AS person_month_spent_usd"
 )
 KEY_TABLES = "keys k JOIN organizations o ON o.id = k.organization_id LEFT JOIN people p ON p.id = k.person_id"
 ORGANIZATION_COLUMNS = (

@@ -95,7 +95,8 @@ from gateway.storage.schema import (
     ledger_page_query,
 )
 from gateway.storage.unavailable import raises_unavailable
-from middlewares.core.periods import still_current
+from middlewares.core.periods import PERIODS, still_current
+from middlewares.core.records import PersonSpend
 
 log = logging.getLogger("ezat.storage")
 # Writes on the event loop between two checkpoints of the WAL into the file: a few pages each
@@ -1148,18 +1149,22 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
             "SELECT key_id, cost_usd FROM ledger WHERE id > ? AND id <= ?", (last - inserted, last)
         ):
             totals[key_id] = totals.get(key_id, Decimal(0)) + Decimal(cost)
-    # Each key's spend (and its current period's, if it has one), and its organization's, raised
-    # in the same transaction.
+    # Each key's spend (and its current period's, if it has one), its person's (each kind of
+    # period's) and its organization's, raised in the same transaction.
+    by_person: dict[int, Decimal] = {}
     by_organization: dict[int, Decimal] = {}
     starts: dict[str, str] | None = None
     for key_id, cost in totals.items():
         row = db.execute(
-            "SELECT spent_usd, organization_id, budget_period, period_start, period_spent_usd FROM keys WHERE id = ?",
+            "SELECT spent_usd, organization_id, budget_period, period_start, period_spent_usd, person_id"
+            " FROM keys WHERE id = ?",
             (key_id,),
         ).fetchone()
         if row is None:
             continue
-        spent, organization_id, period, started, period_spent = row
+        spent, organization_id, period, started, period_spent, person_id = row
+        if person_id is not None:
+            by_person[person_id] = by_person.get(person_id, Decimal(0)) + cost
         if period is None:
             db.execute("UPDATE keys SET spent_usd = ? WHERE id = ?", (str(Decimal(spent) + cost), key_id))
         else:
@@ -1173,12 +1178,38 @@ def _insert_ledger(db: sqlite3.Connection, values: list[tuple], totals: dict[int
                 (str(Decimal(spent) + cost), start, str(period_spent), key_id),
             )
         by_organization[organization_id] = by_organization.get(organization_id, Decimal(0)) + cost
+    if by_person:
+        _add_person_spend(db, by_person, starts or reservations.period_starts(now))
     for organization_id, cost in by_organization.items():
         row = db.execute("SELECT spent_usd FROM organizations WHERE id = ?", (organization_id,)).fetchone()
         if row is not None:
             db.execute(
                 "UPDATE organizations SET spent_usd = ? WHERE id = ?", (str(Decimal(row[0]) + cost), organization_id)
             )
+
+
+# A person's spend per kind of period, in PERIODS' order: each one's first day, then its spend.
+_PERSON_SPEND = ", ".join(reservations.PERSON_PERIODS[period] for period in PERIODS)
+
+
+def _add_person_spend(db: sqlite3.Connection, by_person: dict[int, Decimal], starts: dict[str, str]) -> None:
+    """Each person's spend in the current day, week and month raised by `by_person`'s cost; a
+    period of a kind that has begun since they last spent in one starts from that cost."""
+    for person_id, cost in by_person.items():
+        row = db.execute(f"SELECT {_PERSON_SPEND} FROM people WHERE id = ?", (person_id,)).fetchone()
+        if row is None:
+            continue
+        values: list[str] = []
+        for period, started, spent in zip(PERIODS, row[::2], row[1::2]):
+            if still_current(started, starts[period]):
+                values += (started, str(Decimal(spent) + cost))
+            else:
+                values += (starts[period], str(cost))
+        db.execute(
+            "UPDATE people SET day_start = ?, day_spent_usd = ?, week_start = ?, week_spent_usd = ?,"
+            " month_start = ?, month_spent_usd = ? WHERE id = ?",
+            (*values, person_id),
+        )
 
 
 # --- Values as the file keeps them.
@@ -1313,6 +1344,7 @@ def _key(row: tuple) -> KeyRecord:
         person_email,
         person_groups,
         person_disabled,
+        *person_spend,
     ) = row
     return KeyRecord(
         id=key_id,
@@ -1339,7 +1371,31 @@ def _key(row: tuple) -> KeyRecord:
         person_email=person_email or "",
         person_groups=() if person_groups is None else tuple(orjson.loads(person_groups)),
         person_disabled=bool(person_disabled),
+        person_spend=_person_spend(*person_spend),
     )
+
+
+def _person_spend(
+    day_start: str | None,
+    day_usd: str | None,
+    week_start: str | None,
+    week_usd: str | None,
+    month_start: str | None,
+    month_usd: str | None,
+) -> PersonSpend:
+    """A person's spend per kind of period as the file keeps it (NULLs for an admin's key)."""
+    return PersonSpend(
+        _date(day_start),
+        Decimal(day_usd or 0),
+        _date(week_start),
+        Decimal(week_usd or 0),
+        _date(month_start),
+        Decimal(month_usd or 0),
+    )
+
+
+def _date(text: str | None) -> date | None:
+    return None if text is None else date.fromisoformat(text)
 
 
 def _ledger_values(rows: Sequence[LedgerRow]) -> list[tuple]:

@@ -22,6 +22,29 @@ MAX_SESSION_CHARS = 64
 _UNKEPT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
+class PersonSpend(NamedTuple):
+    """What a person's keys together spent in the last day, week and month they spent in, each
+    by its first day (None: nothing spent in one yet). All three are kept, whatever the person's
+    policy says, so that a policy given a budget, or another period, counts at once what its
+    current period has spent."""
+
+    day_start: date | None = None
+    day_usd: Decimal = Decimal(0)
+    week_start: date | None = None
+    week_usd: Decimal = Decimal(0)
+    month_start: date | None = None
+    month_usd: Decimal = Decimal(0)
+
+    def in_period(self, period: str, now: datetime) -> Decimal:
+        """What the current `period` ("day", "week" or "month") at `now` has spent."""
+        started, spent = {
+            "day": (self.day_start, self.day_usd),
+            "week": (self.week_start, self.week_usd),
+            "month": (self.month_start, self.month_usd),
+        }[period]
+        return spent if still_current(started, period_start(period, now)) else Decimal(0)
+
+
 @dataclass(frozen=True)
 class KeyRecord:
     id: int
@@ -54,6 +77,12 @@ class KeyRecord:
     person_email: str = ""
     person_groups: tuple[str, ...] = ()
     person_disabled: bool = False
+    # The person's budget over all their keys together, as their group's policy has it now (set by
+    # the gateway, never by the stores: None, no such budget), and the period it counts over; and,
+    # as of when the record was read, what the person's keys spent in each kind of period.
+    person_budget_usd: Decimal | None = None
+    person_budget_period: str | None = None
+    person_spend: PersonSpend = PersonSpend()
     # Why every request with this key is refused (None: it is not). Set by the gateway, never by
     # the stores: a person's key whose person is disabled or in no policy's group gets 401 with
     # this message.
@@ -67,6 +96,13 @@ class KeyRecord:
         current = period_start(self.budget_period, now)
         return self.period_spent_usd if still_current(self.period_start, current) else Decimal(0)
 
+    def person_spent_in_period(self, now: datetime) -> Decimal:
+        """What counts against the person's budget at `now`: what all their keys spent in its
+        current period (0 for a key without a person budget)."""
+        if self.person_budget_period is None:
+            return Decimal(0)
+        return self.person_spend.in_period(self.person_budget_period, now)
+
     def allows(self, model_id: str) -> bool:
         return "*" in self.models or any(fnmatchcase(model_id, pattern) for pattern in self.models)
 
@@ -75,10 +111,10 @@ class KeyRecord:
 
 
 class Shortfall(NamedTuple):
-    """Why a spend reservation was refused: what ran out (the key's spend limit, or its
-    organization's balance) and how much of it was left."""
+    """Why a spend reservation was refused: what ran out (the key's spend limit, its person's
+    budget over all their keys, or its organization's balance) and how much of it was left."""
 
-    of: Literal["key", "organization"]
+    of: Literal["key", "person", "organization"]
     left: Decimal
 
 
