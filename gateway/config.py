@@ -686,6 +686,16 @@ class PolicyConfig:
     key_ttl_hours: int = _field(
         12, check=_rule(lambda v: 0 < v <= MAX_KEY_TTL_HOURS, f"expected hours from 1 to {MAX_KEY_TTL_HOURS}")
     )
+    # What the person may spend over all their keys together in each budget_period (UTC calendar,
+    # as a key's); None: no such budget. A period without a budget is a config error.
+    budget_usd: Decimal | None = _field(
+        None, check=lambda v: usd_problem(v) or (None if v > 0 else "expected an amount of USD above 0")
+    )
+    budget_period: str | None = _field(None, check=_rule(lambda v: v in PERIODS, 'expected "day", "week" or "month"'))
+
+    def __post_init__(self) -> None:
+        if self.budget_usd is not None and self.budget_period is None:  # a budget is monthly unless it says
+            object.__setattr__(self, "budget_period", "month")
 
 
 @dataclass(frozen=True)
@@ -998,6 +1008,12 @@ def _build(cls: type, raw: Any, path: str, problems: list[str]) -> Any:
         if period is not _INVALID and limit is not _INVALID and (problem := budget_problem(period, limit)):
             problems.append(f"{_join(path, 'budget_period')}: {problem}")
             return _INVALID
+    if cls is PolicyConfig and values.get("budget_period") not in (None, _INVALID) and values.get("budget_usd") is None:
+        problems.append(
+            f"{_join(path, 'budget_period')}: a budget period ({values['budget_period']}) needs a budget to count "
+            "over: give the policy a budget_usd too, or no budget_period"
+        )
+        return _INVALID
     if unknown or any(value is _INVALID for value in values.values()):
         return _INVALID
     return cls(**values)
