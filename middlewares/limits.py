@@ -3,9 +3,9 @@ calling the upstream). It resolves the model once, for every later stage, and de
 the caller's key may run this request at all: its organization is not suspended (403), the
 model exists (404), the key may use it and every fallback model the request names (403), it is
 within its rate and its requests at once (429), and the request's worst-case cost fits what is
-left of the key's spend limit and of its organization's balance (402). What it admits it
-reserves, atomically, until the request is settled. A refused request costs the gateway nothing
-more."""
+left of the key's spend limit, of its person's budget over all their keys and of its
+organization's balance (402). What it admits it reserves, atomically, until the request is
+settled. A refused request costs the gateway nothing more."""
 
 from __future__ import annotations
 
@@ -65,10 +65,14 @@ def limits_middleware(
       organization's `organization_balance_usd`, which all the organization's keys share (402
       naming the organization). A key with a `budget_period` ("day", "week" or "month") has its
       limit for each such period (UTC calendar; `now()` says which it is): its 402 says what is
-      left of this period's and when the next begins. A reservation never settled (its process
-      died) expires after `reservation_ttl` seconds: longer than any request may run. A 402 whose
-      request could not pay even for its input calls `used_up(key, "key" | "organization")`:
-      that budget or balance is used up (the gateway's alerts hear of it so).
+      left of this period's and when the next begins. A key of a person with a budget
+      (`person_budget_usd`, over `person_budget_period`, as the gateway sets them from the
+      person's policy) has it held, in the same step, against what all the person's keys spent
+      in the current period and hold (402 naming the person's budget). A reservation never
+      settled (its process died) expires after `reservation_ttl` seconds: longer than any
+      request may run. A 402 whose request could not pay even for its input calls
+      `used_up(key, "key" | "organization")`: that budget or balance is used up (the gateway's
+      alerts hear of it so; they know no person's budget).
     Without `spending` or `limiter`, those checks are not made. With `reserve=False`, for
     requests that cost nothing (Anthropic's count_tokens), only the request is taken from the
     key's rpm: nothing is taken from or checked against its tpm, and no place among its running
@@ -95,14 +99,17 @@ def limits_middleware(
         models = (model, *fallbacks)
         _check_models_allowed(key, models)
         # What admitting it would reserve: its tokens against the key's tpm, its worst-case cost
-        # against the key's spend limit and its organization's balance (nothing with reserve=False).
+        # against the key's spend limit, its person's budget and its organization's balance
+        # (nothing with reserve=False).
         spends = reserve and spending is not None
         limit = key.spend_limit_usd if spends else None
         balance = key.organization_balance_usd if spends else None
+        budget = key.person_budget_usd if spends and key.person_id is not None else None
+        held = limit is not None or balance is not None or budget is not None
         tokens = reserve and limiter is not None and bool(key.tpm)
         input_tokens, output_tokens = (
             _token_estimate(body, request[BODY_BYTES], model, output_fields)
-            if tokens or limit is not None or balance is not None  # estimated only where a limit needs it
+            if tokens or held  # estimated only where a limit needs it
             else _NO_ESTIMATE
         )
         rid = request_id(request)
@@ -118,10 +125,19 @@ def limits_middleware(
                 # (leave is a no-op for a request that holds none).
                 reservation.running = True
                 _check_concurrency(key, await limiter.enter(key, rid))
-            if spending is not None and (limit is not None or balance is not None):
+            if spending is not None and held:
                 cost = _worst_cost(models, input_tokens, output_tokens)
                 short = await spending.reserve(
-                    rid, key.id, cost, limit, reservation_ttl, organization_id=key.organization_id, balance=balance
+                    rid,
+                    key.id,
+                    cost,
+                    limit,
+                    reservation_ttl,
+                    organization_id=key.organization_id,
+                    balance=balance,
+                    person_id=key.person_id,
+                    person_budget=budget,
+                    person_period=key.person_budget_period or "month",
                 )
                 _check_spend(key, short, models, input_tokens, cost, output_fields[-1], now, used_up)
                 reservation.spending = spending
@@ -222,11 +238,14 @@ def _check_spend(
     used_up: Callable[[KeyRecord, str], None] | None,
 ) -> None:
     """`short`, the spend reservation's answer (None: `cost` is held): a 402 saying whose limit,
-    the key's spend limit (or its budget for the period) or its organization's balance, has less
-    left than `cost` (and, when the input alone fits, that a lower `output_field` would)."""
+    the key's spend limit (or its budget for the period), its person's budget or its
+    organization's balance, has less left than `cost` (and, when the input alone fits, that a
+    lower `output_field` would)."""
     if short is None:
         return
     input_cost = _worst_cost(models, input_tokens, 0)
+    if short.of == "person":  # (no alert watches a person's budget)
+        raise _over_persons_budget(key, short.left, cost, input_cost, output_field, now)
     if used_up is not None and input_cost >= short.left:  # no lower output limit would fit
         used_up(key, short.of)
     if short.of == "organization":
@@ -326,6 +345,31 @@ def _over_limit(
         message = (
             f"{who} has ${_usd(left)} left of its {limit} of ${total}, less than this request may cost "
             f"(${_usd(cost)})" + (f"; a lower {output_field} would fit" if input_cost < left else "") + f"{resets}."
+        )
+    return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota", refusal="spend")
+
+
+# A person's budget period as their 402 names the current one.
+_THIS_PERIOD = {"day": "today", "week": "this week", "month": "this month"}
+
+
+def _over_persons_budget(
+    key: KeyRecord, left: Decimal, cost: Decimal, input_cost: Decimal, output_field: str, now: Callable[[], datetime]
+) -> GatewayError:
+    """The 402 for a request whose worst case does not fit what is left of the budget its
+    person's policy gives them over all their keys: to the person, who may hold several keys,
+    what they have used of it (spent, and held by their requests under way) and when it resets."""
+    total, period = key.person_budget_usd, key.person_budget_period or "month"  # (as reserved)
+    assert total is not None  # a person's budget ran out: they have one
+    budget = f"your budget for {_THIS_PERIOD[period]} across all your keys (${_usd(total - left)} of ${total} used)"
+    resets = f"; it resets on {next_start(period, now()).isoformat()}"
+    if left <= 0:
+        message = f"You have used up {budget}{resets}."
+    else:
+        message = (
+            f"You have ${_usd(left)} left of {budget}, less than this request may cost (${_usd(cost)})"
+            + (f"; a lower {output_field} would fit" if input_cost < left else "")
+            + f"{resets}."
         )
     return GatewayError(402, message, type="insufficient_quota", code="insufficient_quota", refusal="spend")
 

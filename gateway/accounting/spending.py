@@ -39,8 +39,13 @@ class SpendReservations:
         *,
         organization_id: int = DEFAULT_ORGANIZATION_ID,
         balance: Decimal | None = None,
+        person_id: int | None = None,
+        person_budget: Decimal | None = None,
+        person_period: str = "month",
     ) -> Shortfall | None:
-        hold = Hold(request_id, key_id, amount, limit, ttl, organization_id, balance)
+        hold = Hold(
+            request_id, key_id, amount, limit, ttl, organization_id, balance, person_id, person_budget, person_period
+        )
         if self._commit.alone() and not self._holds:
             # Nothing to share a transaction with (as the ledger's rows): held here and now, with
             # what releases wait, which spares a task, a future and the event-loop turns between

@@ -1,8 +1,9 @@
 """People's keys under their group's policy (`[[policies]]`): the first policy whose group the
-person is in says which models their keys may use, at what rates, and how long a key they make
-lives. The policy is applied to a key each time the auth stage reads it (so within its cache's
-seconds a changed policy, a person's new groups or their being disabled reach every key of
-theirs), not copied into the key when it is made. A person's key is made one way, whether on the console's
+person is in says which models their keys may use, at what rates, what they may spend over all
+of them in a day, week or month, and how long a key they make lives. The policy is applied to a
+key each time the auth stage reads it (so within its cache's seconds a changed policy, a
+person's new groups or their being disabled reach every key of theirs), not copied into the key
+when it is made. A person's key is made one way, whether on the console's
 page or by `ezat-gateway login` (make_person_key)."""
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def policy_for(groups: Sequence[str], policies: Sequence[PolicyConfig]) -> Polic
 
 def governed(key: KeyRecord, policies: Sequence[PolicyConfig]) -> KeyRecord:
     """`key` as its person's policy has it now: an admin's key as it is; a person's with the
-    policy's models and rates, or refused (KeyRecord.refusal) when the person is disabled or
-    in no policy's group."""
+    policy's models, rates and budget (over all the person's keys), or refused
+    (KeyRecord.refusal) when the person is disabled or in no policy's group."""
     if key.person_id is None:
         return key
     if key.person_disabled:
@@ -67,7 +68,14 @@ def governed(key: KeyRecord, policies: Sequence[PolicyConfig]) -> KeyRecord:
     policy = policy_for(key.person_groups, policies)
     if policy is None:
         return dataclasses.replace(key, refusal=NO_POLICY)
-    return dataclasses.replace(key, models=policy.models, rpm=policy.rpm, tpm=policy.tpm)
+    return dataclasses.replace(
+        key,
+        models=policy.models,
+        rpm=policy.rpm,
+        tpm=policy.tpm,
+        person_budget_usd=policy.budget_usd,
+        person_budget_period=policy.budget_period,
+    )
 
 
 def governing(find_key: FindKey, policies: Sequence[PolicyConfig]) -> FindKey:

@@ -129,12 +129,16 @@ class Spending(Protocol):
         *,
         organization_id: int = 1,
         balance: Decimal | None = None,
+        person_id: int | None = None,
+        person_budget: Decimal | None = None,
+        person_period: str = "month",
     ) -> Shortfall | None:
         """Hold `amount` for the request, in one step, if the key's spend and reservations leave
-        that much of `limit` and its organization's spend and reservations that much of
-        `balance` (either None: no such limit): None when held, else a `Shortfall` saying which
-        ran out and what is left of it (nothing is held then). Recording the request's ledger
-        row ends it."""
+        that much of `limit`, its organization's spend and reservations that much of `balance`,
+        and its person's spend in the current `person_period` and reservations, over all their
+        keys, that much of `person_budget` (each None: no such limit): None when held, else a
+        `Shortfall` saying which ran out and what is left of it (nothing is held then).
+        Recording the request's ledger row ends it."""
 
     async def release(self, request_id: str) -> None:
         """End the request's reservation: it was not billed."""
