@@ -18,7 +18,9 @@ from gateway.accounting.spending import SpendReservations
 from gateway.admin.api import add_admin_routes
 from gateway.admin.console import add_console_routes, is_console, refusal_page
 from gateway.admin.device import add_device_routes
+from gateway.admin.oidc import OidcClient
 from gateway.admin.policies import governing
+from gateway.admin.provider_tokens import ProviderTokens
 from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
@@ -108,6 +110,7 @@ def build_app(
     count_tokens = api_route(app, "count_tokens", chain(count_tokens_chain(stages), count))
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
+    provider = _provider_tokens(app, config)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)
         add_console_routes(  # /console
@@ -116,12 +119,27 @@ def build_app(
             services.store,
             oidc=config.oidc,
             policies=config.policies,
+            provider=provider,
             forget_key=stages.auth.forget,
             now=now,
         )
     # `ezat-gateway login`'s /oauth routes: with [oidc], else answering 404 in OAuth's own envelope.
-    add_device_routes(app, services.store, oidc=config.oidc, policies=config.policies, now=now)
+    add_device_routes(app, services.store, oidc=config.oidc, policies=config.policies, now=now, provider=provider)
     return app
+
+
+def _provider_tokens(app: web.Application, config: Config) -> ProviderTokens | None:
+    """With [oidc], the app's one OpenID client (closed with the app), and people's refresh tokens
+    sealed under a key derived from [admin] session_key (which [oidc] requires)."""
+    if config.oidc is None or config.admin is None:
+        return None
+    provider = ProviderTokens(OidcClient(config.oidc), config.admin.session_signing_key)
+
+    async def close(app: web.Application) -> None:
+        await provider.client.close()
+
+    app.on_cleanup.append(close)
+    return provider
 
 
 class Services(NamedTuple):

@@ -29,7 +29,9 @@ from yarl import URL
 
 from gateway.admin import changes
 from gateway.admin.changes import AdminError
+from gateway.admin.oidc import OidcError, ProviderUnavailable
 from gateway.admin.policies import make_person_key, policy_for
+from gateway.admin.provider_tokens import ProviderTokens
 from gateway.clock import Clock, system
 from gateway.config import OidcConfig, PolicyConfig
 from gateway.storage import Store
@@ -107,12 +109,18 @@ class DeviceFlow:
     `[[policies]]`; `now` is the gateway's idea of now, which a key's expiry counts from."""
 
     def __init__(
-        self, store: Store, oidc: OidcConfig | None, policies: Sequence[PolicyConfig], now: Clock = system
+        self,
+        store: Store,
+        oidc: OidcConfig | None,
+        policies: Sequence[PolicyConfig],
+        now: Clock = system,
+        provider: ProviderTokens | None = None,
     ) -> None:
         self.store = store
         self.oidc = oidc
         self.policies = tuple(policies)
         self.now = now
+        self.provider = provider  # asks the identity provider again at each renewal
 
     # --- the routes
 
@@ -201,14 +209,17 @@ class DeviceFlow:
         if renewal is None:
             raise OAuthError("invalid_grant", "This renewal token is unknown: run ezat-gateway login again.")
         person = await self.store.find_person(renewal.person_id)
+        if person is not None and not person.disabled and renewal.revoked_at is None:
+            if renewal.expires_at <= datetime.now(UTC):
+                raise OAuthError("invalid_grant", "This renewal token has expired: run ezat-gateway login again.")
+            if self.provider is not None:  # the provider's word, now: still known there, and their groups
+                person = await self._rechecked(person)
         refusal = await self.renewal_refusal(person)
         if refusal is not None:
             raise OAuthError("invalid_grant", refusal)
         assert person is not None  # renewal_refusal refuses no one
         if renewal.revoked_at is not None:
             raise OAuthError("invalid_grant", "This renewal token was revoked: run ezat-gateway login again.")
-        if renewal.expires_at <= datetime.now(UTC):
-            raise OAuthError("invalid_grant", "This renewal token has expired: run ezat-gateway login again.")
         # Rotated before the key is made: of two renewals with one token, only one gets a key.
         replacement, new_token = self._new_renewal(person)
         if not await self.store.rotate_renewal(renewal.token_sha256, replacement):
@@ -219,10 +230,25 @@ class DeviceFlow:
         answer["refresh_token"] = new_token
         return _json(answer)
 
+    async def _rechecked(self, person: PersonRecord) -> PersonRecord:
+        assert self.provider is not None
+        try:
+            return await self.provider.recheck(self.store, person)
+        except ProviderUnavailable:
+            raise OAuthError(
+                "temporarily_unavailable",
+                "The identity provider cannot be reached just now, so the key was not renewed: try again soon.",
+                503,
+            ) from None
+        except OidcError:
+            raise OAuthError(
+                "invalid_grant", "The identity provider no longer vouches for you: run ezat-gateway login again."
+            ) from None
+
     async def renewal_refusal(self, person: PersonRecord | None) -> str | None:
-        """Why `person` may not get a key from a device grant or a renewal now, or None: the one
-        place that decides (a later step also asks the identity provider here). As of the store:
-        disabled, or in no policy's group by their groups as of their last sign-in."""
+        """Why `person` may not get a key from a device grant or a renewal now, or None: disabled,
+        or in no policy's group by their groups as the store has them (a renewal asks the identity
+        provider first, `_rechecked`, and decides on what it says)."""
         if person is None:
             return "This person is not known to the gateway: run ezat-gateway login again."
         if person.disabled:
@@ -293,9 +319,11 @@ def add_device_routes(
     oidc: OidcConfig | None,
     policies: Sequence[PolicyConfig] = (),
     now: Clock = system,
+    provider: ProviderTokens | None = None,
 ) -> None:
     """POST /oauth/device/authorize and POST /oauth/token on `app`, outside the API chains (as
-    the admin API's routes are); without `oidc` each answers 404 `unsupported`."""
-    flow = DeviceFlow(store, oidc, policies, now)
+    the admin API's routes are); without `oidc` each answers 404 `unsupported`. With `provider`,
+    a renewal asks the identity provider about the person first."""
+    flow = DeviceFlow(store, oidc, policies, now, provider)
     app.router.add_post(AUTHORIZE_PATH, flow.authorize)
     app.router.add_post(TOKEN_PATH, flow.token)

@@ -145,6 +145,12 @@ class Store(Protocol):
 
     async def find_person_by_subject(self, subject: str) -> PersonRecord | None: ...
 
+    async def person_provider_token(self, person_id: int) -> str | None:
+        """The person's sealed refresh token from the identity provider, if one is kept."""
+
+    async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
+        """Keeps `sealed` as the person's (None: drops theirs)."""
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         """By id, `limit` at most; `after`: only people with a larger id."""
 

@@ -430,6 +430,13 @@ class PostgresStore:
         row = await self._pool.fetchrow(f"SELECT {PERSON_COLUMNS} FROM people WHERE subject = $1", subject)
         return None if row is None else _person(row)
 
+    async def person_provider_token(self, person_id: int) -> str | None:
+        token: str | None = await self._pool.fetchval("SELECT provider_token FROM people WHERE id = $1", person_id)
+        return token
+
+    async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
+        await self._pool.execute("UPDATE people SET provider_token = $2 WHERE id = $1", person_id, sealed)
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         rows = await self._pool.fetch(
             f"SELECT {PERSON_COLUMNS} FROM people WHERE id > $1 ORDER BY id LIMIT $2",

@@ -237,6 +237,9 @@ SQLITE = [
     ALTER TABLE people ADD COLUMN reserved_nano_usd INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE reservations ADD COLUMN person_id INTEGER
     """,
+    # The identity provider's refresh token of a person, sealed (gateway/admin/provider_tokens.py):
+    # a renewal asks the provider again with it. NULL: none given, or dropped.
+    "ALTER TABLE people ADD COLUMN provider_token TEXT",
 ]
 
 POSTGRES = [
@@ -436,6 +439,8 @@ POSTGRES = [
     ALTER TABLE reservations ADD COLUMN person_id BIGINT;
     CREATE INDEX reservations_by_person ON reservations (person_id, expires_at) WHERE person_id IS NOT NULL;
     """,
+    # The identity provider's refresh token of a person, sealed (gateway/admin/provider_tokens.py).
+    "ALTER TABLE people ADD COLUMN provider_token TEXT",
 ]
 
 # Key columns a caller may set, in the order both stores read them back.

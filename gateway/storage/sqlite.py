@@ -345,6 +345,12 @@ class SQLiteStore:
     async def find_person_by_subject(self, subject: str) -> PersonRecord | None:
         return await self._reader.call(_select_person, "subject = ?", subject)
 
+    async def person_provider_token(self, person_id: int) -> str | None:
+        return await self._reader.call(_select_provider_token, person_id)
+
+    async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
+        await self._writer.call(_transaction, _update_provider_token, person_id, sealed)
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         rows = await self._reader.call(
             _fetch_all,
@@ -797,6 +803,15 @@ def _revoke_admin_token(
     revoked = _admin_token(db.execute(query, (token_id,)).fetchone())
     _audit(db, audit, f"admin_token:{token_id}", admin_token_view(_admin_token(row)), admin_token_view(revoked))
     return revoked
+
+
+def _select_provider_token(db: sqlite3.Connection, person_id: int) -> str | None:
+    row = db.execute("SELECT provider_token FROM people WHERE id = ?", (person_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _update_provider_token(db: sqlite3.Connection, person_id: int, sealed: str | None) -> None:
+    db.execute("UPDATE people SET provider_token = ? WHERE id = ?", (sealed, person_id))
 
 
 def _select_person(db: sqlite3.Connection, condition: str, value: Any) -> PersonRecord | None:

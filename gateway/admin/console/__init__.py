@@ -24,7 +24,7 @@ from gateway.admin.console.html import page, text
 from gateway.admin.console.identity import CALLBACK, IdentitySignIn
 from gateway.admin.console.pages import Pages, html
 from gateway.admin.console.sessions import MEMBER, Sessions, csrf_holds
-from gateway.admin.oidc import OidcClient
+from gateway.admin.provider_tokens import ProviderTokens
 from gateway.admin.tokens import admin_tokens
 from gateway.clock import Clock, system
 from gateway.config import AdminConfig, OidcConfig, PolicyConfig
@@ -41,6 +41,7 @@ def add_console_routes(
     *,
     oidc: OidcConfig | None = None,
     policies: tuple[PolicyConfig, ...] = (),
+    provider: ProviderTokens | None = None,
     forget_key: Callable[[str], None] | None = None,
     now: Clock = system,
 ) -> None:
@@ -101,7 +102,8 @@ def add_console_routes(
     router.add_get("/console/audit", reads(pages.audit))
     router.add_get("/console/me", reads(pages.me, members=True))
     if oidc is not None:
-        identity = IdentitySignIn(oidc, sessions, OidcClient(oidc))
+        assert provider is not None  # with [oidc], the app's
+        identity = IdentitySignIn(oidc, sessions, provider)
         router.add_get("/console/oidc/start", identity.start)
         router.add_get(CALLBACK, identity.callback)
         router.add_get("/console/people", reads(pages.people_list))
@@ -112,11 +114,6 @@ def add_console_routes(
         device = DevicePage(sessions, store, policies)  # its GET sends visitors to sign in, and back
         router.add_get("/console/device", device.show)
         router.add_post("/console/device", posts(device.decide, writes=False))
-
-        async def close_client(app: web.Application) -> None:
-            await identity.client.close()
-
-        app.on_cleanup.append(close_client)
     router.add_route("*", "/console/{anything:.*}", not_found)  # an HTML 404 (or 405), not the API's JSON
 
 

@@ -22,7 +22,8 @@ from aiohttp import web
 from gateway.admin.console.html import page, text
 from gateway.admin.console.pages import html
 from gateway.admin.console.sessions import Sessions, set_cookie
-from gateway.admin.oidc import OidcClient, OidcError, ProviderUnavailable
+from gateway.admin.oidc import OidcError, ProviderUnavailable
+from gateway.admin.provider_tokens import ProviderTokens
 from gateway.config import OidcConfig
 
 log = logging.getLogger("ezat.console")
@@ -34,10 +35,11 @@ CALLBACK = "/console/oidc/callback"
 
 
 class IdentitySignIn:
-    def __init__(self, config: OidcConfig, sessions: Sessions, client: OidcClient) -> None:
+    def __init__(self, config: OidcConfig, sessions: Sessions, provider: ProviderTokens) -> None:
         self.config = config
         self.sessions = sessions
-        self.client = client
+        self.provider = provider
+        self.client = provider.client
 
     def redirect_uri(self, request: web.Request) -> str:
         """The callback's URL as the provider has it registered: `[oidc] redirect_url`, else this
@@ -94,6 +96,7 @@ class IdentitySignIn:
         person = await store.person_signed_in(identity.subject, identity.email, identity.name, identity.groups)
         if person.disabled:
             return failed("Your access to this gateway has been disabled by an administrator.", 403)
+        await self.provider.keep(store, person, identity.refresh_token)  # for renewals to ask again
         after = local_next(flow.get("next")) or "/console"
         response = html(
             page(

@@ -1,0 +1,95 @@
+"""The identity provider's refresh token of each person, sealed at rest: what lets the gateway ask
+the provider again, when a person's command line renews its key, whether the person is still who
+they were (not disabled there, the same groups).
+
+A token is encrypted and authenticated with AES-GCM under a key derived (HKDF-SHA256) from
+`[admin] session_key`, and bound to the person's subject: the store holds nothing the provider
+would take, and a sealed token copied to another person's row does not open. Without a
+session_key in the config, the key is the process's own: tokens sealed before a restart (or by
+another replica) do not open, and the person's renewal simply does not ask the provider until
+they sign in again. The format: VERSION, then base64url of a random 96-bit nonce and the
+ciphertext (its tag at the end)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from gateway.admin.oidc import OidcClient, OidcError, ProviderUnavailable
+from gateway.storage import Store
+from gateway.storage.records import PersonRecord
+
+VERSION = "ezat-idp1."
+PURPOSE = b"ezat-gateway identity provider refresh token v1"
+NONCE_BYTES = 12
+
+
+def sealing_key(session_key: bytes) -> bytes:
+    """The AES-256 key the tokens are sealed with, derived from the console's session key (so
+    that the key signing the console's cookies never encrypts anything itself)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=PURPOSE).derive(session_key)
+
+
+def seal(token: str, key: bytes, subject: str) -> str:
+    nonce = os.urandom(NONCE_BYTES)
+    sealed = AESGCM(key).encrypt(nonce, token.encode(), PURPOSE + subject.encode())
+    return VERSION + base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
+
+
+def open_sealed(text: str | None, key: bytes, subject: str) -> str | None:
+    """The token `seal` sealed for `subject` under `key`, or None for anything else (another
+    key's, another person's, altered, not a seal at all)."""
+    if not text or not text.startswith(VERSION):
+        return None
+    encoded = text[len(VERSION) :]
+    try:
+        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        return AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], PURPOSE + subject.encode()).decode()
+    except (binascii.Error, ValueError, InvalidTag, UnicodeDecodeError):
+        return None
+
+
+class ProviderTokens:
+    """The app's one OpenID client, and people's refresh tokens kept sealed in the store with it:
+    kept at each sign-in, used when a person's command line renews its key."""
+
+    def __init__(self, client: OidcClient, session_key: bytes) -> None:
+        self.client = client
+        self._key = sealing_key(session_key)
+
+    async def keep(self, store: Store, person: PersonRecord, refresh_token: str | None) -> None:
+        """The token the provider gave at this sign-in, sealed (none: the old one dropped, so the
+        gateway never asks with a token the provider has replaced)."""
+        sealed = seal(refresh_token, self._key, person.subject) if refresh_token else None
+        await store.set_person_provider_token(person.id, sealed)
+
+    async def recheck(self, store: Store, person: PersonRecord) -> PersonRecord:
+        """The person as the provider says they are now (their groups, address and name, kept as a
+        sign-in keeps them), where it gave the gateway a refresh token; as the store has them where
+        it did not. Raises OidcError when the provider no longer vouches for them (their token is
+        dropped: they sign in again), ProviderUnavailable when it cannot be asked."""
+        token = open_sealed(await store.person_provider_token(person.id), self._key, person.subject)
+        if token is None:
+            return person
+        try:
+            identity = await self.client.refresh(token)
+        except ProviderUnavailable:
+            raise
+        except OidcError:
+            await store.set_person_provider_token(person.id, None)
+            raise
+        if identity.subject != person.subject:
+            await store.set_person_provider_token(person.id, None)
+            raise OidcError("the identity provider answered for someone else")
+        now = await store.person_signed_in(
+            person.subject, identity.email or person.email, identity.name or person.name, identity.groups
+        )
+        if identity.refresh_token:  # a provider that rotates its refresh tokens gave a new one
+            await self.keep(store, now, identity.refresh_token)
+        return now
