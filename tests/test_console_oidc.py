@@ -12,6 +12,7 @@ import re
 import socket
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
@@ -226,7 +227,7 @@ async def test_signing_in_through_the_provider_in_a_browser(start_gateway, upstr
 # --- A person's own keys, under their group's policy ------------------------------------------------
 
 POLICIES = (
-    PolicyConfig(group="eng", models=("anthropic/*",), rpm=100, key_ttl_hours=6),
+    PolicyConfig(group="eng", models=("anthropic/*",), rpm=100, key_ttl_hours=6, budget_usd=Decimal("25")),
     PolicyConfig(group="platform", key_ttl_hours=12),
 )
 
@@ -267,6 +268,7 @@ async def test_a_person_makes_a_key_under_their_policy_and_uses_it(start_with_po
     cat = await signed_in_as(gateway, CAT)  # in "eng": models anthropic/*, 6 hours
     mine = await cat.page("/console/me")
     assert "eng" in mine and "6 hours" in mine and "100 requests a minute" in mine
+    assert "Your budget, over all your keys, this month:" in mine and "$25" in mine
     secret = await make_my_key(cat)
     assert secret not in await cat.page("/console/me")  # shown once
     assert await chat(gateway, secret) == 200

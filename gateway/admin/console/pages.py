@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
@@ -350,6 +351,14 @@ class Pages:
                 + "<button>Make a key</button></form>"
             )
         now = self.now()
+        keys = await self.store.list_person_keys(person.id)
+        if policy is not None and policy.budget_usd is not None and policy.budget_period is not None:
+            # Every key of theirs carries the person's spend; with none yet, nothing is spent.
+            spent = keys[0].person_spend.in_period(policy.budget_period, now) if keys else Decimal(0)
+            body.append(
+                f"<p>Your budget, over all your keys, this {policy.budget_period}: "
+                f"{budget_bar(spent, policy.budget_usd)}</p>"
+            )
         rows = (
             (
                 text(key.id),
@@ -360,7 +369,7 @@ class Pages:
                 if key.revoked or key.expired(now)
                 else button_form(f"/console/me/keys/{key.id}/revoke", "Revoke", admin.csrf, danger=True),
             )
-            for key in await self.store.list_person_keys(person.id)
+            for key in keys
         )
         body.append(table(("id", "name", "expires (UTC)", "status", ""), rows))
         return self._page(admin, "My page", "".join(body), here=MY_PAGE[0], status=status)
