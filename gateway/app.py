@@ -20,7 +20,7 @@ from gateway.admin.console import add_console_routes, is_console, refusal_page
 from gateway.admin.device import add_device_routes
 from gateway.admin.oidc import OidcClient
 from gateway.admin.policies import governing
-from gateway.admin.provider_tokens import ProviderTokens
+from gateway.admin.provider_tokens import ProviderTokens, Rechecks
 from gateway.clock import Clock, system
 from gateway.config import Config
 from gateway.ops.metrics import NO_METRICS, Metrics, NoMetrics, metrics_handler
@@ -111,6 +111,9 @@ def build_app(
     add_routes(app, config, services, stages, chat_completions, responses, messages, count_tokens)
     add_stored_response_routes(app, services.kept, stages)
     provider = _provider_tokens(app, config)
+    if provider is not None and config.oidc is not None:  # people asked about again, every so often
+        rechecks = Rechecks(services.store, provider, config.oidc.recheck_minutes, stages.auth.forget, now)
+        app.cleanup_ctx.append(rechecks.lifespan)
     if config.admin is not None:  # the admin API: no API chain, no billing (gateway/admin/api.py)
         add_admin_routes(app, config.admin, services.store, forget_key=stages.auth.forget, now=now)
         add_console_routes(  # /console

@@ -663,6 +663,9 @@ class OidcConfig:
     )
     # First match in file order; a person in no such group is a member: their own page only.
     roles: tuple[OidcRole, ...] = ()
+    # How often the people with keys in use are asked about again (their keys revoked when the
+    # provider no longer vouches for them).
+    recheck_minutes: int = _field(60, check=_positive)
     # The console's callback as the provider has it registered (…/console/oidc/callback). Empty:
     # the request's own origin's; behind a proxy that ends TLS, say it here.
     redirect_url: str = _field("", check=lambda v: v and _http_url(v))

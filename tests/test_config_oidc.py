@@ -50,6 +50,7 @@ roles = [{{ group = "platform", role = "admin" }}, {{ group = "finance", role = 
         roles=(OidcRole("platform", "admin"), OidcRole("finance", "viewer")),
     )
     assert (oidc.scopes, oidc.groups_claim, oidc.redirect_url) == (("openid", "email", "profile"), "groups", "")
+    assert oidc.recheck_minutes == 60
     assert SECRET not in repr(oidc)
 
 
@@ -74,6 +75,7 @@ scopes = ["email", "profile"]
 allowed_email_domains = [""]
 roles = [{{ group = "platform", role = "owner" }}, {{ group = "", role = "viewer" }}]
 redirect_url = "not a url"
+recheck_minutes = 0
 """
     )
     status, output = await run_command("check-config", str(path))
@@ -87,6 +89,7 @@ redirect_url = "not a url"
             'oidc.roles[0].role: expected "admin" or "viewer"',
             "oidc.roles[1].group: expected a non-empty string",
             "oidc.redirect_url: expected an http(s) URL with a host",
+            "oidc.recheck_minutes: expected a positive integer",
         ]
     )
 

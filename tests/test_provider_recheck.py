@@ -7,15 +7,18 @@ down renews nothing but says to try again. With the real OpenID provider on loop
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
-from gateway.admin.provider_tokens import open_sealed, seal, sealing_key
+from gateway.admin.oidc import OidcClient
+from gateway.admin.provider_tokens import ProviderTokens, Rechecks, open_sealed, seal, sealing_key
+from gateway.app import STORE
 from gateway.storage import open_store
 from tests.oidc_provider import add_user, revoke_tokens, running_provider
 from tests.support import make_config
 from tests.test_console import ADMIN
-from tests.test_console_oidc import CAT, chat, oidc_config
+from tests.test_console_oidc import ANA, CAT, chat, oidc_config
 from tests.test_device_flow import POLICIES, issuer, logged_in, people, renew, start  # noqa: F401 (fixtures)
 
 
@@ -84,3 +87,22 @@ async def test_a_provider_that_is_down_renews_nothing_and_says_so(start_gateway,
     assert (status, body["error"]) == (503, "temporarily_unavailable") and "try again" in body["error_description"]
     status, body = await renew(gateway, answer["refresh_token"])  # the token was not spent
     assert status == 503
+
+
+async def test_a_recheck_round_revokes_the_keys_of_whom_the_provider_no_longer_vouches_for(start, storage_url, issuer):
+    """[oidc] recheck_minutes' round, on the gateway's own store: Cat left (her tokens revoked at
+    the provider), so her keys are revoked, audited as the identity provider's doing; Ana stays."""
+    gateway = await start(storage_url)
+    cats = (await logged_in(gateway))["access_token"]
+    anas = (await logged_in(gateway, ANA))["access_token"]
+    await revoke_tokens(issuer, CAT)
+    provider = ProviderTokens(OidcClient(oidc_config(issuer)), ADMIN.session_signing_key)
+    try:
+        rechecks = Rechecks(gateway.app[STORE], provider, 60, lambda digest: None, lambda: datetime.now(UTC))
+        assert await rechecks.round() == 1
+        assert await rechecks.round() == 0  # her keys are gone: nobody left to end
+    finally:
+        await provider.client.close()
+    assert await chat(gateway, cats) == 401 and await chat(gateway, anas) == 200
+    entries = await gateway.app[STORE].audit_log(limit=20)
+    assert any(e.action == "key.revoke" and e.actor == "identity provider" for e in entries)

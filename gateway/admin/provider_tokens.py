@@ -12,20 +12,29 @@ ciphertext (its tag at the end)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextvars
+import logging
 import os
+from collections.abc import AsyncIterator, Callable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from gateway.admin import changes
 from gateway.admin.oidc import OidcClient, OidcError, ProviderUnavailable
+from gateway.clock import Clock
 from gateway.storage import Store
 from gateway.storage.records import PersonRecord
 
+log = logging.getLogger("ezat.admin")
+
 VERSION = "ezat-idp1."
+PROVIDER_ACTOR = "identity provider"  # the audit log's actor of a revocation a re-check makes
 PURPOSE = b"ezat-gateway identity provider refresh token v1"
 NONCE_BYTES = 12
 
@@ -69,12 +78,13 @@ class ProviderTokens:
         sealed = seal(refresh_token, self._key, person.subject) if refresh_token else None
         await store.set_person_provider_token(person.id, sealed)
 
-    async def recheck(self, store: Store, person: PersonRecord) -> PersonRecord:
+    async def recheck(self, store: Store, person: PersonRecord, *, again: bool = True) -> PersonRecord:
         """The person as the provider says they are now (their groups, address and name, kept as a
         sign-in keeps them), where it gave the gateway a refresh token; as the store has them where
         it did not. Raises OidcError when the provider no longer vouches for them (their token is
         dropped: they sign in again), ProviderUnavailable when it cannot be asked."""
-        token = open_sealed(await store.person_provider_token(person.id), self._key, person.subject)
+        sealed = await store.person_provider_token(person.id)
+        token = open_sealed(sealed, self._key, person.subject)
         if token is None:
             return person
         try:
@@ -82,6 +92,10 @@ class ProviderTokens:
         except ProviderUnavailable:
             raise
         except OidcError:
+            # A provider that rotates its refresh tokens refuses the old one once another renewal
+            # (or replica) has used it: with a newer one kept meanwhile, ask with that.
+            if again and await store.person_provider_token(person.id) != sealed:
+                return await self.recheck(store, person, again=False)
             await store.set_person_provider_token(person.id, None)
             raise
         if identity.subject != person.subject:
@@ -93,3 +107,62 @@ class ProviderTokens:
         if identity.refresh_token:  # a provider that rotates its refresh tokens gave a new one
             await self.keep(store, now, identity.refresh_token)
         return now
+
+
+class Rechecks:
+    """`[oidc] recheck_minutes`: every so often, each person who has keys in use is asked about
+    again, as a renewal asks: their groups brought up to date (their policy follows at once), and
+    the keys of one the provider no longer vouches for revoked, so that leaving the company ends
+    their access within minutes, not at their key's end. A provider that cannot be reached is
+    skipped until the next round."""
+
+    def __init__(
+        self, store: Store, provider: ProviderTokens, minutes: int, forget_key: Callable[[str], None], now: Clock
+    ) -> None:
+        self._store = store
+        self._provider = provider
+        self._seconds = minutes * 60
+        self._forget_key = forget_key
+        self._now = now
+
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        """aiohttp cleanup context: the loop, for as long as the app runs."""
+        running = asyncio.create_task(self._loop(), context=contextvars.Context())
+        yield
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._seconds)
+            try:
+                await self.round()
+            except Exception:  # the store away, say: the next round tries again
+                log.exception("re-checking people with the identity provider failed")
+
+    async def round(self) -> int:
+        """One pass over the people with keys in use; how many lost their keys."""
+        ended = 0
+        now = self._now()
+        after = None
+        while people := await self._store.list_people(limit=500, after=after):
+            after = people[-1].id
+            for person in people:
+                if person.disabled:
+                    continue
+                live = [
+                    k for k in await self._store.list_person_keys(person.id) if not k.revoked and not k.expired(now)
+                ]
+                if not live:
+                    continue
+                try:
+                    await self._provider.recheck(self._store, person)
+                except ProviderUnavailable as down:
+                    log.warning("the identity provider cannot be reached to re-check people: %s", down)
+                    return ended
+                except OidcError:
+                    for key in live:
+                        await changes.revoke_key(self._store, PROVIDER_ACTOR, key)
+                        self._forget_key(key.key_sha256)
+                    ended += 1
+        return ended
