@@ -489,3 +489,18 @@ async def test_the_store_rotates_renewal_tokens_and_revokes_them_when_the_person
     [winner] = [third for third, ok in zip(thirds, won) if ok]
     assert (await store.find_renewal(winner.token_sha256)).revoked_at is not None
     assert not await store.rotate_renewal(winner.token_sha256, first)  # revoked: no renewal
+
+
+async def test_one_address_asking_for_many_sign_ins_is_slowed_down(start, sqlite_url):
+    """/oauth/device/authorize needs no credential and writes a row each time: an address gets
+    AUTHORIZATIONS_PER_MINUTE a minute, then 429 slow_down with retry-after."""
+    gateway = await start(sqlite_url)
+    for _ in range(device.AUTHORIZATIONS_PER_MINUTE):
+        await begin(gateway)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            gateway.url + "/oauth/device/authorize", data={"client_id": "ezat-gateway-cli"}
+        ) as response:
+            body = await response.json()
+            assert (response.status, body["error"]) == (429, "slow_down")
+            assert 0 < int(response.headers["Retry-After"]) <= 60

@@ -32,6 +32,7 @@ from gateway.admin.changes import AdminError
 from gateway.admin.oidc import OidcError, ProviderUnavailable
 from gateway.admin.policies import make_person_key, policy_for
 from gateway.admin.provider_tokens import ProviderTokens
+from gateway.admin.tokens import FailedAttempts
 from gateway.clock import Clock, system
 from gateway.config import OidcConfig, PolicyConfig
 from gateway.storage import Store
@@ -65,6 +66,7 @@ RENEWAL_PREFIX = "ezat-renew-"  # a renewal token's, so a secret scanner can tel
 # A renewal token unused this long expires (each renewal gives a new one, for as long again).
 RENEWAL_LIFETIME = timedelta(days=30)
 NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}  # RFC 6749 §5.1
+AUTHORIZATIONS_PER_MINUTE = 20  # per client address and process: a person runs login now and then
 
 
 def new_user_code() -> str:
@@ -121,6 +123,8 @@ class DeviceFlow:
         self.policies = tuple(policies)
         self.now = now
         self.provider = provider  # asks the identity provider again at each renewal
+        # Authorizations need no credential and each writes a row: counted per client address.
+        self._authorizations = FailedAttempts(AUTHORIZATIONS_PER_MINUTE)
 
     # --- the routes
 
@@ -130,6 +134,13 @@ class DeviceFlow:
             await self._form(request)
         except OAuthError as refused:
             return refused.response()
+        address = request.remote or ""
+        if wait := self._authorizations.wait(address):
+            refused = OAuthError("slow_down", f"Too many sign-ins from this address: try again in {wait} s.", 429)
+            response = refused.response()
+            response.headers["Retry-After"] = str(wait)
+            return response
+        self._authorizations.failed(address)  # counted, as the admin tokens' failures are
         device_code = secrets.token_urlsafe(32)  # 43 characters
         now = datetime.now(UTC)
         while True:  # another unexpired grant with the same user code is rare: draw again
