@@ -3,8 +3,8 @@ person is in says which models their keys may use, at what rates, what they may 
 of them in a day, week or month, and how long a key they make lives. The policy is applied to a
 key each time the auth stage reads it (so within its cache's seconds a changed policy, a
 person's new groups or their being disabled reach every key of theirs), not copied into the key
-when it is made. A person's key is made one way, whether on the console's
-page or by `ezat-gateway login` (make_person_key)."""
+when it is made. A person's key is made one way, on the console's page or by `ezat-gateway
+login` alike (make_person_key)."""
 
 from __future__ import annotations
 
