@@ -136,8 +136,8 @@ class DeviceFlow:
             return refused.response()
         address = request.remote or ""
         if wait := self._authorizations.wait(address):
-            refused = OAuthError("slow_down", f"Too many sign-ins from this address: try again in {wait} s.", 429)
-            response = refused.response()
+            slowed = OAuthError("slow_down", f"Too many sign-ins from this address: try again in {wait} s.", 429)
+            response = slowed.response()
             response.headers["Retry-After"] = str(wait)
             return response
         self._authorizations.failed(address)  # counted, as the admin tokens' failures are
