@@ -38,11 +38,19 @@ async def sealed_token_of(storage_url: str, subject: str) -> str | None:
         await store.close()
 
 
-async def test_the_providers_refresh_token_is_kept_sealed(start, storage_url):
+async def test_the_providers_refresh_token_is_kept_sealed(start, storage_url, issuer):
     gateway = await start(storage_url)
     await logged_in(gateway)
     sealed = await sealed_token_of(storage_url, CAT)
     assert sealed is not None and sealed.startswith("ezat-idp1.")
+    # It opens, under the gateway's key, to a token the provider takes; the store holds it only sealed.
+    token = open_sealed(sealed, sealing_key(ADMIN.session_signing_key), CAT)
+    assert token and token not in sealed
+    client = OidcClient(oidc_config(issuer))
+    try:
+        assert (await client.refresh(token)).subject == CAT
+    finally:
+        await client.close()
     # Bound to its person: the same seal does not open as someone else's, nor under another key.
     key = sealing_key(b"k" * 32)
     assert open_sealed(seal("a-refresh-token", key, CAT), key, CAT) == "a-refresh-token"
@@ -72,6 +80,9 @@ async def test_a_person_the_provider_no_longer_vouches_for_gets_no_key(start, st
     assert (status, body["error"]) == (400, "invalid_grant")
     assert "no longer vouches" in body["error_description"]
     assert await sealed_token_of(storage_url, CAT) is None  # dropped: she signs in again
+    # Asking again with the same renewal token gets no key either: it was revoked with the trust.
+    status, body = await renew(gateway, answer["refresh_token"])
+    assert (status, body["error"]) == (400, "invalid_grant") and "revoked" in body["error_description"]
 
 
 async def test_a_provider_that_is_down_renews_nothing_and_says_so(start_gateway, upstream, storage_url):
@@ -93,7 +104,8 @@ async def test_a_recheck_round_revokes_the_keys_of_whom_the_provider_no_longer_v
     """[oidc] recheck_minutes' round, on the gateway's own store: Cat left (her tokens revoked at
     the provider), so her keys are revoked, audited as the identity provider's doing; Ana stays."""
     gateway = await start(storage_url)
-    cats = (await logged_in(gateway))["access_token"]
+    cats_login = await logged_in(gateway)
+    cats = cats_login["access_token"]
     anas = (await logged_in(gateway, ANA))["access_token"]
     await revoke_tokens(issuer, CAT)
     provider = ProviderTokens(OidcClient(oidc_config(issuer)), ADMIN.session_signing_key)
@@ -104,5 +116,7 @@ async def test_a_recheck_round_revokes_the_keys_of_whom_the_provider_no_longer_v
     finally:
         await provider.client.close()
     assert await chat(gateway, cats) == 401 and await chat(gateway, anas) == 200
+    status, body = await renew(gateway, cats_login["refresh_token"])  # nor does her command line renew
+    assert (status, body["error"]) == (400, "invalid_grant")
     entries = await gateway.app[STORE].audit_log(limit=20)
     assert any(e.action == "key.revoke" and e.actor == "identity provider" for e in entries)

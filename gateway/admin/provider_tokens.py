@@ -96,10 +96,10 @@ class ProviderTokens:
             # (or replica) has used it: with a newer one kept meanwhile, ask with that.
             if again and await store.person_provider_token(person.id) != sealed:
                 return await self.recheck(store, person, again=False)
-            await store.set_person_provider_token(person.id, None)
+            await store.end_provider_trust(person.id)  # no renewal gets past it by asking again
             raise
         if identity.subject != person.subject:
-            await store.set_person_provider_token(person.id, None)
+            await store.end_provider_trust(person.id)
             raise OidcError("the identity provider answered for someone else")
         now = await store.person_signed_in(
             person.subject, identity.email or person.email, identity.name or person.name, identity.groups

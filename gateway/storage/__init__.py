@@ -151,6 +151,10 @@ class Store(Protocol):
     async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
         """Keeps `sealed` as the person's (None: drops theirs)."""
 
+    async def end_provider_trust(self, person_id: int) -> None:
+        """The identity provider no longer vouches for the person: their sealed token dropped and
+        their command line's renewal tokens revoked, in one transaction (they log in again)."""
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         """By id, `limit` at most; `after`: only people with a larger id."""
 

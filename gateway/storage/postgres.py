@@ -81,6 +81,8 @@ _MIGRATION_LOCK = 0x657A6174
 # Seconds a connection may take to open, and a statement to answer, before it counts as failed:
 # a server that stops answering fails requests instead of holding them (and shutdown) forever.
 _TIMEOUT = 10.0
+# A person's command-line renewal tokens, all revoked (disabled, or the provider no longer vouches).
+_REVOKE_RENEWALS = "UPDATE renewal_tokens SET revoked_at = now() WHERE person_id = $1 AND revoked_at IS NULL"
 # Connections of the stored responses' own pool, opened as they are needed.
 RESPONSES_POOL_SIZE = 4
 # Seconds between a replica's sweeps of expired stored responses.
@@ -437,6 +439,11 @@ class PostgresStore:
     async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
         await self._pool.execute("UPDATE people SET provider_token = $2 WHERE id = $1", person_id, sealed)
 
+    async def end_provider_trust(self, person_id: int) -> None:
+        async with self._pool.acquire() as db, db.transaction():
+            await db.execute("UPDATE people SET provider_token = NULL WHERE id = $1", person_id)
+            await db.execute(_REVOKE_RENEWALS, person_id)
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         rows = await self._pool.fetch(
             f"SELECT {PERSON_COLUMNS} FROM people WHERE id > $1 ORDER BY id LIMIT $2",
@@ -459,10 +466,7 @@ class PostgresStore:
                 )
             )
             if disabled:  # their command line's renewals end with their access
-                await db.execute(
-                    "UPDATE renewal_tokens SET revoked_at = now() WHERE person_id = $1 AND revoked_at IS NULL",
-                    person_id,
-                )
+                await db.execute(_REVOKE_RENEWALS, person_id)
             await _audit(db, audit, f"person:{person_id}", person_view(_person(row)), person_view(changed))
             return changed
 

@@ -351,6 +351,9 @@ class SQLiteStore:
     async def set_person_provider_token(self, person_id: int, sealed: str | None) -> None:
         await self._writer.call(_transaction, _update_provider_token, person_id, sealed)
 
+    async def end_provider_trust(self, person_id: int) -> None:
+        await self._writer.call(_transaction, _end_provider_trust, person_id)
+
     async def list_people(self, *, limit: int, after: int | None = None) -> list[PersonRecord]:
         rows = await self._reader.call(
             _fetch_all,
@@ -814,6 +817,18 @@ def _update_provider_token(db: sqlite3.Connection, person_id: int, sealed: str |
     db.execute("UPDATE people SET provider_token = ? WHERE id = ?", (sealed, person_id))
 
 
+def _end_provider_trust(db: sqlite3.Connection, person_id: int) -> None:
+    _update_provider_token(db, person_id, None)
+    _revoke_renewals(db, person_id)
+
+
+def _revoke_renewals(db: sqlite3.Connection, person_id: int) -> None:
+    db.execute(
+        "UPDATE renewal_tokens SET revoked_at = ? WHERE person_id = ? AND revoked_at IS NULL",
+        (_text(datetime.now(UTC)), person_id),
+    )
+
+
 def _select_person(db: sqlite3.Connection, condition: str, value: Any) -> PersonRecord | None:
     row = db.execute(f"SELECT {PERSON_COLUMNS} FROM people WHERE {condition}", (value,)).fetchone()
     return None if row is None else _person(row)
@@ -843,10 +858,7 @@ def _set_person_disabled(
         return found
     db.execute("UPDATE people SET disabled = ? WHERE id = ?", (int(disabled), person_id))
     if disabled:  # their command line's renewals end with their access
-        db.execute(
-            "UPDATE renewal_tokens SET revoked_at = ? WHERE person_id = ? AND revoked_at IS NULL",
-            (_text(datetime.now(UTC)), person_id),
-        )
+        _revoke_renewals(db, person_id)
     changed = _select_person(db, "id = ?", person_id)
     assert changed is not None  # this transaction wrote it
     _audit(db, audit, f"person:{person_id}", person_view(found), person_view(changed))
