@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import pytest
 
+from gateway.admin.policies import NO_POLICY
 from gateway.config import OidcConfig, OidcRole, PolicyConfig
 from gateway.storage import open_store
 from tests.oidc_provider import add_user, authorize, running_provider
@@ -391,3 +392,21 @@ async def test_spend_per_person_in_the_api_the_cli_and_the_overview(
     assert any(line[:3] == ["(no", "person)", "1"] for line in lines)
     overview = await ana.page("/console")
     assert "Top people" in overview and "cat@example.com" in overview
+
+
+async def test_without_oidc_a_persons_keys_are_refused(
+    start_with_policies, start_gateway, upstream, issuer, people, storage_url
+):
+    """[oidc] taken out of the config (and so [[policies]], which needs it): a person's keys are
+    no admin's keys, and no policy covers them any more."""
+    gateway = await start_with_policies(issuer)
+    secret = await make_my_key(await signed_in_as(gateway, CAT))
+    assert await chat(gateway, secret) == 200
+    config = replace(make_config(upstream.url, storage_url), admin=ADMIN)
+    without = await start_gateway(config, key_cache_seconds=0)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(without.url + "/v1/models", headers={"Authorization": f"Bearer {secret}"}) as r:
+            assert r.status == 401
+            assert (await r.json())["error"]["message"] == NO_POLICY
+    async with without.client() as admins_key:  # the config's own key is nobody's: it still works
+        assert (await admins_key.models.list()).data
