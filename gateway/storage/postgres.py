@@ -81,6 +81,17 @@ _MIGRATION_LOCK = 0x657A6174
 # Seconds a connection may take to open, and a statement to answer, before it counts as failed:
 # a server that stops answering fails requests instead of holding them (and shutdown) forever.
 _TIMEOUT = 10.0
+# A person's spend added in the current day, week and month ($3, $4, $5: their first days), each
+# from 0 in a period of its kind begun since they last spent in one.
+_ADD_PERSON_SPEND = (
+    "UPDATE people SET "
+    + ", ".join(
+        f"{period}_spent_usd = CASE WHEN {period}_start >= ${n}::date"
+        f" THEN {period}_spent_usd + $2 ELSE $2 END, {period}_start = GREATEST({period}_start, ${n}::date)"
+        for n, period in enumerate(PERIODS, start=3)
+    )
+    + " WHERE id = $1"
+)
 # A person's command-line renewal tokens, all revoked (disabled, or the provider no longer vouches).
 _REVOKE_RENEWALS = "UPDATE renewal_tokens SET revoked_at = now() WHERE person_id = $1 AND revoked_at IS NULL"
 # Connections of the stored responses' own pool, opened as they are needed.
@@ -630,10 +641,16 @@ class PostgresStore:
                     keys,
                 )
             }
+            # Only a person's key with a budget names them: the others' holds pay no round trip for it.
             person_spent = {
                 row["id"]: _person_spend(row)
-                for row in await db.fetch(
-                    f"SELECT id, {_PERSON_SPEND} FROM people WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE", people
+                for row in (
+                    await db.fetch(
+                        f"SELECT id, {_PERSON_SPEND} FROM people WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+                        people,
+                    )
+                    if people
+                    else ()
                 )
             }
             org_spent = dict(
@@ -661,6 +678,8 @@ class PostgresStore:
                     "SELECT person_id, sum(amount_usd) FROM reservations WHERE person_id = ANY($1) GROUP BY person_id",
                     people,
                 )
+                if people
+                else ()
             )
             org_held = dict(
                 await db.fetch(
@@ -741,19 +760,14 @@ class PostgresStore:
                 # Each person's spend in the current day, week and month (whatever their policy's
                 # period, which may change), from 0 in a period of a kind begun since they last
                 # spent in one; after keys, before organizations, as hold() locks them.
-                await db.executemany(
-                    "UPDATE people SET "
-                    + ", ".join(
-                        f"{period}_spent_usd = CASE WHEN {period}_start >= ${n}::date"
-                        f" THEN {period}_spent_usd + $2 ELSE $2 END, {period}_start = GREATEST({period}_start, ${n}::date)"
-                        for n, period in enumerate(PERIODS, start=3)
+                if by_person:
+                    await db.executemany(
+                        _ADD_PERSON_SPEND,
+                        [
+                            (person_id, cost, starts["day"], starts["week"], starts["month"])
+                            for person_id, cost in sorted(by_person.items())
+                        ],
                     )
-                    + " WHERE id = $1",
-                    [
-                        (person_id, cost, starts["day"], starts["week"], starts["month"])
-                        for person_id, cost in sorted(by_person.items())
-                    ],
-                )
                 await db.executemany(
                     "UPDATE organizations SET spent_usd = spent_usd + $2 WHERE id = $1", sorted(by_organization.items())
                 )
