@@ -28,12 +28,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from gateway import clock, version
+
+T = TypeVar("T")
 
 CLIENT_ID = "ezat-gateway-cli"  # the client id the gateway's /oauth endpoints know this command by
 DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -181,19 +183,17 @@ def _read_entries(path: Path) -> dict[str, Any]:
 def login_command(gateway: str, *, environ: Mapping[str, str] = os.environ, now: clock.Clock = clock.system) -> int:
     """`ezat-gateway login`: 0 once signed in and saved; 1, saying why, when not; 130 on Ctrl-C."""
     path = credentials_file(environ)
-    try:
-        _read_entries(path)  # a file that cannot be saved into is said before the person approves anything
+
+    def sign_in_and_save() -> Credentials:
+        _read_entries(path)  # a file that is not a credentials file is said before anything is approved
         credentials = asyncio.run(sign_in(gateway, say=_say, now=now))
         with locked(path):
             save_credentials(path, gateway, credentials)
-    except KeyboardInterrupt:
-        return 130
-    except LoginError as exc:
-        _say(f"ezat-gateway login: {exc}")
-        return 1
-    except OSError as exc:
-        _say(f"ezat-gateway login: cannot save {path}: {exc.strerror}")
-        return 1
+        return credentials
+
+    credentials = _attempt("login", path, sign_in_and_save)
+    if isinstance(credentials, int):
+        return credentials
     _say(f"Signed in to {gateway}: your key expires at {_when(credentials.expires_at, now())}.")
     _say(f"`ezat-gateway key --gateway {shlex.quote(gateway)}` prints it, renewed when it is about to expire.")
     return 0
@@ -202,18 +202,26 @@ def login_command(gateway: str, *, environ: Mapping[str, str] = os.environ, now:
 def key_command(gateway: str, *, environ: Mapping[str, str] = os.environ, now: clock.Clock = clock.system) -> int:
     """`ezat-gateway key`: the key on stdout and 0, else a message on stderr and 1 (130 on Ctrl-C)."""
     path = credentials_file(environ)
+    key = _attempt("key", path, lambda: current_key(path, gateway, now=now), then=f"; then run {login_line(gateway)}")
+    if isinstance(key, int):
+        return key
+    print(key, flush=True)
+    return 0
+
+
+def _attempt(command: str, path: Path, work: Callable[[], T], *, then: str = "") -> T | int:
+    """`work()`'s result, or the exit status of a command it failed for, said on stderr: 130 on
+    Ctrl-C, 1 for a refusal or a file that cannot be saved (`then`: what to do next)."""
     try:
-        key = current_key(path, gateway, now=now)
+        return work()
     except KeyboardInterrupt:
         return 130
     except LoginError as exc:
-        _say(f"ezat-gateway key: {exc}")
+        _say(f"ezat-gateway {command}: {exc}")
         return 1
     except OSError as exc:
-        _say(f"ezat-gateway key: cannot save {path}: {exc.strerror}; then run {login_line(gateway)}")
+        _say(f"ezat-gateway {command}: cannot save {path}: {exc.strerror}{then}")
         return 1
-    print(key, flush=True)
-    return 0
 
 
 def current_key(path: Path, gateway: str, *, now: clock.Clock = clock.system) -> str:
