@@ -221,7 +221,7 @@ async def test_headers_longer_than_their_frame_end_the_stream(bedrock):
 
 
 @pytest.mark.parametrize(
-    "count", ["\u00b2", "9" * 5000, "-3", ""], ids=["superscript", "5000 digits", "negative", "empty"]
+    "count", ["7", "\u00b2", "9" * 5000, "-3", ""], ids=["a count", "superscript", "5000 digits", "negative", "empty"]
 )
 async def test_a_whole_answers_usage_from_headers_only_where_they_count(bedrock, count):
     """A message without usage takes it from Bedrock's token-count headers; a header that is not a
@@ -234,3 +234,12 @@ async def test_a_whole_answers_usage_from_headers_only_where_they_count(bedrock,
     async with client(gateway) as claude:
         answer = await claude.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}])
     assert answer.content[0].text == TEXT and answer.usage.input_tokens == 12
+    if count == "7":
+        assert answer.usage.output_tokens == 7  # Bedrock's count, taken
+    else:  # not a count: as if Bedrock had sent no header at all
+        upstream.answer = (message, {"x-amzn-bedrock-input-token-count": "12"})
+        async with client(gateway) as claude:
+            without = await claude.messages.create(
+                model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Hi"}]
+            )
+        assert answer.usage.output_tokens == without.usage.output_tokens

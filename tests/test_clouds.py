@@ -582,8 +582,8 @@ STS_REFUSAL = b"""<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15
 
 async def test_a_role_sts_refuses_to_assume_fails_over(start_clouds, bedrock, upstream, monkeypatch, tmp_path):
     """The profile's role: STS (a real HTTP server here) refuses AssumeRole, which botocore raises
-    as a ClientError. The client gets Anthropic's answer; a second request does not ask STS again
-    at once (the deployment cools)."""
+    as a ClientError. It is the gateway's 500 inside, never the client's: each request is answered
+    by Anthropic, and each asks STS again (one failure does not cool a deployment)."""
     assumed: list[str] = []
 
     async def sts(request: web.Request) -> web.Response:
@@ -609,10 +609,11 @@ async def test_a_role_sts_refuses_to_assume_fails_over(start_clouds, bedrock, up
         gateway = await start_clouds(BEDROCK, ANTHROPIC, deployment={BEDROCK: {"aws_profile": "team"}})
         async with gateway.client() as chat:
             reply = await chat.chat.completions.create(model=MODEL, messages=HELLO)
-        assert reply.choices[0].message.content == ECHO
-        assert assumed == ["AssumeRole"] and bedrock.requests == [] and len(upstream.requests) == 1
-        [row] = await gateway.app[STORE].ledger()
-        assert row.deployment == ANTHROPIC
+            again = await chat.chat.completions.create(model=MODEL, messages=HELLO)
+        assert reply.choices[0].message.content == again.choices[0].message.content == ECHO
+        assert assumed == ["AssumeRole"] * 2 and bedrock.requests == [] and len(upstream.requests) == 2
+        rows = await gateway.app[STORE].ledger()
+        assert [row.deployment for row in rows] == [ANTHROPIC] * 2
     finally:
         await runner.cleanup()
 
@@ -645,6 +646,14 @@ async def test_a_refused_bedrock_api_key_is_a_500_and_fails_over(start_clouds, b
         reply = await chat.chat.completions.create(model=MODEL, messages=HELLO)
     assert reply.choices[0].message.content == ECHO
     assert len(bedrock.requests) == 1 and len(upstream.requests) == 1
+    # With Bedrock alone, the client sees the gateway's 500, naming neither the key nor Bedrock's words.
+    alone = await start_clouds(BEDROCK, deployment={BEDROCK: {"api_key": "ABSKnot-a-key-it-knows"}})
+    async with alone.client() as chat:
+        with pytest.raises(openai.InternalServerError) as refused:
+            await chat.chat.completions.create(model=MODEL, messages=HELLO)
+    assert refused.value.body["type"] == "server_error"
+    assert refused.value.body["message"] == "The upstream rejected the gateway's credentials."
+    assert "ABSKnot" not in refused.value.response.text and "API Key" not in refused.value.response.text
 
 
 async def test_vertex_fetches_one_token_for_many_concurrent_requests(start_clouds, vertex):
