@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gateway.config import OidcConfig, OidcRole, load_config
+from gateway.config import MAX_PER_MINUTE, OidcConfig, OidcRole, load_config
 from tests.support import run_command
 
 SECRET = "oidc-client-secret-never-shown"
@@ -104,5 +104,31 @@ async def test_check_config_wants_the_console_and_the_secret(tmp_path):
             "oidc: people sign in to the console, which needs an [admin] table",
             "oidc.issuer: expected an https URL with a host, and no query or fragment",
             "oidc.client_secret: required",
+        ]
+    )
+
+
+async def test_check_config_names_every_policy_problem(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        BASE
+        + """
+[[policies]]
+group = ""
+rpm = 0
+key_ttl_hours = 5000
+budget_period = "week"
+"""
+    )
+    status, output = await run_command("check-config", str(path))
+    assert status == 1 and "Traceback" not in output
+    assert sorted(output.splitlines()) == sorted(
+        [
+            "policies: they govern people's keys, and people sign in with [oidc]",
+            "policies[0].group: expected a non-empty string",
+            f"policies[0].rpm: expected a positive integer up to {MAX_PER_MINUTE}",
+            "policies[0].key_ttl_hours: expected hours from 1 to 2160",
+            "policies[0].budget_period: a budget period (week) needs a budget to count over: give the policy a"
+            " budget_usd too, or no budget_period",
         ]
     )

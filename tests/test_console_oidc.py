@@ -191,6 +191,7 @@ async def test_a_provider_that_is_down_is_said_so_and_admin_tokens_still_sign_in
     assert status == 503 and "cannot be reached" in body and "admin token" in body
     status, _, headers = await visitor.sign_in(ROOT_TOKEN)
     assert (status, headers["Location"]) == (303, "/console")
+    assert "<h1>Overview</h1>" in await visitor.page("/console")  # signed in, as an admin
 
 
 async def test_signing_in_through_the_provider_in_a_browser(start_gateway, upstream, storage_url, chromium):
@@ -410,3 +411,22 @@ async def test_without_oidc_a_persons_keys_are_refused(
             assert (await r.json())["error"]["message"] == NO_POLICY
     async with without.client() as admins_key:  # the config's own key is nobody's: it still works
         assert (await admins_key.models.list()).data
+
+
+async def test_the_first_policy_in_file_order_governs_and_its_rates_hold(start_gateway, upstream, issuer, people):
+    """Ana is in "platform" and "eng"; the file lists a 2-request-a-minute "platform" policy first,
+    so hers is it (not "eng", listed second, nor the order of her groups): her key lives the
+    default 12 hours and its third request in a minute gets 429."""
+    policies = (PolicyConfig(group="platform", rpm=2), PolicyConfig(group="eng", key_ttl_hours=1))
+    config = replace(make_config(upstream.url), admin=ADMIN, oidc=oidc_config(issuer), policies=policies)
+    gateway = await start_gateway(config, key_cache_seconds=0)
+    ana = await signed_in_as(gateway, ANA)
+    assert "Your group <b>platform</b>" in await ana.page("/console/me")
+    secret = await make_my_key(ana)
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {ROOT_TOKEN}"}
+        async with http.get(gateway.url + "/admin/v1/keys", headers=headers) as response:
+            [key] = [k for k in (await response.json())["data"] if k["person_id"] is not None]
+    lives = datetime.fromisoformat(key["expires_at"]) - datetime.now(UTC)
+    assert timedelta(hours=12) - timedelta(minutes=1) < lives <= timedelta(hours=12)
+    assert [await chat(gateway, secret) for _ in range(3)] == [200, 200, 429]
