@@ -7,22 +7,17 @@ A token is encrypted and authenticated with AES-GCM under a key derived (HKDF-SH
 would take, and a sealed token copied to another person's row does not open. Without a
 session_key in the config, the key is the process's own: tokens sealed before a restart (or by
 another replica) do not open, and the person's renewal simply does not ask the provider until
-they sign in again. The format: VERSION, then base64url of a random 96-bit nonce and the
-ciphertext (its tag at the end)."""
+they sign in again. The envelope is the reasoning seals' (middlewares/responses/sealing.py),
+under its own VERSION."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextvars
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.admin import changes
@@ -30,13 +25,13 @@ from gateway.admin.oidc import OidcClient, OidcError, ProviderUnavailable
 from gateway.clock import Clock
 from gateway.storage import Store
 from gateway.storage.records import PersonRecord
+from middlewares.responses.sealing import open_bytes, seal_bytes
 
 log = logging.getLogger("ezat.admin")
 
 VERSION = "ezat-idp1."
 PROVIDER_ACTOR = "identity provider"  # the audit log's actor of a revocation a re-check makes
 PURPOSE = b"ezat-gateway identity provider refresh token v1"
-NONCE_BYTES = 12
 
 
 def sealing_key(session_key: bytes) -> bytes:
@@ -46,21 +41,16 @@ def sealing_key(session_key: bytes) -> bytes:
 
 
 def seal(token: str, key: bytes, subject: str) -> str:
-    nonce = os.urandom(NONCE_BYTES)
-    sealed = AESGCM(key).encrypt(nonce, token.encode(), PURPOSE + subject.encode())
-    return VERSION + base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
+    return seal_bytes(token.encode(), key, PURPOSE + subject.encode(), VERSION)
 
 
 def open_sealed(text: str | None, key: bytes, subject: str) -> str | None:
     """The token `seal` sealed for `subject` under `key`, or None for anything else (another
     key's, another person's, altered, not a seal at all)."""
-    if not text or not text.startswith(VERSION):
-        return None
-    encoded = text[len(VERSION) :]
+    plain = open_bytes(text, key, PURPOSE + subject.encode(), VERSION)
     try:
-        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-        return AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], PURPOSE + subject.encode()).decode()
-    except (binascii.Error, ValueError, InvalidTag, UnicodeDecodeError):
+        return None if plain is None else plain.decode()
+    except UnicodeDecodeError:
         return None
 
 

@@ -43,9 +43,7 @@ def seal(blocks: list[dict[str, Any]], key: bytes, key_id: int) -> str:
     for block in blocks:
         if not isinstance(block, dict) or block.get("type") not in SEALED_TYPES:
             raise ValueError("only thinking and redacted_thinking blocks are sealed")
-    nonce = os.urandom(NONCE_BYTES)
-    sealed = AESGCM(key).encrypt(nonce, orjson.dumps(blocks), associated_data(key_id))
-    return VERSION + base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode("ascii")
+    return seal_bytes(orjson.dumps(blocks), key, associated_data(key_id), VERSION)
 
 
 def open_sealed(text: object, key: bytes, key_id: int) -> list[dict[str, Any]] | None:
@@ -53,9 +51,35 @@ def open_sealed(text: object, key: bytes, key_id: int) -> list[dict[str, Any]] |
     does not open under `key` for it: another API key's, another gateway's or a rotated key's, a
     string altered or cut, another version, not base64, not a string at all. Never raises: what
     a client sends back is not trusted."""
-    if not isinstance(text, str) or not text.startswith(VERSION) or len(key) != KEY_BYTES:
+    plain = open_bytes(text, key, associated_data(key_id), VERSION)
+    if plain is None:
         return None
-    encoded = text[len(VERSION) :]
+    try:
+        blocks = orjson.loads(plain)
+    except orjson.JSONDecodeError:
+        return None
+    # Authentic, so ours; checked all the same, since the caller puts these blocks upstream.
+    if not isinstance(blocks, list) or not all(
+        isinstance(block, dict) and block.get("type") in SEALED_TYPES for block in blocks
+    ):
+        return None
+    return blocks
+
+
+def seal_bytes(plain: bytes, key: bytes, bound_to: bytes, version: str) -> str:
+    """`plain` encrypted and authenticated under `key` (AES-256-GCM), bound to `bound_to`: `version`,
+    then base64url without padding of a random nonce and the ciphertext (its tag at the end)."""
+    nonce = os.urandom(NONCE_BYTES)
+    return version + base64.urlsafe_b64encode(nonce + AESGCM(key).encrypt(nonce, plain, bound_to)).rstrip(b"=").decode()
+
+
+def open_bytes(text: object, key: bytes, bound_to: bytes, version: str) -> bytes | None:
+    """What `seal_bytes` sealed in `text` under `key` for `bound_to`, or None for anything else
+    (another key's or binding's, altered or cut, another version, not base64, not a string).
+    Never raises."""
+    if not isinstance(text, str) or not text.startswith(version) or len(key) != KEY_BYTES:
+        return None
+    encoded = text[len(version) :]
     if not _BASE64URL.fullmatch(encoded):
         return None
     try:
@@ -65,16 +89,9 @@ def open_sealed(text: object, key: bytes, key_id: int) -> list[dict[str, Any]] |
     if len(raw) < NONCE_BYTES + TAG_BYTES:
         return None
     try:
-        plain = AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], associated_data(key_id))
-        blocks = orjson.loads(plain)
-    except (InvalidTag, orjson.JSONDecodeError):
+        return AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], bound_to)
+    except InvalidTag:
         return None
-    # Authentic, so ours; checked all the same, since the caller puts these blocks upstream.
-    if not isinstance(blocks, list) or not all(
-        isinstance(block, dict) and block.get("type") in SEALED_TYPES for block in blocks
-    ):
-        return None
-    return blocks
 
 
 def associated_data(key_id: int) -> bytes:
