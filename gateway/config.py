@@ -179,12 +179,16 @@ def _issuer_url(value: str) -> str | None:
         return "expected an https URL with a host, and no query or fragment"
     if parts.scheme == "https":
         return None
-    if parts.scheme == "http" and (host == "localhost" or _is_loopback(host)):
+    if parts.scheme == "http" and is_loopback_url(value):
         return None
     return "expected https (plain http only on a loopback address)"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_url(url: str) -> bool:
+    """`url`'s host is this machine: localhost, or a loopback address."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import ipaddress
 import logging
 import math
 import time
@@ -46,7 +45,7 @@ from joserfc.errors import (
 )
 from joserfc.jwk import JWKRegistry, Key, KeySet
 
-from gateway.config import OidcConfig
+from gateway.config import OidcConfig, is_loopback_url
 
 log = logging.getLogger("ezat.oidc")
 
@@ -130,7 +129,7 @@ class OidcClient:
         self._fetching_keys = asyncio.Lock()
         # Plain http is allowed only where the issuer itself is plain http on this machine (tests,
         # a provider beside the gateway): then its endpoints may be too, on a loopback address.
-        self._insecure_loopback = urlsplit(config.issuer).scheme == "http" and _is_loopback_url(config.issuer)
+        self._insecure_loopback = urlsplit(config.issuer).scheme == "http" and is_loopback_url(config.issuer)
 
     async def close(self) -> None:
         """Closes the HTTP session if this client made it (one handed in is the caller's)."""
@@ -263,7 +262,7 @@ class OidcClient:
             return False
         if parts.scheme == "https":
             return True
-        return parts.scheme == "http" and self._insecure_loopback and _is_loopback_url(url)
+        return parts.scheme == "http" and self._insecure_loopback and is_loopback_url(url)
 
     async def _key_set(self, provider: _Provider, *, refetch: bool) -> KeySet:
         """The provider's signing keys: those kept, or fetched when there are none yet; fetched
@@ -565,13 +564,3 @@ def _provider_text(value: str) -> str:
 def _without_query(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}{parts.path}"
-
-
-def _is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
