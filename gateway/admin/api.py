@@ -179,14 +179,12 @@ class AdminHandlers:
 
     async def revoke_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        revoked = await changes.revoke_key(self.store, caller.name, key)
-        self.forget_key(key.key_sha256)
+        revoked = await changes.revoke_key(self.store, caller.name, key, forget_key=self.forget_key)
         return _json(_key(revoked, await self.store.reserved(), self.now()))
 
     async def rotate_key(self, request: web.Request, caller: Holder) -> web.Response:
         key = await self._key(request)
-        rotated, secret = await changes.rotate_key(self.store, caller.name, key)
-        self.forget_key(key.key_sha256)
+        rotated, secret = await changes.rotate_key(self.store, caller.name, key, forget_key=self.forget_key)
         return _json({**_key(rotated, await self.store.reserved(), self.now()), "secret": secret})
 
     async def _key(self, request: web.Request) -> KeyRecord:

@@ -123,24 +123,34 @@ async def update_key(
     return changed
 
 
-async def revoke_key(store: Store, actor: str, key: KeyRecord, *, ref: str | None = None) -> KeyRecord:
-    """Requests with it get 401 (within the auth stage's cache time, on processes that looked
-    it up recently). One revoked already stays so, and nothing is audited."""
+ForgetKey = Callable[[str], None]  # the auth stage's forget(digest): a key's cached record dropped
+
+
+async def revoke_key(
+    store: Store, actor: str, key: KeyRecord, *, ref: str | None = None, forget_key: ForgetKey | None = None
+) -> KeyRecord:
+    """Requests with it get 401: at once in the process whose `forget_key` is given, elsewhere
+    within the auth stage's cache time. One revoked already stays so, and nothing is audited."""
     _writable_key(key, ref)
-    if key.revoked:
-        return key
-    return await update_key(store, actor, key, action="key.revoke", ref=ref, revoked=True)
+    revoked = key if key.revoked else await update_key(store, actor, key, action="key.revoke", ref=ref, revoked=True)
+    if forget_key is not None:  # revoked already, perhaps by another process: this one's cache too
+        forget_key(key.key_sha256)
+    return revoked
 
 
-async def rotate_key(store: Store, actor: str, key: KeyRecord, *, ref: str | None = None) -> tuple[KeyRecord, str]:
+async def rotate_key(
+    store: Store, actor: str, key: KeyRecord, *, ref: str | None = None, forget_key: ForgetKey | None = None
+) -> tuple[KeyRecord, str]:
     """A new secret for the key (shown once); the old one finds no key in the store from now on
-    (a process that looked the key up keeps it up to the auth stage's key_cache_seconds). Its id,
-    settings, spend and ledger rows stay."""
+    (at once in the process whose `forget_key` is given, elsewhere within the auth stage's
+    key_cache_seconds). Its id, settings, spend and ledger rows stay."""
     _writable_key(key, ref)
     secret = new_key_secret()
     rotated = await store.rotate_key(key.id, digest(secret), audit=AuditNote(actor, "key.rotate"))
     if rotated is None:
         raise NotFound(f"no key numbered {key.id}")
+    if forget_key is not None:
+        forget_key(key.key_sha256)
     return rotated, secret
 
 
@@ -280,7 +290,7 @@ async def find_key(store: Store, ref: str) -> KeyRecord | None:
 
 
 async def set_person_disabled(
-    store: Store, actor: str, person_id: int, disabled: bool, forget_key: Callable[[str], None]
+    store: Store, actor: str, person_id: int, disabled: bool, forget_key: ForgetKey
 ) -> PersonRecord | None:
     """The person disabled (their keys refused, their console sessions ended) or enabled again,
     audited; None: no such person. This process's auth stage forgets their keys at once; other

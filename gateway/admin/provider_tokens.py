@@ -152,7 +152,6 @@ class Rechecks:
                     return ended
                 except OidcError:
                     for key in live:
-                        await changes.revoke_key(self._store, PROVIDER_ACTOR, key)
-                        self._forget_key(key.key_sha256)
+                        await changes.revoke_key(self._store, PROVIDER_ACTOR, key, forget_key=self._forget_key)
                     ended += 1
         return ended

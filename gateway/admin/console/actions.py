@@ -145,8 +145,7 @@ class Actions:
         key = await changes.find_key(self.store, request.match_info["id"])
         if person is None or key is None or key.person_id != person.id:  # only one's own: others' are not found
             return await self.pages.me(request, admin, error="You have no such key.", status=404)
-        await changes.revoke_key(self.store, admin.name, key)
-        self.forget_key(key.key_sha256)
+        await changes.revoke_key(self.store, admin.name, key, forget_key=self.forget_key)
         return see_other("/console/me")
 
     # --- keys
@@ -224,10 +223,9 @@ class Actions:
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
-            revoked = await changes.revoke_key(self.store, admin.name, key)
+            revoked = await changes.revoke_key(self.store, admin.name, key, forget_key=self.forget_key)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
-        self.forget_key(key.key_sha256)
         said = (
             f"Key {_named(key)} was revoked already: nothing changed."
             if key.revoked
@@ -240,10 +238,9 @@ class Actions:
         if key is None:
             return await self._refused(request, admin, "No such key.", 404)
         try:
-            rotated, secret = await changes.rotate_key(self.store, admin.name, key)
+            rotated, secret = await changes.rotate_key(self.store, admin.name, key, forget_key=self.forget_key)
         except AdminError as refused:
             return await self._refused(request, admin, refused.message, refused.status)
-        self.forget_key(key.key_sha256)
         said = (
             f"Key {_named(rotated)} has a new secret; the old one stops working within seconds "
             "(at once on this process)."
